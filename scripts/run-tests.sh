@@ -1,0 +1,85 @@
+#!/bin/bash
+# Runs the test suites and ends with "N passed, N failed". Every suite speaks
+# TAP ("ok N - name" / "not ok N - name"); a suite that exits non-zero
+# without reporting a failing case counts as one failure.
+# usage: run-tests.sh all|unit|asan|fuzz|integration [BUILD]
+set -u
+cd "$(dirname "$0")/.."
+what=${1:-all}
+build=${2:-build}
+passed=0
+failed=0
+failures=()
+log_dir=$(mktemp -d /tmp/tether-tests.XXXXXX)
+
+# run_suite NAME CMD...: runs one suite, counts its TAP lines.
+run_suite() {
+	local name=$1; shift
+	local out="$log_dir/$(echo "$name" | tr '/ ' '__').log"
+	local rc=0
+	"$@" >"$out" 2>&1 || rc=$?
+	local ok notok
+	ok=$(grep -cE '^ok [0-9]+' "$out")
+	notok=$(grep -cE '^not ok [0-9]+' "$out")
+	if [ "$rc" -ne 0 ] && [ "$notok" -eq 0 ]; then
+		notok=1
+	fi
+	passed=$((passed + ok))
+	failed=$((failed + notok))
+	if [ "$notok" -gt 0 ]; then
+		failures+=("$name")
+		echo "FAIL $name ($ok ok, $notok failed, exit $rc); log: $out"
+		grep -E '^not ok|^# |ERROR|Assert|runtime error|AddressSanitizer' "$out" | head -n 20 | sed 's/^/    /'
+	else
+		echo "ok   $name ($ok)"
+	fi
+}
+
+unit_suites() {
+	local dir=$1 label=$2
+	for t in "$dir"/tests/test_*; do
+		[ -x "$t" ] || continue
+		CMOCKA_MESSAGE_OUTPUT=TAP run_suite "$label/$(basename "$t")" "$t"
+	done
+}
+
+# fuzz_suite BIN: runs a fuzzer briefly over its committed corpus (read-only:
+# new inputs go to a scratch directory) and reports one TAP line.
+fuzz_one() {
+	local bin=$1 name corpus scratch
+	name=$(basename "$bin")
+	corpus=fuzz/corpus/${name#fuzz_}
+	scratch=$(mktemp -d)
+	if "$bin" -max_total_time="${FUZZ_SECONDS:-8}" -timeout=5 -rss_limit_mb=1024 \
+		-print_final_stats=0 "$scratch" "$corpus" >"$scratch.log" 2>&1; then
+		echo "ok 1 - $name"
+	else
+		tail -n 30 "$scratch.log"
+		echo "not ok 1 - $name"
+	fi
+	rm -rf "$scratch" "$scratch.log"
+}
+
+case $what in
+all|unit) unit_suites "$build" unit ;;
+esac
+case $what in
+all|asan) unit_suites build-asan asan ;;
+esac
+case $what in
+all|fuzz)
+	for f in build-fuzz/fuzz_*; do
+		[ -x "$f" ] && run_suite "fuzz/$(basename "$f")" fuzz_one "$f"
+	done ;;
+esac
+case $what in
+all|integration)
+	for t in tests/integration/test_*.sh; do
+		[ -f "$t" ] && run_suite "integration/$(basename "$t" .sh)" bash "$t"
+	done ;;
+esac
+
+echo
+[ ${#failures[@]} -gt 0 ] && echo "failed suites: ${failures[*]}"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,66 @@
+/* tetherd: one binary, one daemon role per invocation ("tetherd cp", ...).
+ * Roles are linked weakly so that the binary builds while a role is being
+ * written; a role that is absent says so instead of failing to link. */
+#include <stdio.h>
+#include <string.h>
+
+#include "tetherd/roles.h"
+
+#pragma weak keygen_main
+#pragma weak cp_main
+#pragma weak signer_main
+#pragma weak edge_main
+#pragma weak node_main
+#pragma weak manager_main
+#pragma weak bridge_main
+#pragma weak gateway_main
+
+struct role {
+	const char *name;
+	int (*main)(int, char **);
+	const char *help;
+	int internal; /* spawned by another role, not started by hand */
+};
+
+static const struct role roles[] = {
+	{ "cp", cp_main, "control plane: API, state, placement, update feed", 0 },
+	{ "edge", edge_main, "client entry: auth, route cache, proxy to nodes", 0 },
+	{ "node", node_main, "worker: node-api (spawns sbx-manager)", 0 },
+	{ "gateway", gateway_main, "service-port gateway", 0 },
+	{ "keygen", keygen_main, "write a k4.secret key file (mode 0600)", 0 },
+	{ "signer", signer_main, "capability signer (spawned by cp)", 1 },
+	{ "manager", manager_main, "sbx-manager (spawned by node)", 1 },
+	{ "bridge", bridge_main, "host bridge (spawned by sbx-manager)", 1 },
+};
+
+/* usage: lists the roles that are built into this binary. */
+static int usage(FILE *out)
+{
+	fprintf(out, "usage: tetherd ROLE [OPTIONS]\n\nroles:\n");
+	for (size_t i = 0; i < sizeof(roles) / sizeof(roles[0]); i++) {
+		if (roles[i].internal || roles[i].main == NULL)
+			continue;
+		fprintf(out, "  %-8s %s\n", roles[i].name, roles[i].help);
+	}
+	return out == stderr ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2)
+		return usage(stderr);
+	if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)
+		return usage(stdout);
+	for (size_t i = 0; i < sizeof(roles) / sizeof(roles[0]); i++) {
+		if (strcmp(argv[1], roles[i].name) != 0)
+			continue;
+		if (roles[i].main == NULL) {
+			fprintf(stderr, "tetherd: role '%s' is not part of this build\n",
+			        argv[1]);
+			return 1;
+		}
+		return roles[i].main(argc - 1, argv + 1);
+	}
+	fprintf(stderr, "tetherd: unknown role '%s'\n", argv[1]);
+	return usage(stderr);
+}

@@ -1,0 +1,15 @@
+/* Entry points of the tetherd roles. Each lives in its own folder under src/
+ * and returns an exit status; main.c only dispatches. */
+#ifndef TT_ROLES_H
+#define TT_ROLES_H
+
+int keygen_main(int argc, char **argv);  /* src/cp/keygen.c */
+int cp_main(int argc, char **argv);      /* src/cp: control plane */
+int signer_main(int argc, char **argv);  /* src/cp: signer, spawned by cp */
+int edge_main(int argc, char **argv);    /* src/edge */
+int node_main(int argc, char **argv);    /* src/node: node-api */
+int manager_main(int argc, char **argv); /* src/node: sbx-manager, spawned by node */
+int bridge_main(int argc, char **argv);  /* src/bridge: spawned by the manager */
+int gateway_main(int argc, char **argv); /* src/gateway */
+
+#endif

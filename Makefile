@@ -51,8 +51,13 @@ $(CORE): $(call obj,$(LIB_SRC))
 $(CLIENT): $(call obj,$(CLIENT_SRC) $(LIB_SRC))
 	@rm -f $@; ar rcs $@ $^
 
-$(BUILD)/tetherd: $(call obj,$(ROLE_SRC)) $(CORE)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+# Role modules (all but main.c) also go in a library, so unit tests can
+# exercise them directly.
+ROLES   := $(BUILD)/libtetherroles.a
+$(ROLES): $(call obj,$(filter-out src/tetherd/main.c,$(ROLE_SRC)))
+	@rm -f $@; ar rcs $@ $^
+$(BUILD)/tetherd: $(call obj,src/tetherd/main.c) $(ROLES) $(CORE)
+	$(CC) $(LDFLAGS) -o $@ -Wl,--whole-archive $(ROLES) -Wl,--no-whole-archive $(call obj,src/tetherd/main.c) $(CORE) $(LDLIBS)
 $(BUILD)/tether: $(call obj,$(CLI_SRC)) $(CLIENT) $(CORE)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 # The guest agent runs inside sandboxes with no host libraries: static, and
@@ -62,7 +67,7 @@ $(BUILD)/tether-guest: $(GUEST_SRC) $(LIB_SRC)
 	$(CC) -std=c17 -D_GNU_SOURCE -O2 -g $(WARN) -Ilib -Isrc -static -o $@ \
 	  $(GUEST_SRC) $(filter lib/wire.c lib/err.c lib/log.c,$(LIB_SRC)) -l:libsodium.a -l:libjansson.a
 
-$(BUILD)/tests/%: tests/unit/%.c $(CLIENT) $(CORE)
+$(BUILD)/tests/%: tests/unit/%.c $(ROLES) $(CLIENT) $(CORE)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
 $(BUILD)/bench/%: bench/%.c $(CORE)
@@ -86,7 +91,7 @@ check: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory BUILD=build-asan \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
-	  CFLAGS="-O1 -g" build-asan/libtethercore.a build-asan/libtether.a \
+	  CFLAGS="-O1 -g" build-asan/libtethercore.a build-asan/libtether.a build-asan/libtetherroles.a \
 	  $(patsubst tests/unit/%.c,build-asan/tests/%,$(TEST_SRC))
 	@$(MAKE) --no-print-directory fuzzers
 	@scripts/run-tests.sh all

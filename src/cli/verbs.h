@@ -4,7 +4,8 @@
 #ifndef TT_CLI_VERBS_H
 #define TT_CLI_VERBS_H
 
-int cli_cap(int argc, char **argv);     /* cap ID ... | cap inspect TOKEN */
+int cli_cap(int argc, char **argv);     /* cap inspect TOKEN, else cli_cap_issue */
+int cli_cap_issue(int argc, char **argv); /* cap ID ...: asks the edge */
 int cli_up(int argc, char **argv);
 int cli_create(int argc, char **argv);
 int cli_ls(int argc, char **argv);

@@ -1,0 +1,71 @@
+/* HTTP glue shared by the daemons: replies on libwebsockets (server side,
+ * on a libuv loop) and libcurl multi driven by the same libuv loop (client
+ * side). Implementation: lib/http.c. Small replies go out in one lws_write
+ * (headers + body together). Upgrades are authorized in
+ * LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION, never in
+ * LWS_CALLBACK_HTTP_CONFIRM_UPGRADE (CVE-2025-11677). */
+#ifndef TT_HTTP_H
+#define TT_HTTP_H
+
+#include <stddef.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <libwebsockets.h>
+#include <uv.h>
+
+#include "err.h"
+
+#define HTTP_BODY_MAX_DEFAULT (1u << 20) /* JSON request bodies */
+
+/* http_server_new: an lws context on loop, listening on iface:port (iface
+ * NULL = all; "127.0.0.1" for local), serving protocols[0] for HTTP (and
+ * others for WebSocket). user is the context user pointer. */
+struct lws_context *http_server_new(uv_loop_t *loop, const char *iface,
+                                    int port,
+                                    const struct lws_protocols *protocols,
+                                    void *user, struct tt_err *err);
+
+/* http_reply: status + Content-Type + Content-Length + body in one
+ * lws_write, then completes the transaction. Returns what the lws callback
+ * should return. */
+int http_reply(struct lws *wsi, unsigned status, const char *content_type,
+               const void *body, size_t len);
+/* http_reply_json: serializes obj (reference stolen) and replies. */
+int http_reply_json(struct lws *wsi, unsigned status, json_t *obj);
+/* http_reply_error: {"error":code,"message":…} with status. */
+int http_reply_error(struct lws *wsi, unsigned status, const char *code,
+                     const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* http_header: copies header tok into buf (NUL-terminated); returns its
+ * length, or -1 when absent or longer than cap - 1. */
+int http_header(struct lws *wsi, enum lws_token_indexes tok, char *buf,
+                size_t cap);
+/* http_query: URL-decoded value of query parameter name; -1 when absent. */
+int http_query(struct lws *wsi, const char *name, char *buf, size_t cap);
+
+/* A bounded request body being accumulated (owner: the session). */
+struct http_body {
+	char *buf;
+	size_t len;
+	size_t max;
+};
+/* http_body_append: appends; TT_ERR_TOO_LARGE once len would exceed max. */
+int http_body_append(struct http_body *b, const void *data, size_t len,
+                     struct tt_err *err);
+/* http_body_json: parses with JSON_REJECT_DUPLICATES; NULL + err if not an
+ * object. */
+json_t *http_body_json(const struct http_body *b, struct tt_err *err);
+void http_body_free(struct http_body *b);
+
+/* Client: libcurl multi on a libuv loop. */
+struct httpc;
+typedef void (*httpc_done_fn)(CURL *easy, CURLcode rc, void *arg);
+struct httpc *httpc_new(uv_loop_t *loop, struct tt_err *err);
+void httpc_free(struct httpc *c);
+/* httpc_start: adds easy to the multi; done runs on the loop when it
+ * finishes; the caller then owns (and cleans up) easy again. */
+int httpc_start(struct httpc *c, CURL *easy, httpc_done_fn done, void *arg,
+                struct tt_err *err);
+
+#endif

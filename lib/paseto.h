@@ -55,6 +55,11 @@ int paseto_v4_verify(const uint8_t pk[PASETO_PK_BYTES],
 int paseto_v4_footer(const char *token, size_t token_len,
                      struct paseto_msg *out, struct tt_err *err);
 
+/* paseto_v4_decode_unverified: payload and footer WITHOUT checking the
+ * signature (for "tether cap inspect" with no key; never for admission). */
+int paseto_v4_decode_unverified(const char *token, size_t token_len,
+                                struct paseto_msg *out, struct tt_err *err);
+
 /* paseto_msg_free: frees and clears a decoded message. */
 void paseto_msg_free(struct paseto_msg *msg);
 

@@ -12,7 +12,7 @@ PKGS    := libsodium jansson libwebsockets libuv libcurl sqlite3 libseccomp
 WARN    := -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wmissing-prototypes \
            -Wstrict-prototypes
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c17 -D_GNU_SOURCE $(WARN) -Ilib -Isrc -MMD -MP $(SAN) \
+override CFLAGS += -std=c17 -D_GNU_SOURCE $(WARN) -Ilib -Isrc -MMD -MP $(SAN) \
            $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread
 LDFLAGS += $(SAN)
@@ -65,7 +65,7 @@ $(BUILD)/tether: $(call obj,$(CLI_SRC)) $(CLIENT) $(CORE)
 $(BUILD)/tether-guest: $(GUEST_SRC) $(LIB_SRC)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c17 -D_GNU_SOURCE -O2 -g $(WARN) -Ilib -Isrc -static -o $@ \
-	  $(GUEST_SRC) $(filter lib/wire.c lib/err.c lib/log.c,$(LIB_SRC)) -l:libsodium.a -l:libjansson.a
+	  $(GUEST_SRC) $(filter lib/wire.c lib/wire_json.c lib/err.c lib/log.c,$(LIB_SRC)) -l:libsodium.a -l:libjansson.a
 
 $(BUILD)/tests/%: tests/unit/%.c $(ROLES) $(CLIENT) $(CORE)
 	@mkdir -p $(dir $@)

@@ -62,24 +62,24 @@ $(BUILD)/tether: $(call obj,$(CLI_SRC)) $(CLIENT) $(CORE)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 # The guest agent runs inside sandboxes with no host libraries: static, and
 # built from its own objects (no sanitizers: they need a runtime).
-$(BUILD)/tether-guest: $(GUEST_SRC) $(LIB_SRC)
+$(BUILD)/tether-guest: $(GUEST_SRC) $(wildcard src/guest/*.h) $(LIB_SRC)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c17 -D_GNU_SOURCE -O2 -g $(WARN) -Ilib -Isrc -static -o $@ \
 	  $(GUEST_SRC) $(filter lib/wire.c lib/wire_json.c lib/err.c lib/log.c,$(LIB_SRC)) -l:libsodium.a -l:libjansson.a
 
 $(BUILD)/tests/%: tests/unit/%.c $(ROLES) $(CLIENT) $(CORE)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS) -lcmocka
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.a,$^) $(LDLIBS) -lcmocka
 $(BUILD)/bench/%: bench/%.c $(CORE)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.a,$^) $(LDLIBS)
 
 # Fuzzers: libFuzzer + ASan/UBSan under clang, one per parser.
 FUZZ_CFLAGS := -std=c17 -D_GNU_SOURCE -g -O1 -Ilib -Isrc \
   -fsanitize=fuzzer,address,undefined $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 build-fuzz/%: fuzz/%.c $(LIB_SRC)
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -o $@ $^ $(LDLIBS)
+	clang $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
 fuzzers: $(patsubst fuzz/%.c,build-fuzz/%,$(FUZZ_SRC))
 
 unit: all

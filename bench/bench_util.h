@@ -1,0 +1,231 @@
+/* Shared measuring code for the guest baselines (bench_guest.c) and the
+ * full-path benchmark: header-only (static inline) because bench_*.c files
+ * are each built alone against libtethercore. */
+#ifndef TT_BENCH_UTIL_H
+#define TT_BENCH_UTIL_H
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "wire.h"
+
+/* bench_now_us: monotonic time in microseconds. */
+static inline double bench_now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+/* bench_cmp_double: qsort order for doubles. */
+static inline int bench_cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* bench_median: sorts v in place and returns its median. */
+static inline double bench_median(double *v, size_t n)
+{
+	if (n == 0)
+		return 0;
+	qsort(v, n, sizeof(*v), bench_cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* bench_io_full: reads (or writes) exactly n bytes; 0 or -1. */
+static inline int bench_io_full(int fd, void *buf, size_t n, int writing)
+{
+	size_t done = 0;
+
+	while (done < n) {
+		ssize_t r = writing ? write(fd, (char *)buf + done, n - done)
+		                    : read(fd, (char *)buf + done, n - done);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return -1;
+		done += (size_t)r;
+	}
+	return 0;
+}
+
+/* bench_raw_rtt: median round trip in µs of a 64-byte ping-pong over a
+ * unix socketpair between two processes; -1 on failure. */
+static inline double bench_raw_rtt(int iters)
+{
+	double *v = calloc((size_t)iters, sizeof(*v)), med;
+	char msg[64] = { 0 };
+	int sv[2], status;
+	pid_t pid;
+
+	if (v == NULL || socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0)
+		return free(v), -1;
+	pid = fork();
+	if (pid < 0)
+		return free(v), -1;
+	if (pid == 0) {
+		close(sv[0]);
+		while (bench_io_full(sv[1], msg, sizeof(msg), 0) == 0 &&
+		       bench_io_full(sv[1], msg, sizeof(msg), 1) == 0)
+			;
+		_exit(0);
+	}
+	close(sv[1]);
+	for (int i = 0; i < iters; i++) {
+		double t0 = bench_now_us();
+
+		if (bench_io_full(sv[0], msg, sizeof(msg), 1) < 0 ||
+		    bench_io_full(sv[0], msg, sizeof(msg), 0) < 0) {
+			iters = i;
+			break;
+		}
+		v[i] = bench_now_us() - t0;
+	}
+	close(sv[0]);
+	waitpid(pid, &status, 0);
+	med = iters > 0 ? bench_median(v, (size_t)iters) : -1;
+	free(v);
+	return med;
+}
+
+/* bench_guest_start: runs bin as a guest on sock with --root root and waits
+ * for "ready"; returns its pid or -1. */
+static inline pid_t bench_guest_start(const char *bin, const char *root,
+                                      const char *sock)
+{
+	char fdarg[16], line[8] = { 0 };
+	int p[2];
+	pid_t pid;
+
+	if (pipe(p) < 0)
+		return -1;
+	pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		close(p[0]);
+		snprintf(fdarg, sizeof(fdarg), "%d", p[1]);
+		execl(bin, bin, "--listen", sock, "--sbx",
+		      "sbx_benchbenchbenchbenchbenchbe", "--gen", "1", "--att", "1",
+		      "--root", root, "--ready-fd", fdarg, (char *)NULL);
+		_exit(127);
+	}
+	close(p[1]);
+	struct pollfd pf = { .fd = p[0], .events = POLLIN };
+	if (poll(&pf, 1, 5000) != 1 || read(p[0], line, 6) != 6) {
+		close(p[0]);
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		return -1;
+	}
+	close(p[0]);
+	return pid;
+}
+
+/* bench_guest_stop: SIGTERM and reap. */
+static inline void bench_guest_stop(pid_t pid)
+{
+	if (pid <= 0)
+		return;
+	kill(pid, SIGTERM);
+	waitpid(pid, NULL, 0);
+}
+
+/* bench_unix_connect: a new connection to a unix socket path, or -1. */
+static inline int bench_unix_connect(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd;
+
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return -1;
+	strcpy(sa.sun_path, path);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
+
+/* bench_wire_op: one whole operation on a new connection to sock: REQUEST
+ * req, then frames until RESULT (0) or ERROR/EOF (-1). buf holds
+ * WIRE_PAYLOAD_MAX + 1 bytes. */
+static inline int bench_wire_op(const char *sock, const char *req, uint8_t *buf)
+{
+	struct wire_frame f;
+	int fd = bench_unix_connect(sock), rc = -1;
+
+	if (fd < 0)
+		return -1;
+	if (wire_send(fd, WIRE_REQUEST, req, (uint32_t)strlen(req), NULL) == 0) {
+		while (wire_recv(fd, &f, buf, WIRE_PAYLOAD_MAX + 1, NULL) == 1) {
+			if (f.type == WIRE_RESULT) {
+				rc = 0;
+				break;
+			}
+			if (f.type == WIRE_ERROR)
+				break;
+		}
+	}
+	close(fd);
+	return rc;
+}
+
+/* bench_wire_median: median µs of iters runs of bench_wire_op (after a few
+ * warm-up runs); -1 if any run fails. */
+static inline double bench_wire_median(const char *sock, const char *req,
+                                       int iters)
+{
+	uint8_t *buf = malloc(WIRE_PAYLOAD_MAX + 1);
+	double *v = calloc((size_t)iters, sizeof(*v)), med = -1;
+
+	if (buf == NULL || v == NULL)
+		goto out;
+	for (int i = 0; i < 5; i++)
+		if (bench_wire_op(sock, req, buf) < 0)
+			goto out;
+	for (int i = 0; i < iters; i++) {
+		double t0 = bench_now_us();
+
+		if (bench_wire_op(sock, req, buf) < 0)
+			goto out;
+		v[i] = bench_now_us() - t0;
+	}
+	med = bench_median(v, (size_t)iters);
+out:
+	free(buf);
+	free(v);
+	return med;
+}
+
+/* bench_guest_exec: median µs of exec `true` straight to a guest socket. */
+static inline double bench_guest_exec(const char *sock, int iters)
+{
+	return bench_wire_median(sock, "{\"op\":\"exec\",\"cmd\":[\"true\"]}", iters);
+}
+
+/* bench_guest_fs_read: median µs of fs.read of path straight to a guest. */
+static inline double bench_guest_fs_read(const char *sock, const char *path,
+                                         int iters)
+{
+	char req[4200];
+
+	snprintf(req, sizeof(req), "{\"op\":\"fs.read\",\"path\":\"%s\"}", path);
+	return bench_wire_median(sock, req, iters);
+}
+
+#endif

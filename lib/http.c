@@ -1,0 +1,451 @@
+/* HTTP glue (see http.h): lws server replies on a libuv loop and a libcurl
+ * multi client driven by the same loop. */
+#include "http.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cleanup.h"
+#include "log.h"
+
+/* ---- server ---------------------------------------------------------- */
+
+/* http_lws_log: routes lws' own (error-only) messages into our log. */
+static void http_lws_log(int level, const char *line)
+{
+	size_t n = strlen(line);
+
+	(void)level;
+	while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+		n--;
+	log_error("lws: %.*s", (int)n, line);
+}
+
+/* http_server_new: an lws context on the caller's libuv loop. */
+struct lws_context *http_server_new(uv_loop_t *loop, const char *iface,
+                                    int port,
+                                    const struct lws_protocols *protocols,
+                                    void *user, struct tt_err *err)
+{
+	struct lws_context_creation_info info;
+	void *loops[1] = { loop };
+	struct lws_context *ctx;
+
+	lws_set_log_level(LLL_ERR, http_lws_log);
+	memset(&info, 0, sizeof(info));
+	info.options = LWS_SERVER_OPTION_LIBUV | LWS_SERVER_OPTION_DISABLE_IPV6 |
+	               LWS_SERVER_OPTION_VALIDATE_UTF8;
+	info.foreign_loops = loops; /* lws copies the pointer out at creation */
+	info.port = port;
+	info.iface = iface;
+	info.protocols = protocols;
+	info.user = user;
+	info.vhost_name = "default";
+	info.timeout_secs = 30;
+	info.keepalive_timeout = 60;
+	ctx = lws_create_context(&info);
+	if (ctx == NULL) {
+		tt_err_set(err, TT_ERR_SYS, "cannot listen on %s:%d",
+		           iface ? iface : "*", port);
+		return NULL;
+	}
+	/* lws returns a context even when the listen socket failed to bind
+	 * (port in use): no vhost then. The half-built context is left alone:
+	 * destroying it unloads lws' uv plugin while its close callbacks are
+	 * still queued on the loop (a crash on the next uv_run). Callers exit
+	 * on this error. */
+	if (lws_get_vhost_by_name(ctx, "default") == NULL) {
+		tt_err_set(err, TT_ERR_SYS, "cannot listen on %s:%d (in use?)",
+		           iface ? iface : "*", port);
+		return NULL;
+	}
+	return ctx;
+}
+
+/* http_reply: headers and body assembled in one buffer, one lws_write. */
+int http_reply(struct lws *wsi, unsigned status, const char *content_type,
+               const void *body, size_t len)
+{
+	const size_t head_room = 512;
+	_cleanup_free_ unsigned char *buf = malloc(LWS_PRE + head_room + len);
+	unsigned char *start, *p, *end;
+
+	if (buf == NULL)
+		return -1;
+	start = p = buf + LWS_PRE;
+	end = start + head_room;
+	if (lws_add_http_common_headers(wsi, status | LWSAHH_FLAG_NO_SERVER_NAME,
+	                                content_type, (lws_filepos_t)len,
+	                                &p, end) ||
+	    lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CACHE_CONTROL,
+	                                 (const unsigned char *)"no-store", 8,
+	                                 &p, end) ||
+	    lws_finalize_http_header(wsi, &p, end))
+		return -1;
+	if (len > 0)
+		memcpy(p, body, len);
+	p += len;
+	if (lws_write(wsi, start, (size_t)(p - start), LWS_WRITE_HTTP_FINAL) !=
+	    (int)(p - start))
+		return -1;
+	if (lws_http_transaction_completed(wsi))
+		return -1;
+	return 0;
+}
+
+/* http_reply_json: compact JSON body; steals obj. */
+int http_reply_json(struct lws *wsi, unsigned status, json_t *obj)
+{
+	_cleanup_free_ char *s = NULL;
+
+	if (obj == NULL)
+		return http_reply_error(wsi, 500, "internal", "out of memory");
+	s = json_dumps(obj, JSON_COMPACT);
+	json_decref(obj);
+	if (s == NULL)
+		return http_reply_error(wsi, 500, "internal", "cannot encode reply");
+	return http_reply(wsi, status, "application/json", s, strlen(s));
+}
+
+/* http_reply_error: the uniform error body of docs/API.md. */
+int http_reply_error(struct lws *wsi, unsigned status, const char *code,
+                     const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+	json_t *obj;
+	_cleanup_free_ char *s = NULL;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	obj = json_pack("{s:s,s:s}", "error", code, "message", msg);
+	if (obj != NULL) {
+		s = json_dumps(obj, JSON_COMPACT);
+		json_decref(obj);
+	}
+	if (s == NULL)
+		return http_reply(wsi, status, "application/json",
+		                  "{\"error\":\"internal\"}", 20);
+	return http_reply(wsi, status, "application/json", s, strlen(s));
+}
+
+/* http_header: bounded copy of one request header. */
+int http_header(struct lws *wsi, enum lws_token_indexes tok, char *buf,
+                size_t cap)
+{
+	int len = lws_hdr_total_length(wsi, tok);
+
+	if (cap == 0)
+		return -1;
+	buf[0] = '\0';
+	if (len <= 0 || (size_t)len >= cap)
+		return -1;
+	if (lws_hdr_copy(wsi, buf, (int)cap, tok) < 0)
+		return -1;
+	return (int)strlen(buf);
+}
+
+/* http_query: lws matches by prefix, so "name=" is passed (else "after"
+ * would also match "afterwards=..."); the value is moved to buf[0]. */
+int http_query(struct lws *wsi, const char *name, char *buf, size_t cap)
+{
+	char key[64];
+	const char *v;
+	size_t vlen;
+	int n;
+
+	if (cap == 0)
+		return -1;
+	n = snprintf(key, sizeof(key), "%s=", name);
+	if (n < 0 || (size_t)n >= sizeof(key))
+		return -1;
+	v = lws_get_urlarg_by_name(wsi, key, buf, (int)cap);
+	if (v == NULL)
+		return -1;
+	vlen = strlen(v);
+	memmove(buf, v, vlen + 1);
+	return (int)vlen;
+}
+
+/* http_body_append: grows the buffer; refuses past b->max. */
+int http_body_append(struct http_body *b, const void *data, size_t len,
+                     struct tt_err *err)
+{
+	size_t max = b->max ? b->max : HTTP_BODY_MAX_DEFAULT;
+	char *nb;
+
+	if (len > max || b->len > max - len)
+		return tt_err_set(err, TT_ERR_TOO_LARGE,
+		                  "request body over %zu bytes", max);
+	nb = realloc(b->buf, b->len + len + 1);
+	if (nb == NULL)
+		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+	b->buf = nb;
+	memcpy(b->buf + b->len, data, len);
+	b->len += len;
+	b->buf[b->len] = '\0';
+	return 0;
+}
+
+/* http_body_json: strict parse of the accumulated body into an object. */
+json_t *http_body_json(const struct http_body *b, struct tt_err *err)
+{
+	json_error_t jerr;
+	json_t *obj;
+
+	if (b->buf == NULL || b->len == 0) {
+		tt_err_set(err, TT_ERR_MALFORMED, "empty body, JSON object expected");
+		return NULL;
+	}
+	obj = json_loadb(b->buf, b->len, JSON_REJECT_DUPLICATES, &jerr);
+	if (obj == NULL) {
+		tt_err_set(err, TT_ERR_MALFORMED, "invalid JSON: %s (line %d)",
+		           jerr.text, jerr.line);
+		return NULL;
+	}
+	if (!json_is_object(obj)) {
+		json_decref(obj);
+		tt_err_set(err, TT_ERR_MALFORMED, "JSON object expected");
+		return NULL;
+	}
+	return obj;
+}
+
+/* http_body_free: releases the buffer; the struct can be reused. */
+void http_body_free(struct http_body *b)
+{
+	free(b->buf);
+	b->buf = NULL;
+	b->len = 0;
+}
+
+/* ---- client: libcurl multi on libuv ------------------------------------ */
+
+/* One in-flight transfer (owned by the httpc until done runs). */
+struct httpc_xfer {
+	struct httpc_xfer *next;
+	CURL *easy;
+	httpc_done_fn done;
+	void *arg;
+};
+
+/* One socket curl asked us to watch (freed in its uv close callback). */
+struct httpc_sock {
+	uv_poll_t poll;
+	curl_socket_t fd;
+	struct httpc *c;
+};
+
+struct httpc {
+	uv_loop_t *loop;
+	CURLM *multi;
+	uv_timer_t timer;
+	struct httpc_xfer *xfers;
+	int closing;
+};
+
+/* httpc_check_done: hands finished transfers back to their owners. */
+static void httpc_check_done(struct httpc *c)
+{
+	CURLMsg *msg;
+	int pending;
+
+	while ((msg = curl_multi_info_read(c->multi, &pending)) != NULL) {
+		struct httpc_xfer **pp, *x = NULL;
+		CURL *easy = msg->easy_handle;
+		CURLcode rc = msg->data.result;
+
+		if (msg->msg != CURLMSG_DONE)
+			continue;
+		for (pp = &c->xfers; *pp != NULL; pp = &(*pp)->next) {
+			if ((*pp)->easy == easy) {
+				x = *pp;
+				*pp = x->next;
+				break;
+			}
+		}
+		curl_multi_remove_handle(c->multi, easy);
+		if (x != NULL) {
+			httpc_done_fn done = x->done;
+			void *arg = x->arg;
+
+			free(x);
+			done(easy, rc, arg);
+		}
+	}
+}
+
+/* httpc_on_poll: socket readiness -> curl. */
+static void httpc_on_poll(uv_poll_t *h, int status, int events)
+{
+	struct httpc_sock *s = h->data;
+	struct httpc *c = s->c;
+	int flags = 0, running;
+
+	if (status < 0)
+		flags = CURL_CSELECT_ERR;
+	if (events & UV_READABLE)
+		flags |= CURL_CSELECT_IN;
+	if (events & UV_WRITABLE)
+		flags |= CURL_CSELECT_OUT;
+	curl_multi_socket_action(c->multi, s->fd, flags, &running);
+	httpc_check_done(c);
+}
+
+/* httpc_on_timer: curl's timeout fired. */
+static void httpc_on_timer(uv_timer_t *t)
+{
+	struct httpc *c = t->data;
+	int running;
+
+	curl_multi_socket_action(c->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+	httpc_check_done(c);
+}
+
+/* httpc_timer_cb: CURLMOPT_TIMERFUNCTION; never calls curl from here. */
+static int httpc_timer_cb(CURLM *multi, long timeout_ms, void *userp)
+{
+	struct httpc *c = userp;
+
+	(void)multi;
+	if (timeout_ms < 0)
+		uv_timer_stop(&c->timer);
+	else
+		uv_timer_start(&c->timer, httpc_on_timer, (uint64_t)timeout_ms, 0);
+	return 0;
+}
+
+/* httpc_sock_closed: frees a socket context once uv let go of it. */
+static void httpc_sock_closed(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+/* httpc_socket_cb: CURLMOPT_SOCKETFUNCTION; one uv_poll_t per socket. */
+static int httpc_socket_cb(CURL *easy, curl_socket_t fd, int what,
+                           void *userp, void *socketp)
+{
+	struct httpc *c = userp;
+	struct httpc_sock *s = socketp;
+	int events = 0;
+
+	(void)easy;
+	if (what == CURL_POLL_REMOVE) {
+		if (s != NULL) {
+			uv_poll_stop(&s->poll);
+			uv_close((uv_handle_t *)&s->poll, httpc_sock_closed);
+			curl_multi_assign(c->multi, fd, NULL);
+		}
+		return 0;
+	}
+	if (s == NULL) {
+		s = calloc(1, sizeof(*s));
+		if (s == NULL)
+			return -1;
+		s->fd = fd;
+		s->c = c;
+		if (uv_poll_init_socket(c->loop, &s->poll, fd) != 0) {
+			free(s);
+			return -1;
+		}
+		s->poll.data = s;
+		curl_multi_assign(c->multi, fd, s);
+	}
+	if (what & CURL_POLL_IN)
+		events |= UV_READABLE;
+	if (what & CURL_POLL_OUT)
+		events |= UV_WRITABLE;
+	uv_poll_start(&s->poll, events, httpc_on_poll);
+	return 0;
+}
+
+/* httpc_new: a multi handle wired to loop. Owner: the caller (httpc_free). */
+struct httpc *httpc_new(uv_loop_t *loop, struct tt_err *err)
+{
+	static int global_done;
+	struct httpc *c;
+
+	if (!global_done) {
+		if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+			tt_err_set(err, TT_ERR_SYS, "curl_global_init failed");
+			return NULL;
+		}
+		global_done = 1;
+	}
+	c = calloc(1, sizeof(*c));
+	if (c == NULL) {
+		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+		return NULL;
+	}
+	c->loop = loop;
+	c->multi = curl_multi_init();
+	if (c->multi == NULL) {
+		free(c);
+		tt_err_set(err, TT_ERR_NOMEM, "curl_multi_init failed");
+		return NULL;
+	}
+	uv_timer_init(loop, &c->timer);
+	c->timer.data = c;
+	curl_multi_setopt(c->multi, CURLMOPT_SOCKETFUNCTION, httpc_socket_cb);
+	curl_multi_setopt(c->multi, CURLMOPT_SOCKETDATA, c);
+	curl_multi_setopt(c->multi, CURLMOPT_TIMERFUNCTION, httpc_timer_cb);
+	curl_multi_setopt(c->multi, CURLMOPT_TIMERDATA, c);
+	return c;
+}
+
+/* httpc_timer_closed: last step of httpc_free. */
+static void httpc_timer_closed(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+/* httpc_free: aborts what is in flight (each done runs with
+ * CURLE_ABORTED_BY_CALLBACK so owners can release their easy handles),
+ * then releases the multi; the struct itself goes when uv closes the timer. */
+void httpc_free(struct httpc *c)
+{
+	if (c == NULL || c->closing)
+		return;
+	c->closing = 1;
+	while (c->xfers != NULL) {
+		struct httpc_xfer *x = c->xfers;
+		CURL *easy = x->easy;
+		httpc_done_fn done = x->done;
+		void *arg = x->arg;
+
+		c->xfers = x->next;
+		curl_multi_remove_handle(c->multi, easy);
+		free(x);
+		done(easy, CURLE_ABORTED_BY_CALLBACK, arg);
+	}
+	curl_multi_cleanup(c->multi);
+	c->multi = NULL;
+	uv_timer_stop(&c->timer);
+	uv_close((uv_handle_t *)&c->timer, httpc_timer_closed);
+}
+
+/* httpc_start: queues easy; curl's timer callback kicks it off. */
+int httpc_start(struct httpc *c, CURL *easy, httpc_done_fn done, void *arg,
+                struct tt_err *err)
+{
+	struct httpc_xfer *x;
+
+	if (c->closing)
+		return tt_err_set(err, TT_ERR_INVALID, "http client is closing");
+	x = calloc(1, sizeof(*x));
+	if (x == NULL)
+		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+	x->easy = easy;
+	x->done = done;
+	x->arg = arg;
+	if (curl_multi_add_handle(c->multi, easy) != CURLM_OK) {
+		free(x);
+		return tt_err_set(err, TT_ERR_INVALID, "curl_multi_add_handle failed");
+	}
+	x->next = c->xfers;
+	c->xfers = x;
+	return 0;
+}

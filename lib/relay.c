@@ -1,0 +1,434 @@
+/* Frame relay between two libuv streams (see relay.h). */
+#include "relay.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wire.h"
+
+enum { SIDE_OPENER = 0, SIDE_FAR = 1 };
+
+#define RELAY_READ_CHUNK (64u * 1024u)
+
+struct relay_side {
+	struct relay *r;
+	uv_stream_t *s;           /* owned by the relay from relay_start on */
+	struct wire_reader *rd;   /* owned; decodes what this side sends */
+	bool bp_paused;           /* reading stopped for backpressure */
+	uint8_t buf[RELAY_READ_CHUNK];
+};
+
+struct relay {
+	struct relay_side side[2];
+	relay_done_fn done;
+	void *data;
+	bool finishing;           /* last frame queued or ending: read no more */
+	bool ending;              /* handles are being closed */
+	int open_handles;
+	enum relay_end how;
+	char msg[200];
+};
+
+/* One queued write: owns its bytes. r is NULL for standalone writes. */
+struct relay_wreq {
+	uv_write_t req;
+	struct relay *r;
+	int dst;                  /* side index written to */
+	bool final;               /* ends the relay once written */
+	enum relay_end how;
+	uv_buf_t buf;
+	uint8_t bytes[];
+};
+
+static void relay_end(struct relay *r, enum relay_end how, const char *msg);
+static void side_resume(struct relay_side *sd);
+static void finish_with_error(struct relay *r, enum relay_end how,
+                              const char *code, const char *message);
+
+/* relay_end_name: stable names for logs. */
+const char *relay_end_name(enum relay_end how)
+{
+	switch (how) {
+	case RELAY_DONE: return "done";
+	case RELAY_FAR_GONE: return "far_gone";
+	case RELAY_OPENER_GONE: return "opener_gone";
+	case RELAY_MALFORMED: return "malformed";
+	case RELAY_ABORTED: return "aborted";
+	}
+	return "unknown";
+}
+
+/* wreq_new: one allocation holding header + payload. */
+static struct relay_wreq *wreq_new(uint8_t type, const void *payload, uint32_t len)
+{
+	struct relay_wreq *w = malloc(sizeof(*w) + WIRE_HDR_LEN + len);
+
+	if (w == NULL)
+		return NULL;
+	memset(w, 0, sizeof(*w));
+	wire_hdr_encode(w->bytes, type, len);
+	if (len > 0)
+		memcpy(w->bytes + WIRE_HDR_LEN, payload, len);
+	w->buf = uv_buf_init((char *)w->bytes, WIRE_HDR_LEN + len);
+	return w;
+}
+
+/* standalone_write_cb: frees a helper write; nothing else to do. */
+static void standalone_write_cb(uv_write_t *req, int status)
+{
+	(void)status;
+	free(req);
+}
+
+/* relay_write_frame: queues one self-contained frame write. */
+int relay_write_frame(uv_stream_t *s, uint8_t type, const void *payload,
+                      uint32_t len, struct tt_err *err)
+{
+	struct relay_wreq *w;
+	int rc;
+
+	if (len > WIRE_PAYLOAD_MAX)
+		return tt_err_set(err, TT_ERR_TOO_LARGE, "frame of %u bytes", len);
+	w = wreq_new(type, payload, len);
+	if (w == NULL)
+		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+	rc = uv_write(&w->req, s, &w->buf, 1, standalone_write_cb);
+	if (rc < 0) {
+		free(w);
+		return tt_err_set(err, TT_ERR_TRANSPORT, "write: %s", uv_strerror(rc));
+	}
+	return 0;
+}
+
+/* relay_write_json: serializes and queues obj. */
+int relay_write_json(uv_stream_t *s, uint8_t type, json_t *obj, struct tt_err *err)
+{
+	char *text = json_dumps(obj, JSON_COMPACT);
+	int rc;
+
+	if (text == NULL)
+		return tt_err_set(err, TT_ERR_NOMEM, "cannot serialize JSON");
+	rc = relay_write_frame(s, type, text, (uint32_t)strlen(text), err);
+	free(text);
+	return rc;
+}
+
+/* error_json: {"error":code,"message":message}; caller decrefs. */
+static json_t *error_json(const char *code, const char *message)
+{
+	return json_pack("{s:s,s:s}", "error", code, "message", message);
+}
+
+/* relay_write_error: queues an ERROR frame. */
+int relay_write_error(uv_stream_t *s, const char *code, const char *message)
+{
+	json_t *o = error_json(code, message);
+	int rc;
+
+	if (o == NULL)
+		return -1;
+	rc = relay_write_json(s, WIRE_ERROR, o, NULL);
+	json_decref(o);
+	return rc;
+}
+
+/* close_free_cb: the stream was heap-allocated by its owner. */
+static void close_free_cb(uv_handle_t *h)
+{
+	free(h);
+}
+
+/* relay_close_free: closes and frees a stream not owned by a relay. */
+void relay_close_free(uv_stream_t *s)
+{
+	if (!uv_is_closing((uv_handle_t *)s))
+		uv_close((uv_handle_t *)s, close_free_cb);
+}
+
+/* shutdown_cb: the queued writes went out (or failed): close now. */
+static void shutdown_cb(uv_shutdown_t *req, int status)
+{
+	(void)status;
+	relay_close_free(req->handle);
+	free(req);
+}
+
+/* relay_close_after_writes: shutdown (flushes the queue), then close. */
+void relay_close_after_writes(uv_stream_t *s)
+{
+	uv_shutdown_t *req = malloc(sizeof(*req));
+
+	if (req == NULL || uv_shutdown(req, s, shutdown_cb) < 0) {
+		free(req);
+		relay_close_free(s);
+	}
+}
+
+/* relay_write_cb: frees the write, releases backpressure, and ends the
+ * relay after a final frame. */
+static void relay_write_cb(uv_write_t *req, int status)
+{
+	struct relay_wreq *w = (struct relay_wreq *)req;
+	struct relay *r = w->r;
+	bool final = w->final;
+	enum relay_end how = w->how;
+	int dst = w->dst;
+	struct relay_side *src = &r->side[1 - dst];
+
+	free(w);
+	if (r->ending)
+		return;
+	if (status < 0) {
+		if (dst == SIDE_OPENER)
+			relay_end(r, RELAY_OPENER_GONE, uv_strerror(status));
+		else
+			finish_with_error(r, RELAY_FAR_GONE, "transport",
+			                  "the far side stopped reading");
+		return;
+	}
+	if (final) {
+		relay_end(r, how, r->msg[0] ? r->msg : relay_end_name(how));
+		return;
+	}
+	/* The other side was paused because this queue was long. */
+	if (src->bp_paused &&
+	    uv_stream_get_write_queue_size(r->side[dst].s) <= RELAY_LOW_WATER)
+		side_resume(src);
+}
+
+/* side_write: queues a frame to side dst; applies backpressure on the
+ * other side when dst's queue is long. */
+static int side_write(struct relay *r, int dst, uint8_t type, const void *payload,
+                      uint32_t len, bool final, enum relay_end how)
+{
+	struct relay_wreq *w = wreq_new(type, payload, len);
+	struct relay_side *src = &r->side[1 - dst];
+
+	if (w == NULL)
+		return -1;
+	w->r = r;
+	w->dst = dst;
+	w->final = final;
+	w->how = how;
+	if (uv_write(&w->req, r->side[dst].s, &w->buf, 1, relay_write_cb) < 0) {
+		free(w);
+		return -1;
+	}
+	if (!final && !src->bp_paused &&
+	    uv_stream_get_write_queue_size(r->side[dst].s) > RELAY_HIGH_WATER) {
+		uv_read_stop(src->s);
+		src->bp_paused = true;
+	}
+	return 0;
+}
+
+/* finish_with_error: stops reading and sends the opener a last ERROR; the
+ * relay ends when it is written (or at once if it cannot be queued). */
+static void finish_with_error(struct relay *r, enum relay_end how,
+                              const char *code, const char *message)
+{
+	json_t *o;
+	char *text = NULL;
+
+	if (r->finishing || r->ending)
+		return;
+	r->finishing = true;
+	snprintf(r->msg, sizeof(r->msg), "%s", message);
+	uv_read_stop(r->side[SIDE_OPENER].s);
+	uv_read_stop(r->side[SIDE_FAR].s);
+	o = error_json(code, message);
+	if (o != NULL)
+		text = json_dumps(o, JSON_COMPACT);
+	json_decref(o);
+	if (text == NULL || side_write(r, SIDE_OPENER, WIRE_ERROR, text,
+	                               (uint32_t)strlen(text), true, how) < 0)
+		relay_end(r, how, message);
+	free(text);
+}
+
+/* handle_frame: forwards one decoded frame from side src, or ends the relay
+ * on a frame that may not travel in that direction. */
+static void handle_frame(struct relay *r, int src, const struct wire_frame *f)
+{
+	char msg[96];
+
+	if (src == SIDE_OPENER) {
+		if (f->type != WIRE_DATA_IN && f->type != WIRE_EOF_IN) {
+			snprintf(msg, sizeof(msg), "unexpected %s frame from the opener",
+			         wire_type_name(f->type));
+			finish_with_error(r, RELAY_MALFORMED, "bad_request", msg);
+			return;
+		}
+		if (side_write(r, SIDE_FAR, f->type, f->payload, f->len, false, RELAY_DONE) < 0)
+			finish_with_error(r, RELAY_FAR_GONE, "transport", "cannot forward input");
+		return;
+	}
+	switch (f->type) {
+	case WIRE_DATA_OUT:
+	case WIRE_STDERR:
+		if (side_write(r, SIDE_OPENER, f->type, f->payload, f->len, false,
+		               RELAY_DONE) < 0)
+			relay_end(r, RELAY_OPENER_GONE, "cannot write to the opener");
+		return;
+	case WIRE_RESULT:
+	case WIRE_ERROR:
+		r->finishing = true;
+		uv_read_stop(r->side[SIDE_OPENER].s);
+		uv_read_stop(r->side[SIDE_FAR].s);
+		if (side_write(r, SIDE_OPENER, f->type, f->payload, f->len, true,
+		               RELAY_DONE) < 0)
+			relay_end(r, RELAY_OPENER_GONE, "cannot write to the opener");
+		return;
+	default:
+		snprintf(msg, sizeof(msg), "unexpected %s frame from the far side",
+		         wire_type_name(f->type));
+		finish_with_error(r, RELAY_MALFORMED, "transport", msg);
+	}
+}
+
+/* side_feed: decodes bytes from side src and handles every complete frame. */
+static void side_feed(struct relay *r, int src, const uint8_t *data, size_t len)
+{
+	struct relay_side *sd = &r->side[src];
+
+	while (len > 0 && !r->finishing && !r->ending) {
+		struct wire_frame f;
+		struct tt_err err = { 0 };
+		size_t used = 0;
+		int rc = wire_reader_feed(sd->rd, data, len, &used, &f, &err);
+
+		if (rc < 0) {
+			char msg[300];
+
+			snprintf(msg, sizeof(msg), "%s sent a bad frame: %s",
+			         src == SIDE_OPENER ? "opener" : "far side", err.msg);
+			finish_with_error(r, RELAY_MALFORMED,
+			                  src == SIDE_OPENER ? "bad_request" : "transport", msg);
+			return;
+		}
+		data += used;
+		len -= used;
+		if (rc == 1)
+			handle_frame(r, src, &f);
+	}
+}
+
+/* relay_alloc_cb: each side reads into its own buffer (frames are copied
+ * out before the next read). */
+static void relay_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+	struct relay_side *sd = h->data;
+
+	(void)suggested;
+	*buf = uv_buf_init((char *)sd->buf, sizeof(sd->buf));
+}
+
+/* relay_read_cb: bytes, EOF or an error from one side. */
+static void relay_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+	struct relay_side *sd = s->data;
+	struct relay *r = sd->r;
+	int src = sd == &r->side[SIDE_OPENER] ? SIDE_OPENER : SIDE_FAR;
+
+	(void)buf;
+	if (nread > 0) {
+		side_feed(r, src, sd->buf, (size_t)nread);
+		return;
+	}
+	if (nread == 0)
+		return;
+	if (src == SIDE_FAR)
+		finish_with_error(r, RELAY_FAR_GONE, "transport",
+		                  nread == UV_EOF ? "the far side closed before the result"
+		                                  : uv_strerror((int)nread));
+	else
+		relay_end(r, RELAY_OPENER_GONE,
+		          nread == UV_EOF ? "the opener closed" : uv_strerror((int)nread));
+}
+
+/* side_resume: restarts reading a side paused for backpressure. */
+static void side_resume(struct relay_side *sd)
+{
+	sd->bp_paused = false;
+	if (!sd->r->finishing && !sd->r->ending)
+		uv_read_start(sd->s, relay_alloc_cb, relay_read_cb);
+}
+
+/* relay_close_cb: frees a stream; the last one completes the relay. */
+static void relay_close_cb(uv_handle_t *h)
+{
+	struct relay *r = ((struct relay_side *)h->data)->r;
+
+	free(h);
+	if (--r->open_handles > 0)
+		return;
+	free(r->side[0].rd);
+	free(r->side[1].rd);
+	if (r->done)
+		r->done(r, r->how, r->msg, r->data);
+	free(r);
+}
+
+/* relay_end: closes both streams (cancelling queued writes); the done
+ * callback follows from the close callbacks. */
+static void relay_end(struct relay *r, enum relay_end how, const char *msg)
+{
+	if (r->ending)
+		return;
+	r->ending = true;
+	r->finishing = true;
+	r->how = how;
+	if (msg != r->msg)
+		snprintf(r->msg, sizeof(r->msg), "%s", msg ? msg : "");
+	for (int i = 0; i < 2; i++) {
+		uv_read_stop(r->side[i].s);
+		uv_close((uv_handle_t *)r->side[i].s, relay_close_cb);
+	}
+}
+
+/* relay_abort: cancels the operation and tells the opener why. */
+void relay_abort(struct relay *r, const char *code, const char *message)
+{
+	finish_with_error(r, RELAY_ABORTED, code, message);
+}
+
+/* relay_start: wires both sides and begins reading. */
+struct relay *relay_start(uv_stream_t *opener, uv_stream_t *far,
+                          const uint8_t *pending, size_t pending_len,
+                          relay_done_fn done, void *data, struct tt_err *err)
+{
+	struct relay *r = calloc(1, sizeof(*r));
+	uv_stream_t *streams[2] = { opener, far };
+
+	if (r == NULL)
+		goto nomem;
+	r->done = done;
+	r->data = data;
+	r->open_handles = 2;
+	for (int i = 0; i < 2; i++) {
+		r->side[i].r = r;
+		r->side[i].s = streams[i];
+		r->side[i].rd = malloc(sizeof(*r->side[i].rd));
+		if (r->side[i].rd == NULL)
+			goto nomem;
+		wire_reader_init(r->side[i].rd);
+	}
+	for (int i = 0; i < 2; i++) {
+		streams[i]->data = &r->side[i];
+		uv_read_stop(streams[i]);
+		uv_read_start(streams[i], relay_alloc_cb, relay_read_cb);
+	}
+	if (pending_len > 0)
+		side_feed(r, SIDE_OPENER, pending, pending_len);
+	return r;
+nomem:
+	if (r != NULL) {
+		free(r->side[0].rd);
+		free(r->side[1].rd);
+		free(r);
+	}
+	tt_err_set(err, TT_ERR_NOMEM, "relay: out of memory");
+	return NULL;
+}

@@ -1,0 +1,76 @@
+/* A wire-frame relay between two connected libuv streams, used by the
+ * sbx-manager (node-api <-> bridge) and the host bridge (manager <-> guest).
+ *
+ * The "opener" side started the operation; the "far" side answers it. Each
+ * direction is parsed with a struct wire_reader (bounded) and frames are
+ * re-encoded before they are forwarded, so a peer can never push bytes that
+ * are not a well-formed frame. Opener -> far carries only DATA_IN / EOF_IN;
+ * far -> opener carries DATA_OUT / STDERR and ends with RESULT or ERROR.
+ * Anything else is a protocol violation: both sides are closed and the
+ * opener gets an ERROR when it is still there.
+ *
+ * Backpressure: a side stops being read while the other side's write queue
+ * holds more than RELAY_HIGH_WATER bytes, and resumes below RELAY_LOW_WATER.
+ * The relay ends when the RESULT/ERROR has been written to the opener, when
+ * either side goes away (the opener then gets ERROR {"error":"transport"}:
+ * never a silent retry), or on relay_abort. The done callback runs once,
+ * after both streams were closed and freed. Implementation: lib/relay.c. */
+#ifndef TT_RELAY_H
+#define TT_RELAY_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "err.h"
+
+#define RELAY_HIGH_WATER (256u * 1024u)
+#define RELAY_LOW_WATER (64u * 1024u)
+
+enum relay_end {
+	RELAY_DONE = 0,    /* RESULT or ERROR delivered to the opener */
+	RELAY_FAR_GONE,    /* far side closed or failed first; opener told */
+	RELAY_OPENER_GONE, /* opener closed or failed; far side dropped */
+	RELAY_MALFORMED,   /* a side broke the frame protocol */
+	RELAY_ABORTED,     /* relay_abort (e.g. epoch lease cancelled) */
+};
+
+struct relay;
+
+/* how: why it ended; msg: one line for the log. */
+typedef void (*relay_done_fn)(struct relay *r, enum relay_end how,
+                              const char *msg, void *data);
+
+/* relay_start: takes ownership of both streams (heap-allocated uv_pipe_t /
+ * uv_tcp_t, freed with free() after uv_close) and starts relaying. pending
+ * holds bytes already read from the opener after its REQUEST (copied).
+ * Writes queued on the streams before the call keep their order. Returns
+ * NULL (streams still the caller's) only when out of memory. */
+struct relay *relay_start(uv_stream_t *opener, uv_stream_t *far,
+                          const uint8_t *pending, size_t pending_len,
+                          relay_done_fn done, void *data, struct tt_err *err);
+/* relay_abort: stops both directions at once, sends the opener ERROR
+ * {"error":code,"message":message}, then ends (RELAY_ABORTED). */
+void relay_abort(struct relay *r, const char *code, const char *message);
+/* relay_end_name: "done", "far_gone", ... for logs. */
+const char *relay_end_name(enum relay_end how);
+
+/* Helpers for the phases before a relay starts. Each write owns a copy of
+ * its bytes and needs nothing else alive (the stream aside). */
+/* relay_write_frame: queues one frame on s. */
+int relay_write_frame(uv_stream_t *s, uint8_t type, const void *payload,
+                      uint32_t len, struct tt_err *err);
+/* relay_write_json: queues obj (compact) as one frame (does not steal). */
+int relay_write_json(uv_stream_t *s, uint8_t type, json_t *obj,
+                     struct tt_err *err);
+/* relay_write_error: queues ERROR {"error":code,"message":message}. */
+int relay_write_error(uv_stream_t *s, const char *code, const char *message);
+/* relay_close_free: uv_close + free() of a heap-allocated stream; pending
+ * writes are flushed or cancelled by libuv first. */
+void relay_close_free(uv_stream_t *s);
+/* relay_close_after_writes: closes s once what was queued so far was
+ * written (for "send DECISION, then close"). */
+void relay_close_after_writes(uv_stream_t *s);
+
+#endif

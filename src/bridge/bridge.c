@@ -1,0 +1,398 @@
+/* Host bridge: one process per execution, spawned by the sbx-manager.
+ * Accepts only the manager (SO_PEERCRED uid and pid), and for every
+ * operation opens a fresh connection to the guest socket, verifies that its
+ * listener is the sandbox init recorded at spawn (pid + start time, SPEC §5),
+ * then relays frames. No reconnect: a dropped guest connection fails the
+ * operation. Exits when the sandbox init dies or on SIGTERM. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "claims.h"
+#include "log.h"
+#include "node/ns.h"
+#include "relay.h"
+#include "tetherd/roles.h"
+#include "wire.h"
+#include "wire_json.h"
+
+struct bridge {
+	uv_loop_t *loop;
+	char sbx[TT_SBX_ID_LEN + 1];
+	uint64_t gen;
+	uint32_t att;
+	char listen_path[PATH_MAX];
+	char guest_socket[PATH_MAX];
+	pid_t init_pid;
+	unsigned long long init_start;
+	pid_t manager_pid;
+	int init_pidfd;
+	uv_pipe_t server;
+	uv_poll_t init_poll;
+	uv_signal_t sigterm, sigint;
+	bool stopping;
+};
+
+/* One operation: the manager's connection until the relay takes over. */
+struct bconn {
+	struct bridge *b;
+	uv_pipe_t *conn;          /* owned until the relay */
+	uv_pipe_t *guest;         /* owned until the relay */
+	struct wire_reader rd;
+	uint8_t buf[WIRE_PAYLOAD_MAX + WIRE_HDR_LEN];
+	uint8_t *req;             /* REQUEST payload copy (owned) */
+	uint32_t req_len;
+	uint8_t *pending;         /* bytes after the REQUEST (owned) */
+	size_t pending_len;
+	uv_connect_t connect;
+};
+
+/* bconn_free: releases what the operation still owns. */
+static void bconn_free(struct bconn *c)
+{
+	if (c->conn)
+		relay_close_free((uv_stream_t *)c->conn);
+	if (c->guest)
+		relay_close_free((uv_stream_t *)c->guest);
+	free(c->req);
+	free(c->pending);
+	free(c);
+}
+
+/* bconn_fail: ERROR to the manager, then close. */
+static void bconn_fail(struct bconn *c, const char *code, const char *msg)
+{
+	log_warn("operation failed: %s: %s", code, msg);
+	relay_write_error((uv_stream_t *)c->conn, code, msg);
+	relay_close_after_writes((uv_stream_t *)c->conn);
+	c->conn = NULL;
+	bconn_free(c);
+}
+
+/* relay_done: the operation ended; the relay freed both streams. */
+static void relay_done(struct relay *r, enum relay_end how, const char *msg, void *data)
+{
+	struct bconn *c = data;
+
+	(void)r;
+	if (how != RELAY_DONE)
+		log_info("operation ended: %s: %s", relay_end_name(how), msg);
+	free(c->req);
+	free(c->pending);
+	free(c);
+}
+
+/* guest_verify: the listener of the guest socket is the sandbox init this
+ * bridge was started for: peer pid and its start time. */
+static int guest_verify(const struct bridge *b, int fd, char *why, size_t cap)
+{
+	struct ucred cr;
+	socklen_t len = sizeof(cr);
+	unsigned long long start = 0;
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
+		snprintf(why, cap, "SO_PEERCRED: %s", strerror(errno));
+		return -1;
+	}
+	if (cr.pid != b->init_pid) {
+		snprintf(why, cap, "listener pid %d, expected %d", (int)cr.pid, (int)b->init_pid);
+		return -1;
+	}
+	if (proc_start_time(cr.pid, &start, NULL) < 0 || start != b->init_start) {
+		snprintf(why, cap, "listener pid %d start time differs", (int)cr.pid);
+		return -1;
+	}
+	return 0;
+}
+
+/* guest_connected: verify, forward the REQUEST, relay. */
+static void guest_connected(uv_connect_t *req, int status)
+{
+	struct bconn *c = req->data;
+	struct tt_err err = { 0 };
+	uv_os_fd_t fd;
+	char why[160], msg[224];
+	struct relay *r;
+
+	if (status < 0) {
+		snprintf(msg, sizeof(msg), "cannot reach the guest: %s", uv_strerror(status));
+		bconn_fail(c, "transport", msg);
+		return;
+	}
+	if (uv_fileno((uv_handle_t *)c->guest, &fd) < 0 ||
+	    guest_verify(c->b, fd, why, sizeof(why)) < 0) {
+		snprintf(msg, sizeof(msg), "guest listener verification failed: %s", why);
+		bconn_fail(c, "transport", msg);
+		return;
+	}
+	if (relay_write_frame((uv_stream_t *)c->guest, WIRE_REQUEST, c->req, c->req_len,
+	                      &err) < 0) {
+		bconn_fail(c, "transport", err.msg);
+		return;
+	}
+	r = relay_start((uv_stream_t *)c->conn, (uv_stream_t *)c->guest, c->pending,
+	                c->pending_len, relay_done, c, &err);
+	if (r == NULL) {
+		bconn_fail(c, "internal", err.msg);
+		return;
+	}
+	c->conn = NULL;
+	c->guest = NULL;
+}
+
+/* handle_request: checks the REQUEST and opens the guest connection. */
+static void handle_request(struct bconn *c, const struct wire_frame *f)
+{
+	struct tt_err err = { 0 };
+	json_t *o = wire_frame_json(f, &err);
+	const char *sbx = o ? json_string_value(json_object_get(o, "sbx")) : NULL;
+	bool has_op = o && json_is_string(json_object_get(o, "op"));
+	/* This bridge serves exactly one sandbox. */
+	bool other = sbx != NULL && strcmp(sbx, c->b->sbx) != 0;
+
+	if (!has_op) {
+		bconn_fail(c, "bad_request", o ? "request without op" : err.msg);
+		json_decref(o);
+		return;
+	}
+	json_decref(o);
+	if (other) {
+		bconn_fail(c, "other_sandbox", "this bridge serves another sandbox");
+		return;
+	}
+	c->req = malloc(f->len ? f->len : 1);
+	c->guest = malloc(sizeof(*c->guest));
+	if (c->req == NULL || c->guest == NULL ||
+	    uv_pipe_init(c->b->loop, c->guest, 0) < 0) {
+		free(c->guest);
+		c->guest = NULL;
+		bconn_fail(c, "internal", "out of memory");
+		return;
+	}
+	memcpy(c->req, f->payload, f->len);
+	c->req_len = f->len;
+	c->connect.data = c;
+	uv_pipe_connect(&c->connect, c->guest, c->b->guest_socket, guest_connected);
+}
+
+/* bconn_alloc_cb: reads land in the operation's buffer. */
+static void bconn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+	struct bconn *c = h->data;
+
+	(void)suggested;
+	*buf = uv_buf_init((char *)c->buf, sizeof(c->buf));
+}
+
+/* bconn_read_cb: waits for the one REQUEST frame. */
+static void bconn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+	struct bconn *c = s->data;
+	struct wire_frame f;
+	struct tt_err err = { 0 };
+	size_t used = 0;
+	int rc;
+
+	(void)buf;
+	if (nread == 0)
+		return;
+	if (nread < 0) { /* e.g. the manager's readiness probe */
+		bconn_free(c);
+		return;
+	}
+	rc = wire_reader_feed(&c->rd, c->buf, (size_t)nread, &used, &f, &err);
+	if (rc == 0)
+		return;
+	uv_read_stop(s);
+	if (rc < 0 || f.type != WIRE_REQUEST) {
+		log_warn("closing a connection: %s", rc < 0 ? err.msg : "first frame is not a REQUEST");
+		bconn_free(c);
+		return;
+	}
+	if ((size_t)nread > used) {
+		c->pending_len = (size_t)nread - used;
+		c->pending = malloc(c->pending_len);
+		if (c->pending == NULL) {
+			bconn_fail(c, "internal", "out of memory");
+			return;
+		}
+		memcpy(c->pending, c->buf + used, c->pending_len);
+	}
+	handle_request(c, &f);
+}
+
+/* on_connection: only the manager that spawned us, as the same uid. */
+static void on_connection(uv_stream_t *server, int status)
+{
+	struct bridge *b = server->data;
+	struct ucred cr = { 0 };
+	socklen_t len = sizeof(cr);
+	uv_os_fd_t fd;
+	struct bconn *c;
+	uv_pipe_t *p;
+
+	if (status < 0)
+		return;
+	p = malloc(sizeof(*p));
+	if (p == NULL || uv_pipe_init(b->loop, p, 0) < 0) {
+		free(p);
+		return;
+	}
+	if (uv_accept(server, (uv_stream_t *)p) < 0) {
+		relay_close_free((uv_stream_t *)p);
+		return;
+	}
+	if (uv_fileno((uv_handle_t *)p, &fd) < 0 ||
+	    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0 ||
+	    cr.pid != b->manager_pid || cr.uid != geteuid()) {
+		log_warn("peer refused: pid %d uid %u", (int)cr.pid, (unsigned)cr.uid);
+		relay_close_free((uv_stream_t *)p);
+		return;
+	}
+	c = calloc(1, sizeof(*c));
+	if (c == NULL) {
+		relay_close_free((uv_stream_t *)p);
+		return;
+	}
+	c->b = b;
+	c->conn = p;
+	p->data = c;
+	wire_reader_init(&c->rd);
+	uv_read_start((uv_stream_t *)p, bconn_alloc_cb, bconn_read_cb);
+}
+
+/* bridge_stop: ends the loop; in-flight operations die with the process
+ * (their openers see the connection drop: never a silent retry). */
+static void bridge_stop(struct bridge *b, const char *why)
+{
+	if (b->stopping)
+		return;
+	b->stopping = true;
+	log_info("bridge for %s generation %" PRIu64 " exiting: %s", b->sbx, b->gen, why);
+	unlink(b->listen_path);
+	uv_stop(b->loop);
+}
+
+/* init_exit_cb: the sandbox init is gone: so is this execution. */
+static void init_exit_cb(uv_poll_t *p, int status, int events)
+{
+	struct bridge *b = p->data;
+
+	(void)status;
+	(void)events;
+	bridge_stop(b, "sandbox init exited");
+}
+
+/* on_signal: SIGTERM / SIGINT. */
+static void on_signal(uv_signal_t *s, int signum)
+{
+	(void)signum;
+	bridge_stop(s->data, "signal");
+}
+
+/* parse_args: the command line of protocol.md. */
+static int parse_args(struct bridge *b, int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "sbx", required_argument, NULL, 's' },
+		{ "gen", required_argument, NULL, 'g' },
+		{ "att", required_argument, NULL, 'a' },
+		{ "listen", required_argument, NULL, 'l' },
+		{ "guest-socket", required_argument, NULL, 'G' },
+		{ "init-pid", required_argument, NULL, 'p' },
+		{ "init-start", required_argument, NULL, 't' },
+		{ "manager-pid", required_argument, NULL, 'm' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int o;
+
+	optind = 1;
+	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (o) {
+		case 's': snprintf(b->sbx, sizeof(b->sbx), "%s", optarg); break;
+		case 'g': b->gen = strtoull(optarg, NULL, 10); break;
+		case 'a': b->att = (uint32_t)strtoul(optarg, NULL, 10); break;
+		case 'l': snprintf(b->listen_path, sizeof(b->listen_path), "%s", optarg); break;
+		case 'G': snprintf(b->guest_socket, sizeof(b->guest_socket), "%s", optarg); break;
+		case 'p': b->init_pid = (pid_t)atoi(optarg); break;
+		case 't': b->init_start = strtoull(optarg, NULL, 10); break;
+		case 'm': b->manager_pid = (pid_t)atoi(optarg); break;
+		default: return -1;
+		}
+	}
+	if (!sbx_id_valid(b->sbx) || b->gen == 0 || !b->listen_path[0] ||
+	    !b->guest_socket[0] || b->init_pid <= 0 || b->init_start == 0 ||
+	    b->manager_pid <= 0) {
+		fprintf(stderr, "usage: tetherd bridge --sbx ID --gen N --att N --listen PATH"
+		                " --guest-socket PATH --init-pid PID --init-start T"
+		                " --manager-pid PID\n");
+		return -1;
+	}
+	return 0;
+}
+
+/* bridge_main: the host bridge role. */
+int bridge_main(int argc, char **argv)
+{
+	static struct bridge br; /* large; one per process */
+	struct bridge *b = &br;
+	unsigned long long start = 0;
+	mode_t old;
+	int rc;
+
+	tt_log_init("bridge", TT_LOG_INFO);
+	signal(SIGPIPE, SIG_IGN);
+	if (parse_args(b, argc, argv) < 0)
+		return 1;
+	b->loop = uv_default_loop();
+	/* Hold the init by pidfd first, then check it is the recorded one. */
+	b->init_pidfd = (int)syscall(SYS_pidfd_open, b->init_pid, 0);
+	if (b->init_pidfd < 0 || proc_start_time(b->init_pid, &start, NULL) < 0 ||
+	    start != b->init_start) {
+		log_error("sandbox init %d is not the recorded process", (int)b->init_pid);
+		return 1;
+	}
+	unlink(b->listen_path);
+	uv_pipe_init(b->loop, &b->server, 0);
+	b->server.data = b;
+	old = umask(077);
+	rc = uv_pipe_bind(&b->server, b->listen_path);
+	umask(old);
+	if (rc == 0)
+		rc = chmod(b->listen_path, 0600) < 0 ? -errno : 0;
+	if (rc == 0)
+		rc = uv_listen((uv_stream_t *)&b->server, 64, on_connection);
+	if (rc < 0) {
+		log_error("listen on %s: %s", b->listen_path, uv_strerror(rc));
+		return 1;
+	}
+	uv_poll_init(b->loop, &b->init_poll, b->init_pidfd);
+	b->init_poll.data = b;
+	uv_poll_start(&b->init_poll, UV_READABLE, init_exit_cb);
+	uv_signal_init(b->loop, &b->sigterm);
+	uv_signal_init(b->loop, &b->sigint);
+	b->sigterm.data = b;
+	b->sigint.data = b;
+	uv_signal_start(&b->sigterm, on_signal, SIGTERM);
+	uv_signal_start(&b->sigint, on_signal, SIGINT);
+	log_info("bridge for %s generation %" PRIu64 " activation %" PRIu32
+	         " listening on %s", b->sbx, b->gen, b->att, b->listen_path);
+	uv_run(b->loop, UV_RUN_DEFAULT);
+	if (!b->stopping)
+		bridge_stop(b, "loop ended");
+	/* The process ends here: open handles and in-flight operations go
+	 * with it, and their peers see the connections drop. */
+	return 0;
+}

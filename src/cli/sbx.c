@@ -1,0 +1,488 @@
+/* CLI verbs that talk to the edge through libtether: create, ls, info,
+ * workers, rm, exec, cp and cap (issue). Each prints one "tether: …" line
+ * on failure and returns 1. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "cleanup.h"
+#include "cli/verbs.h"
+#include "client/tether.h"
+
+/* fail: prints the one-line error and returns the usage/operational status. */
+__attribute__((format(printf, 1, 2)))
+static int fail(const char *fmt, ...)
+{
+	char line[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	for (char *p = line; *p; p++) /* keep it one line */
+		if (*p == '\n' || *p == '\r')
+			*p = ' ';
+	fprintf(stderr, "tether: %s\n", line);
+	return 1;
+}
+
+/* client_open: loads the configuration and opens a client, or prints why. */
+static struct tether *client_open(void)
+{
+	struct tether_config cfg;
+	struct tt_err err = { 0 };
+	struct tether *t;
+
+	if (tether_config_load(&cfg, &err) < 0) {
+		fail("%s", err.msg);
+		return NULL;
+	}
+	t = tether_new(&cfg, &err);
+	if (t == NULL)
+		fail("%s", err.msg);
+	return t;
+}
+
+/* str_or: a JSON string member, or dflt. */
+static const char *str_or(json_t *obj, const char *key, const char *dflt)
+{
+	const char *s = json_string_value(json_object_get(obj, key));
+	return s ? s : dflt;
+}
+
+/* print_json: pretty JSON on stdout. */
+static void print_json(json_t *j)
+{
+	json_dumpf(j, stdout, JSON_INDENT(2) | JSON_SORT_KEYS);
+	fputc('\n', stdout);
+}
+
+/* has_flag: whether argv holds flag (simple verbs take few options). */
+static int has_flag(int argc, char **argv, const char *flag)
+{
+	for (int i = 1; i < argc; i++)
+		if (strcmp(argv[i], flag) == 0)
+			return 1;
+	return 0;
+}
+
+/* cli_create: create [--worker W]; prints the new sandbox id. */
+int cli_create(int argc, char **argv)
+{
+	const char *worker = NULL;
+	struct tt_err err = { 0 };
+	struct tether *t;
+	json_t *sbx;
+
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--worker") == 0 && i + 1 < argc)
+			worker = argv[++i];
+		else
+			return fail("usage: tether create [--worker W]");
+	}
+	if ((t = client_open()) == NULL)
+		return 1;
+	sbx = tether_create(t, worker, &err);
+	tether_free(t);
+	if (sbx == NULL)
+		return fail("create: %s", err.msg);
+	printf("%s\n", str_or(sbx, "id", "?"));
+	json_decref(sbx);
+	return 0;
+}
+
+/* cli_ls: ls [--json]; an aligned table of sandboxes. */
+int cli_ls(int argc, char **argv)
+{
+	struct tt_err err = { 0 };
+	struct tether *t;
+	json_t *ans, *list, *s;
+	int json = has_flag(argc, argv, "--json");
+	int wid = 2, wst = 5, wgen = 3;
+	size_t i;
+
+	if (argc > 2 || (argc == 2 && !json))
+		return fail("usage: tether ls [--json]");
+	if ((t = client_open()) == NULL)
+		return 1;
+	ans = tether_list(t, &err);
+	tether_free(t);
+	if (ans == NULL)
+		return fail("ls: %s", err.msg);
+	if (json) {
+		print_json(ans);
+		json_decref(ans);
+		return 0;
+	}
+	list = json_object_get(ans, "sandboxes");
+	json_array_foreach(list, i, s) {
+		char gen[24];
+		int l;
+		l = (int)strlen(str_or(s, "id", "?"));
+		wid = l > wid ? l : wid;
+		l = (int)strlen(str_or(s, "state", "?"));
+		wst = l > wst ? l : wst;
+		l = snprintf(gen, sizeof(gen), "%" JSON_INTEGER_FORMAT,
+		             json_integer_value(json_object_get(s, "generation")));
+		wgen = l > wgen ? l : wgen;
+	}
+	printf("%-*s  %-*s  %*s  %s\n", wid, "ID", wst, "STATE", wgen, "GEN", "WORKER");
+	json_array_foreach(list, i, s)
+		printf("%-*s  %-*s  %*" JSON_INTEGER_FORMAT "  %s\n", wid,
+		       str_or(s, "id", "?"), wst, str_or(s, "state", "?"), wgen,
+		       json_integer_value(json_object_get(s, "generation")),
+		       str_or(s, "worker", "-"));
+	json_decref(ans);
+	return 0;
+}
+
+/* cli_info: info ID [--json]. */
+int cli_info(int argc, char **argv)
+{
+	struct tt_err err = { 0 };
+	const char *id = NULL;
+	struct tether *t;
+	json_t *s;
+	int json = 0;
+
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--json") == 0)
+			json = 1;
+		else if (id == NULL && argv[i][0] != '-')
+			id = argv[i];
+		else
+			return fail("usage: tether info ID [--json]");
+	}
+	if (id == NULL)
+		return fail("usage: tether info ID [--json]");
+	if ((t = client_open()) == NULL)
+		return 1;
+	s = tether_info(t, id, &err);
+	tether_free(t);
+	if (s == NULL)
+		return fail("info %s: %s", id, err.msg);
+	if (json) {
+		print_json(s);
+	} else {
+		printf("id:          %s\n", str_or(s, "id", "?"));
+		printf("state:       %s\n", str_or(s, "state", "?"));
+		printf("generation:  %" JSON_INTEGER_FORMAT "\n",
+		       json_integer_value(json_object_get(s, "generation")));
+		printf("worker:      %s\n", str_or(s, "worker", "-"));
+		printf("substrate:   %s\n", str_or(s, "substrate", "-"));
+		printf("activation:  %" JSON_INTEGER_FORMAT "\n",
+		       json_integer_value(json_object_get(s, "activation")));
+		printf("node_url:    %s\n", str_or(s, "node_url", "-"));
+		printf("created_at:  %s\n", str_or(s, "created_at", "-"));
+		if (json_object_get(s, "error"))
+			printf("error:       %s\n", str_or(s, "error", ""));
+	}
+	json_decref(s);
+	return 0;
+}
+
+/* cli_workers: workers [--json]. */
+int cli_workers(int argc, char **argv)
+{
+	struct tt_err err = { 0 };
+	struct tether *t;
+	json_t *ans, *w;
+	int json = has_flag(argc, argv, "--json");
+	size_t i;
+
+	if (argc > 2 || (argc == 2 && !json))
+		return fail("usage: tether workers [--json]");
+	if ((t = client_open()) == NULL)
+		return 1;
+	ans = tether_workers(t, &err);
+	tether_free(t);
+	if (ans == NULL)
+		return fail("workers: %s", err.msg);
+	if (json) {
+		print_json(ans);
+	} else {
+		printf("%-8s  %-5s  %-26s  %s\n", "ID", "STATE", "NODE_URL", "LAST_SEEN");
+		json_array_foreach(json_object_get(ans, "workers"), i, w)
+			printf("%-8s  %-5s  %-26s  %s\n", str_or(w, "id", "?"),
+			       str_or(w, "state", "?"), str_or(w, "node_url", "-"),
+			       str_or(w, "last_seen", "-"));
+	}
+	json_decref(ans);
+	return 0;
+}
+
+/* cli_rm: rm ID. */
+int cli_rm(int argc, char **argv)
+{
+	struct tt_err err = { 0 };
+	struct tether *t;
+	int rc;
+
+	if (argc != 2 || argv[1][0] == '-')
+		return fail("usage: tether rm ID");
+	if ((t = client_open()) == NULL)
+		return 1;
+	rc = tether_rm(t, argv[1], &err);
+	tether_free(t);
+	if (rc < 0)
+		return fail("rm %s: %s", argv[1], err.msg);
+	return 0;
+}
+
+/* write_all: writes a buffer to a stdio descriptor. */
+static void write_all(int fd, const char *buf, size_t len)
+{
+	while (len > 0) {
+		ssize_t n = write(fd, buf, len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return; /* closed pipe: nothing more to do */
+		buf += n;
+		len -= (size_t)n;
+	}
+}
+
+/* cli_exec: exec ID -- CMD [ARG...]; exits with the command's status. */
+int cli_exec(int argc, char **argv)
+{
+	struct tether_exec_result res;
+	struct tt_err err = { 0 };
+	struct tether *t;
+	int first = 2;
+
+	if (argc < 3 || argv[1][0] == '-')
+		return fail("usage: tether exec ID -- CMD [ARG...]");
+	if (strcmp(argv[2], "--") == 0)
+		first = 3;
+	if (first >= argc)
+		return fail("usage: tether exec ID -- CMD [ARG...]");
+	if ((t = client_open()) == NULL)
+		return 1;
+	if (tether_exec(t, argv[1], argv + first, &res, &err) < 0) {
+		tether_free(t);
+		return fail("exec %s: %s", argv[1], err.msg);
+	}
+	tether_free(t);
+	fflush(stdout);
+	write_all(STDOUT_FILENO, res.out, res.out_len);
+	write_all(STDERR_FILENO, res.errout, res.err_len);
+	int code = res.exit_code;
+	tether_exec_result_free(&res);
+	if (code < 0 || code > 255)
+		return 255;
+	return code;
+}
+
+/* remote_split: "sbx_…:/path" -> id + path; 0 when spec is local. */
+static int remote_split(const char *spec, char *id, size_t cap,
+                        const char **path)
+{
+	const char *colon = strchr(spec, ':');
+	size_t len;
+
+	if (strncmp(spec, "sbx_", 4) != 0 || colon == NULL)
+		return 0;
+	len = (size_t)(colon - spec);
+	if (memchr(spec, '/', len) != NULL || len >= cap)
+		return 0;
+	memcpy(id, spec, len);
+	id[len] = '\0';
+	*path = colon + 1;
+	return 1;
+}
+
+/* base_name: the last path component (no allocation). */
+static const char *base_name(const char *p)
+{
+	const char *s = strrchr(p, '/');
+	return s ? s + 1 : p;
+}
+
+/* cp_upload: local file -> sandbox path, streamed. */
+static int cp_upload(struct tether *t, const char *src, const char *id,
+                     const char *rpath)
+{
+	_cleanup_close_ int fd = open(src, O_RDONLY | O_CLOEXEC);
+	_cleanup_free_ char *dst = NULL;
+	struct tt_err err = { 0 };
+	struct stat st;
+	uint64_t written = 0;
+
+	if (fd < 0)
+		return fail("cp: cannot open %s: %s", src, strerror(errno));
+	if (fstat(fd, &st) < 0)
+		return fail("cp: cannot stat %s: %s", src, strerror(errno));
+	if (!S_ISREG(st.st_mode))
+		return fail("cp: %s is not a regular file", src);
+	if (rpath[0] == '\0' || rpath[strlen(rpath) - 1] == '/') {
+		if (asprintf(&dst, "%s%s", rpath[0] ? rpath : "/", base_name(src)) < 0)
+			return fail("cp: out of memory");
+	} else if ((dst = strdup(rpath)) == NULL) {
+		return fail("cp: out of memory");
+	}
+	if (tether_file_put(t, id, dst, fd, (uint64_t)st.st_size, &written, &err) < 0)
+		return fail("cp %s -> %s:%s: %s", src, id, dst, err.msg);
+	return 0;
+}
+
+/* cp_download: sandbox path -> local file, via a temp file in the target
+ * directory renamed into place only once complete. */
+static int cp_download(struct tether *t, const char *id, const char *rpath,
+                       const char *dst)
+{
+	_cleanup_free_ char *target = NULL;
+	_cleanup_free_ char *dircopy = NULL;
+	_cleanup_free_ char *tmp = NULL;
+	_cleanup_close_ int fd = -1;
+	struct tt_err err = { 0 };
+	struct stat st;
+	mode_t mask;
+
+	if (stat(dst, &st) == 0 && S_ISDIR(st.st_mode)) {
+		if (asprintf(&target, "%s/%s", dst, base_name(rpath)) < 0)
+			return fail("cp: out of memory");
+	} else if ((target = strdup(dst)) == NULL) {
+		return fail("cp: out of memory");
+	}
+	if (base_name(target)[0] == '\0')
+		return fail("cp: %s names no file", dst);
+	if ((dircopy = strdup(target)) == NULL ||
+	    asprintf(&tmp, "%s/.%s.tether-XXXXXX", dirname(dircopy),
+	             base_name(target)) < 0)
+		return fail("cp: out of memory");
+	fd = mkostemp(tmp, O_CLOEXEC);
+	if (fd < 0)
+		return fail("cp: cannot create a file next to %s: %s", target,
+		            strerror(errno));
+	if (tether_file_get(t, id, rpath, fd, NULL, &err) < 0) {
+		unlink(tmp);
+		return fail("cp %s:%s -> %s: %s", id, rpath, target, err.msg);
+	}
+	mask = umask(0);
+	umask(mask);
+	if (fchmod(fd, 0666 & ~mask) < 0 || fsync(fd) < 0 ||
+	    rename(tmp, target) < 0) {
+		int e = errno;
+		unlink(tmp);
+		return fail("cp: cannot store %s: %s", target, strerror(e));
+	}
+	return 0;
+}
+
+/* cli_cp: cp SRC DST, one side local, the other ID:/path. */
+int cli_cp(int argc, char **argv)
+{
+	char sid[128], did[128];
+	const char *spath = NULL, *dpath = NULL;
+	struct tether *t;
+	int srem, drem, rc;
+
+	if (argc != 3)
+		return fail("usage: tether cp SRC DST   (one of them ID:/path)");
+	srem = remote_split(argv[1], sid, sizeof(sid), &spath);
+	drem = remote_split(argv[2], did, sizeof(did), &dpath);
+	if (srem == drem)
+		return fail("cp: exactly one of SRC and DST must be ID:/path");
+	if ((t = client_open()) == NULL)
+		return 1;
+	if (drem)
+		rc = cp_upload(t, argv[1], did, dpath);
+	else
+		rc = cp_download(t, sid, spath, argv[2]);
+	tether_free(t);
+	return rc;
+}
+
+/* ops_array: "a,b" -> ["a","b"]. */
+static json_t *ops_array(const char *list)
+{
+	json_t *arr = json_array();
+	const char *p = list;
+
+	while (arr && *p) {
+		size_t n = strcspn(p, ",");
+		if (n > 0)
+			json_array_append_new(arr, json_stringn(p, n));
+		p += n;
+		if (*p == ',')
+			p++;
+	}
+	return arr;
+}
+
+/* cli_cap_issue: cap ID [--purpose control|port] [--ops a,b] [--port P
+ * --proto tcp|http]; prints the capability JSON (token, expires_at, route). */
+int cli_cap_issue(int argc, char **argv)
+{
+	const char *purpose = "control", *ops = "exec,fs.read,fs.write";
+	const char *proto = "tcp", *id = NULL;
+	long port = -1;
+	struct tt_err err = { 0 };
+	struct tether *t;
+	json_t *req, *ans;
+
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (strcmp(a, "--purpose") == 0 && v) {
+			purpose = v;
+			i++;
+		} else if (strcmp(a, "--ops") == 0 && v) {
+			ops = v;
+			i++;
+		} else if (strcmp(a, "--port") == 0 && v) {
+			char *end;
+			port = strtol(v, &end, 10);
+			if (*end || port < 1 || port > 65535)
+				return fail("cap: bad port '%s'", v);
+			i++;
+		} else if (strcmp(a, "--proto") == 0 && v) {
+			proto = v;
+			i++;
+		} else if (id == NULL && a[0] != '-') {
+			id = a;
+		} else {
+			return fail("usage: tether cap ID [--purpose control|port] "
+			            "[--ops a,b] [--port P --proto tcp|http]");
+		}
+	}
+	if (id == NULL)
+		return fail("usage: tether cap ID [--purpose control|port] "
+		            "[--ops a,b] [--port P --proto tcp|http]");
+	if (strcmp(purpose, "control") == 0) {
+		req = json_pack("{s:s,s:o}", "purpose", "control", "ops", ops_array(ops));
+	} else if (strcmp(purpose, "port") == 0) {
+		if (port < 0)
+			return fail("cap: --purpose port needs --port P");
+		if (strcmp(proto, "tcp") != 0 && strcmp(proto, "http") != 0)
+			return fail("cap: --proto must be tcp or http");
+		req = json_pack("{s:s,s:I,s:s}", "purpose", "port", "port",
+		                (json_int_t)port, "proto", proto);
+	} else {
+		return fail("cap: --purpose must be control or port");
+	}
+	if (req == NULL)
+		return fail("cap: out of memory");
+	if ((t = client_open()) == NULL) {
+		json_decref(req);
+		return 1;
+	}
+	ans = tether_cap_issue(t, id, req, &err);
+	tether_free(t);
+	json_decref(req);
+	if (ans == NULL)
+		return fail("cap %s: %s", id, err.msg);
+	print_json(ans);
+	json_decref(ans);
+	return 0;
+}

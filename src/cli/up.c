@@ -1,0 +1,536 @@
+/* tether up: a whole local cluster in the foreground (control plane, N
+ * workers, edge), laid out as in docs/ARCHITECTURE.md ("Local cluster
+ * layout"). Children get their own process group and a parent-death
+ * signal, so neither a terminal Ctrl-C nor our own death leaves strays;
+ * SIGINT/SIGTERM are forwarded, and any child dying early stops the rest. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <sodium.h>
+
+#include "cleanup.h"
+#include "cli/verbs.h"
+#include "client/tether.h"
+
+#define UP_MAX_WORKERS 16
+#define UP_MAX_CHILDREN (UP_MAX_WORKERS + 2)
+#define UP_READY_SECONDS 30
+
+struct child {
+	char name[16];   /* "cp", "w1", "edge" */
+	char log[PATH_MAX + 32];
+	pid_t pid;       /* 0 once reaped */
+	int status;
+};
+
+struct up {
+	char state[PATH_MAX];
+	char bindir[PATH_MAX];
+	int base;
+	int workers;
+	struct child kids[UP_MAX_CHILDREN];
+	int nkids;
+	int stop_signal;     /* set once SIGINT/SIGTERM arrived */
+	char admin_key[256]; /* wiped on exit */
+};
+
+/* up_fail: the one-line error of a failed start. */
+__attribute__((format(printf, 1, 2)))
+static int up_fail(const char *fmt, ...)
+{
+	va_list ap;
+
+	fputs("tether: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	return 1;
+}
+
+/* mkdir_p: creates dir and its parents (mode 0700: state holds keys). */
+static int mkdir_p(const char *dir)
+{
+	char buf[PATH_MAX];
+
+	if (snprintf(buf, sizeof(buf), "%s/", dir) >= (int)sizeof(buf))
+		return -1;
+	for (char *p = buf + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(buf, 0700) < 0 && errno != EEXIST)
+			return -1;
+		*p = '/';
+	}
+	return 0;
+}
+
+/* up_spawn: starts one child with argv, its output appended to its log. */
+static int up_spawn(struct up *u, const char *name, char *const argv[])
+{
+	struct child *k = &u->kids[u->nkids];
+	sigset_t none;
+	pid_t pid;
+
+	char log[sizeof(k->log)];
+
+	/* via a local buffer: name may point into *u as far as gcc knows */
+	snprintf(log, sizeof(log), "%s/logs/%s.log", u->state, name);
+	memcpy(k->log, log, sizeof(log));
+	snprintf(k->name, sizeof(k->name), "%s", name);
+	pid = fork();
+	if (pid < 0)
+		return up_fail("cannot start %s: %s", name, strerror(errno));
+	if (pid == 0) {
+		int fd = open(k->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+		int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		/* our own group: a terminal Ctrl-C reaches only tether up, which
+		 * forwards it once; the death signal covers tether up being killed */
+		setpgid(0, 0);
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		if (getppid() == 1)
+			_exit(1);
+		if (fd < 0 || nul < 0 || dup2(nul, 0) < 0 || dup2(fd, 1) < 0 ||
+		    dup2(fd, 2) < 0)
+			_exit(127);
+		execv(argv[0], argv);
+		dprintf(2, "tether up: cannot run %s: %s\n", argv[0], strerror(errno));
+		_exit(127);
+	}
+	setpgid(pid, pid); /* also from here, so the group exists before any kill */
+	k->pid = pid;
+	u->nkids++;
+	return 0;
+}
+
+/* up_log_tail: prints the last lines of a child's log, to say why it died. */
+static void up_log_tail(const struct child *k)
+{
+	_cleanup_close_ int fd = open(k->log, O_RDONLY | O_CLOEXEC);
+	char buf[1024];
+	off_t end;
+	ssize_t n;
+
+	if (fd < 0 || (end = lseek(fd, 0, SEEK_END)) < 0)
+		return;
+	if (lseek(fd, end > (off_t)sizeof(buf) - 1 ? end - (off_t)sizeof(buf) + 1 : 0,
+	          SEEK_SET) < 0)
+		return;
+	n = read(fd, buf, sizeof(buf) - 1);
+	if (n <= 0)
+		return;
+	buf[n] = '\0';
+	const char *start = buf;
+	int lines = 0;
+	for (char *p = buf + n - 1; p > buf; p--)
+		if (*p == '\n' && p != buf + n - 1 && ++lines == 5) {
+			start = p + 1;
+			break;
+		}
+	fprintf(stderr, "--- last lines of %s ---\n%s", k->log, start);
+	if (buf[n - 1] != '\n')
+		fputc('\n', stderr);
+}
+
+/* up_reap: collects exited children; returns the first one that died, or
+ * NULL. */
+static struct child *up_reap(struct up *u)
+{
+	struct child *dead = NULL;
+	int status;
+	pid_t pid;
+
+	while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+		for (int i = 0; i < u->nkids; i++) {
+			if (u->kids[i].pid != pid)
+				continue;
+			u->kids[i].pid = 0;
+			u->kids[i].status = status;
+			if (dead == NULL)
+				dead = &u->kids[i];
+		}
+	}
+	return dead;
+}
+
+/* describe: "exited with status N" / "was killed by signal N". */
+static void describe(int status, char *buf, size_t cap)
+{
+	if (WIFEXITED(status))
+		snprintf(buf, cap, "exited with status %d", WEXITSTATUS(status));
+	else if (WIFSIGNALED(status))
+		snprintf(buf, cap, "was killed by signal %d (%s)", WTERMSIG(status),
+		         strsignal(WTERMSIG(status)));
+	else
+		snprintf(buf, cap, "stopped");
+}
+
+/* up_wait: sleeps up to ms, waking for signals; returns 1 if a stop signal
+ * arrived, -1 if a child died (reported), 0 otherwise. */
+static int up_wait(struct up *u, long ms)
+{
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+	sigset_t set;
+	struct child *dead;
+	int sig;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGCHLD);
+	sig = sigtimedwait(&set, NULL, &ts);
+	if (sig == SIGINT || sig == SIGTERM) {
+		u->stop_signal = sig;
+		return 1;
+	}
+	dead = up_reap(u);
+	if (dead != NULL) {
+		char how[96];
+		describe(dead->status, how, sizeof(how));
+		up_fail("%s %s unexpectedly; stopping the cluster", dead->name, how);
+		up_log_tail(dead);
+		return -1;
+	}
+	return 0;
+}
+
+/* up_stop: SIGTERM to every group, a grace period, then SIGKILL. */
+static void up_stop(struct up *u, int sig)
+{
+	int alive;
+
+	for (int i = u->nkids - 1; i >= 0; i--)
+		if (u->kids[i].pid > 0)
+			kill(-u->kids[i].pid, sig); /* the child's whole group */
+	for (int tries = 0; tries < 100; tries++) { /* up to 10 s */
+		struct timespec ts = { 0, 100000000L };
+		up_reap(u);
+		alive = 0;
+		for (int i = 0; i < u->nkids; i++)
+			alive += u->kids[i].pid > 0;
+		if (alive == 0)
+			break;
+		nanosleep(&ts, NULL);
+	}
+	for (int i = 0; i < u->nkids; i++) {
+		if (u->kids[i].pid > 0) {
+			fprintf(stderr, "tether: %s did not stop in 10 s; killing it\n",
+			        u->kids[i].name);
+			kill(-u->kids[i].pid, SIGKILL);
+			waitpid(u->kids[i].pid, NULL, 0);
+			u->kids[i].pid = 0;
+		}
+	}
+}
+
+/* sink_cb: bounded in-memory body for readiness probes. */
+static size_t sink_cb(char *data, size_t size, size_t n, void *arg)
+{
+	char **buf = arg;
+	size_t len = *buf ? strlen(*buf) : 0, add = size * n;
+	char *nb;
+
+	if (len + add > (1u << 20))
+		return 0;
+	nb = realloc(*buf, len + add + 1);
+	if (nb == NULL)
+		return 0;
+	memcpy(nb + len, data, add);
+	nb[len + add] = '\0';
+	*buf = nb;
+	return add;
+}
+
+/* probe: GET url (with a Bearer key if given); the status, or 0 if no
+ * answer. *body (owned by the caller) gets the answer. */
+static long probe(const char *url, const char *key, char **body)
+{
+	char auth[300];
+	struct curl_slist *h = NULL;
+	CURL *e = curl_easy_init();
+	long status = 0;
+
+	*body = NULL;
+	if (e == NULL)
+		return 0;
+	if (key) {
+		snprintf(auth, sizeof(auth), "Authorization: Bearer %s", key);
+		h = curl_slist_append(h, auth);
+		sodium_memzero(auth, sizeof(auth));
+	}
+	curl_easy_setopt(e, CURLOPT_URL, url);
+	curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+	curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 2000L);
+	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, sink_cb);
+	curl_easy_setopt(e, CURLOPT_WRITEDATA, body);
+	if (curl_easy_perform(e) == CURLE_OK)
+		curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+	curl_easy_cleanup(e);
+	curl_slist_free_all(h);
+	return status;
+}
+
+/* up_wait_healthy: polls url/healthz until 200. 0 ready, 1 stop signal,
+ * -1 child died or timeout (reported). */
+static int up_wait_healthy(struct up *u, const char *what, const char *url)
+{
+	char hz[600];
+
+	snprintf(hz, sizeof(hz), "%s/healthz", url);
+	for (int i = 0; i < UP_READY_SECONDS * 10; i++) {
+		_cleanup_free_ char *body = NULL;
+		int w;
+		if (probe(hz, NULL, &body) == 200)
+			return 0;
+		if ((w = up_wait(u, 100)) != 0)
+			return w;
+	}
+	up_fail("%s did not become ready at %s within %d s", what, url,
+	        UP_READY_SECONDS);
+	return -1;
+}
+
+/* read_admin_key: the cp's admin API key (S/cp/admin.key), trimmed. */
+static int read_admin_key(struct up *u)
+{
+	char path[PATH_MAX + 16];
+	_cleanup_close_ int fd = -1;
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "%s/cp/admin.key", u->state);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	n = read(fd, u->admin_key, sizeof(u->admin_key) - 1);
+	if (n <= 0)
+		return -1;
+	u->admin_key[n] = '\0';
+	u->admin_key[strcspn(u->admin_key, "\r\n \t")] = '\0';
+	return u->admin_key[0] ? 0 : -1;
+}
+
+/* workers_up: how many of w1..wN the cp lists as up. */
+static int workers_up(struct up *u, const char *cp_url)
+{
+	char url[600];
+	_cleanup_free_ char *body = NULL;
+	json_t *j, *w;
+	size_t i;
+	int n = 0;
+
+	snprintf(url, sizeof(url), "%s/v1/workers", cp_url);
+	if (probe(url, u->admin_key, &body) != 200 || body == NULL)
+		return 0;
+	j = json_loads(body, JSON_REJECT_DUPLICATES, NULL);
+	json_array_foreach(json_object_get(j, "workers"), i, w) {
+		const char *id = json_string_value(json_object_get(w, "id"));
+		const char *st = json_string_value(json_object_get(w, "state"));
+		if (id && id[0] == 'w' && atoi(id + 1) >= 1 &&
+		    atoi(id + 1) <= u->workers && (st == NULL || strcmp(st, "up") == 0))
+			n++;
+	}
+	json_decref(j);
+	return n;
+}
+
+/* up_parse: the options; 0 ok, 1 usage error (printed). */
+static int up_parse(struct up *u, int argc, char **argv)
+{
+	const char *home = getenv("HOME");
+
+	u->workers = 2;
+	u->base = 7700;
+	if (home == NULL || home[0] == '\0')
+		home = "/root";
+	snprintf(u->state, sizeof(u->state), "%s/.local/state/tether", home);
+	for (int i = 1; i < argc; i++) {
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+		char *end = NULL;
+		if (strcmp(argv[i], "--workers") == 0 && v) {
+			long n = strtol(v, &end, 10);
+			if (*end || n < 1 || n > UP_MAX_WORKERS)
+				return up_fail("up: --workers must be 1..%d", UP_MAX_WORKERS);
+			u->workers = (int)n;
+		} else if (strcmp(argv[i], "--port") == 0 && v) {
+			long n = strtol(v, &end, 10);
+			if (*end || n < 1024 || n > 65535 - 10 - UP_MAX_WORKERS)
+				return up_fail("up: --port must be 1024..%d",
+				               65535 - 10 - UP_MAX_WORKERS);
+			u->base = (int)n;
+		} else if (strcmp(argv[i], "--state") == 0 && v) {
+			if (realpath(v, u->state) == NULL) {
+				if (mkdir_p(v) < 0 || realpath(v, u->state) == NULL)
+					return up_fail("up: cannot use state dir %s: %s", v,
+					               strerror(errno));
+			}
+		} else {
+			return up_fail("usage: tether up [--workers N] [--state DIR] "
+			               "[--port BASE]");
+		}
+		i++;
+	}
+	return 0;
+}
+
+/* up_bindir: the directory holding this tether binary (and tetherd). */
+static int up_bindir(struct up *u)
+{
+	char self[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	char *slash;
+
+	if (n <= 0)
+		return up_fail("cannot find my own binary: %s", strerror(errno));
+	self[n] = '\0';
+	slash = strrchr(self, '/');
+	*slash = '\0';
+	snprintf(u->bindir, sizeof(u->bindir), "%s", self);
+	return 0;
+}
+
+/* up_start: cp, workers, edge, each waited for. 0 ready, 1 stopped by a
+ * signal, -1 failed (reported). */
+static int up_start(struct up *u, char *cp_url, char *edge_url, size_t cap)
+{
+	char tetherd[PATH_MAX + 16], guest[PATH_MAX + 16];
+	char dir[PATH_MAX + 32], listen[64], tokf[PATH_MAX + 32], id[16];
+	int w;
+
+	snprintf(tetherd, sizeof(tetherd), "%s/tetherd", u->bindir);
+	snprintf(guest, sizeof(guest), "%s/tether-guest", u->bindir);
+	if (access(tetherd, X_OK) < 0)
+		return up_fail("%s is missing (run make)", tetherd), -1;
+	snprintf(cp_url, cap, "http://127.0.0.1:%d", u->base);
+	snprintf(edge_url, cap, "http://127.0.0.1:%d", u->base + 1);
+
+	snprintf(dir, sizeof(dir), "%s/cp", u->state);
+	snprintf(listen, sizeof(listen), "127.0.0.1:%d", u->base);
+	char *cp_argv[] = { tetherd, "cp", "--state", dir, "--listen", listen, NULL };
+	if (up_spawn(u, "cp", cp_argv) != 0)
+		return -1;
+	if ((w = up_wait_healthy(u, "the control plane", cp_url)) != 0)
+		return w;
+	for (int i = 0; read_admin_key(u) < 0; i++) {
+		if (i == 50)
+			return up_fail("%s/cp/admin.key is missing or empty (the API key "
+			               "was shown once; reset the state dir)", u->state), -1;
+		if ((w = up_wait(u, 100)) != 0)
+			return w;
+	}
+
+	snprintf(tokf, sizeof(tokf), "%s/cp/node.token", u->state);
+	for (int i = 1; i <= u->workers; i++) {
+		snprintf(id, sizeof(id), "w%d", i);
+		snprintf(dir, sizeof(dir), "%s/workers/%s", u->state, id);
+		snprintf(listen, sizeof(listen), "127.0.0.1:%d", u->base + 10 + i);
+		if (mkdir_p(dir) < 0)
+			return up_fail("cannot create %s: %s", dir, strerror(errno)), -1;
+		char *node_argv[] = { tetherd, "node", "--id", id, "--listen", listen,
+		                      "--cp", cp_url, "--node-token-file", tokf,
+		                      "--state", dir, "--guest-bin", guest, NULL };
+		if (up_spawn(u, id, node_argv) != 0)
+			return -1;
+	}
+	for (int i = 0; workers_up(u, cp_url) < u->workers; i++) {
+		if (i == UP_READY_SECONDS * 10)
+			return up_fail("workers did not register within %d s (see %s/logs)",
+			               UP_READY_SECONDS, u->state), -1;
+		if ((w = up_wait(u, 100)) != 0)
+			return w;
+	}
+
+	snprintf(listen, sizeof(listen), "127.0.0.1:%d", u->base + 1);
+	char *edge_argv[] = { tetherd, "edge", "--listen", listen, "--cp", cp_url, NULL };
+	if (up_spawn(u, "edge", edge_argv) != 0)
+		return -1;
+	return up_wait_healthy(u, "the edge", edge_url);
+}
+
+/* up_welcome: what runs where, and what to try next. */
+static void up_welcome(struct up *u, const char *cp_url, const char *edge_url,
+                       const char *cfg)
+{
+	printf("tether is up.\n\n");
+	printf("  edge           %s   (TETHER_URL; the CLI talks to this)\n", edge_url);
+	printf("  control plane  %s\n", cp_url);
+	for (int i = 1; i <= u->workers; i++)
+		printf("  worker w%-2d     http://127.0.0.1:%d\n", i, u->base + 10 + i);
+	printf("\n  state  %s\n  logs   %s/logs/\n  config %s (url + API key)\n\n",
+	       u->state, u->state, cfg);
+	printf("Try, in another terminal:\n"
+	       "  id=$(tether create)\n"
+	       "  tether exec $id -- sh -c 'echo hello from $(hostname)'\n"
+	       "  tether cp ./some-file $id:/tmp/some-file\n"
+	       "  tether cp $id:/tmp/some-file ./copy\n"
+	       "  tether ls\n"
+	       "  tether rm $id\n\n"
+	       "Ctrl-C stops the cluster.\n");
+	fflush(stdout);
+}
+
+/* cli_up: up [--workers N] [--state DIR] [--port BASE]. */
+int cli_up(int argc, char **argv)
+{
+	struct up u;
+	char cp_url[128], edge_url[128], cfg[PATH_MAX], logs[PATH_MAX + 8];
+	struct tt_err err = { 0 };
+	sigset_t set;
+	int rc = 0, w;
+
+	memset(&u, 0, sizeof(u));
+	if (up_parse(&u, argc, argv) != 0 || up_bindir(&u) != 0)
+		return 1;
+	snprintf(logs, sizeof(logs), "%s/logs", u.state);
+	if (mkdir_p(logs) < 0)
+		return up_fail("cannot create %s: %s", logs, strerror(errno));
+	if (tether_config_path(cfg, sizeof(cfg), &err) < 0)
+		return up_fail("%s", err.msg);
+	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+		return up_fail("curl_global_init failed");
+	/* signals are taken synchronously (sigtimedwait) so forwarding and
+	 * reaping never race with a handler */
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGCHLD);
+	sigprocmask(SIG_BLOCK, &set, NULL);
+
+	w = up_start(&u, cp_url, edge_url, sizeof(cp_url));
+	if (w == 0 && tether_config_write(cfg, edge_url, u.admin_key, &err) < 0) {
+		up_fail("%s", err.msg);
+		w = -1;
+	}
+	sodium_memzero(u.admin_key, sizeof(u.admin_key));
+	if (w == 0) {
+		up_welcome(&u, cp_url, edge_url, cfg);
+		while ((w = up_wait(&u, 1000)) == 0)
+			;
+	}
+	if (w > 0) {
+		fprintf(stderr, "tether: %s received; stopping the cluster\n",
+		        strsignal(u.stop_signal));
+		up_stop(&u, u.stop_signal);
+	} else {
+		up_stop(&u, SIGTERM);
+		rc = 1;
+	}
+	return rc;
+}

@@ -1,0 +1,519 @@
+/* libtether: blocking calls to the edge (docs/API.md) over libcurl. One
+ * easy handle per client, reset between calls so connections are reused. */
+#include "client/tether.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+#include <sodium.h>
+
+#include "cleanup.h"
+
+#define JSON_ANSWER_MAX (4u << 20) /* lifecycle answers */
+#define ERROR_BODY_MAX (64u * 1024)
+
+struct tether {
+	struct tether_config cfg;
+	CURL *easy;                              /* owned */
+	char auth[TETHER_KEY_MAX + 32];          /* "Authorization: Bearer …" */
+};
+
+/* Where an answer's body goes: memory (bounded) or, for a 2xx file
+ * download, a file descriptor. */
+struct sink {
+	CURL *easy;
+	char *buf;     /* owned by the sink */
+	size_t len;
+	size_t cap;
+	size_t max;
+	int fd;        /* >= 0: 2xx bodies go here */
+	uint64_t fd_bytes;
+	int overflow;  /* body exceeded max */
+	int io_errno;  /* write to fd failed */
+};
+
+/* Upload source: a file descriptor read in order. */
+struct source {
+	int fd;
+	uint64_t left;
+	int io_errno;
+};
+
+/* tether_new: a client for cfg. */
+struct tether *tether_new(const struct tether_config *cfg, struct tt_err *err)
+{
+	static int inited;
+	struct tether *t;
+
+	if (!inited) {
+		if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+			tt_err_set(err, TT_ERR_SYS, "curl_global_init failed");
+			return NULL;
+		}
+		inited = 1;
+	}
+	t = calloc(1, sizeof(*t));
+	if (t == NULL) {
+		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+		return NULL;
+	}
+	t->cfg = *cfg;
+	snprintf(t->auth, sizeof(t->auth), "Authorization: Bearer %s", cfg->api_key);
+	t->easy = curl_easy_init();
+	if (t->easy == NULL) {
+		tether_free(t);
+		tt_err_set(err, TT_ERR_NOMEM, "curl_easy_init failed");
+		return NULL;
+	}
+	return t;
+}
+
+/* tether_free: releases the handle and wipes the key. */
+void tether_free(struct tether *t)
+{
+	if (t == NULL)
+		return;
+	if (t->easy)
+		curl_easy_cleanup(t->easy);
+	sodium_memzero(t, sizeof(*t));
+	free(t);
+}
+
+/* sink_write: curl write callback; see struct sink. */
+static size_t sink_write(char *data, size_t size, size_t nmemb, void *arg)
+{
+	struct sink *s = arg;
+	size_t n = size * nmemb;
+	long status = 0;
+
+	curl_easy_getinfo(s->easy, CURLINFO_RESPONSE_CODE, &status);
+	if (s->fd >= 0 && status >= 200 && status < 300) {
+		size_t off = 0;
+		while (off < n) {
+			ssize_t w = write(s->fd, data + off, n - off);
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w < 0) {
+				s->io_errno = errno;
+				return 0;
+			}
+			off += (size_t)w;
+		}
+		s->fd_bytes += n;
+		return n;
+	}
+	if (n > s->max - s->len) {
+		s->overflow = 1;
+		return 0;
+	}
+	if (s->len + n + 1 > s->cap) {
+		size_t cap = s->cap ? s->cap : 4096;
+		while (cap < s->len + n + 1)
+			cap *= 2;
+		char *nb = realloc(s->buf, cap);
+		if (nb == NULL) {
+			s->overflow = 1;
+			return 0;
+		}
+		s->buf = nb;
+		s->cap = cap;
+	}
+	memcpy(s->buf + s->len, data, n);
+	s->len += n;
+	s->buf[s->len] = '\0';
+	return n;
+}
+
+/* source_read: curl read callback streaming from a descriptor. */
+static size_t source_read(char *buf, size_t size, size_t nitems, void *arg)
+{
+	struct source *src = arg;
+	size_t want = size * nitems;
+
+	if (want > src->left)
+		want = (size_t)src->left;
+	if (want == 0)
+		return 0;
+	for (;;) {
+		ssize_t n = read(src->fd, buf, want);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			src->io_errno = errno;
+			return CURL_READFUNC_ABORT;
+		}
+		if (n == 0) { /* file shrank under us: do not send a short body */
+			src->io_errno = EIO;
+			return CURL_READFUNC_ABORT;
+		}
+		src->left -= (uint64_t)n;
+		return (size_t)n;
+	}
+}
+
+/* status_errc: maps an HTTP status to an error code. */
+static enum tt_errc status_errc(long status)
+{
+	switch (status) {
+	case 400: return TT_ERR_INVALID;
+	case 401:
+	case 403: return TT_ERR_DENIED;
+	case 404: return TT_ERR_NOT_FOUND;
+	case 409: return TT_ERR_CONFLICT;
+	case 413: return TT_ERR_TOO_LARGE;
+	default: return TT_ERR_TRANSPORT;
+	}
+}
+
+/* answer_error: turns a non-2xx answer into err, using the server's
+ * message (or the §4 decision) when the body has one. */
+static int answer_error(long status, const char *body, size_t len,
+                        struct tt_err *err)
+{
+	json_t *j = body ? json_loadb(body, len, JSON_REJECT_DUPLICATES, NULL) : NULL;
+	const char *msg = j ? json_string_value(json_object_get(j, "message")) : NULL;
+	const char *code = j ? json_string_value(json_object_get(j, "error")) : NULL;
+	const char *dec = j ? json_string_value(json_object_get(j, "decision")) : NULL;
+	const char *reason = j ? json_string_value(json_object_get(j, "reason")) : NULL;
+	enum tt_errc ec = status_errc(status);
+
+	if (msg && msg[0])
+		tt_err_set(err, ec, "%s", msg);
+	else if (dec)
+		tt_err_set(err, ec, "%s (%s)", dec, reason ? reason : "no reason");
+	else if (code)
+		tt_err_set(err, ec, "%s (HTTP %ld)", code, status);
+	else
+		tt_err_set(err, ec, "the server answered HTTP %ld", status);
+	json_decref(j);
+	return -1;
+}
+
+/* tether_request: one call. path must already be URL-safe. body (borrowed)
+ * is sent as JSON; src (if set) is streamed as the body instead. The answer
+ * goes to sink; returns the HTTP status (2xx) or -1 with err filled from the
+ * answer or the transport. */
+static long tether_request(struct tether *t, const char *method,
+                           const char *path, json_t *body, struct source *src,
+                           struct sink *sink, struct tt_err *err)
+{
+	_cleanup_free_ char *url = NULL;
+	_cleanup_free_ char *payload = NULL;
+	struct curl_slist *hdrs = NULL;
+	char errbuf[CURL_ERROR_SIZE] = "";
+	CURL *e = t->easy;
+	CURLcode rc;
+	long status = 0;
+
+	if (asprintf(&url, "%s%s", t->cfg.url, path) < 0) {
+		url = NULL;
+		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+	}
+	curl_easy_reset(e);
+	sink->easy = e;
+	hdrs = curl_slist_append(hdrs, t->auth);
+	hdrs = curl_slist_append(hdrs, "Expect:"); /* no 1 s 100-continue stall */
+	if (body) {
+		payload = json_dumps(body, JSON_COMPACT);
+		if (payload == NULL) {
+			curl_slist_free_all(hdrs);
+			return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+		}
+		hdrs = curl_slist_append(hdrs, "Content-Type: application/json");
+		curl_easy_setopt(e, CURLOPT_POSTFIELDS, payload);
+		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE,
+		                 (curl_off_t)strlen(payload));
+	} else if (src) {
+		hdrs = curl_slist_append(hdrs, "Content-Type: application/octet-stream");
+		curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
+		curl_easy_setopt(e, CURLOPT_READFUNCTION, source_read);
+		curl_easy_setopt(e, CURLOPT_READDATA, src);
+		curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t)src->left);
+	} else if (strcmp(method, "POST") == 0) {
+		curl_easy_setopt(e, CURLOPT_POSTFIELDS, "");
+		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)0);
+	}
+	curl_easy_setopt(e, CURLOPT_URL, url);
+	curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
+	if (strcmp(method, "GET") == 0)
+		curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+	curl_easy_setopt(e, CURLOPT_HTTPHEADER, hdrs);
+	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, sink_write);
+	curl_easy_setopt(e, CURLOPT_WRITEDATA, sink);
+	curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
+	curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, 10L);
+	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+	rc = curl_easy_perform(e);
+	curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+	curl_easy_setopt(e, CURLOPT_ERRORBUFFER, NULL);
+	curl_easy_setopt(e, CURLOPT_HTTPHEADER, NULL);
+	curl_slist_free_all(hdrs);
+	if (src && src->io_errno) {
+		errno = src->io_errno;
+		return tt_err_sys(err, TT_ERR_IO, "cannot read the local file");
+	}
+	if (sink->io_errno) {
+		errno = sink->io_errno;
+		return tt_err_sys(err, TT_ERR_IO, "cannot write the local file");
+	}
+	if (sink->overflow)
+		return tt_err_set(err, TT_ERR_TOO_LARGE, "the answer exceeds %zu bytes",
+		                  sink->max);
+	if (rc != CURLE_OK) {
+		if (status >= 300) /* the server refused while we were sending */
+			return answer_error(status, sink->buf, sink->len, err);
+		if (rc == CURLE_COULDNT_CONNECT)
+			return tt_err_set(err, TT_ERR_TRANSPORT,
+			                  "cannot reach %s (is 'tether up' running?)",
+			                  t->cfg.url);
+		return tt_err_set(err, TT_ERR_TRANSPORT, "%s %s: %s", method, path,
+		                  errbuf[0] ? errbuf : curl_easy_strerror(rc));
+	}
+	if (status < 200 || status >= 300)
+		return answer_error(status, sink->buf, sink->len, err);
+	return status;
+}
+
+/* tether_json_call: a call whose answer is a JSON object. */
+static json_t *tether_json_call(struct tether *t, const char *method,
+                                const char *path, json_t *body, size_t max,
+                                struct tt_err *err)
+{
+	struct sink s = { .fd = -1, .max = max };
+	json_error_t jerr;
+	json_t *j = NULL;
+
+	if (tether_request(t, method, path, body, NULL, &s, err) < 0)
+		goto out;
+	j = json_loadb(s.buf ? s.buf : "", s.len, JSON_REJECT_DUPLICATES, &jerr);
+	if (j == NULL || !json_is_object(j)) {
+		json_decref(j);
+		j = NULL;
+		tt_err_set(err, TT_ERR_MALFORMED, "%s %s: the answer is not a JSON "
+		           "object", method, path);
+	}
+out:
+	free(s.buf);
+	return j;
+}
+
+/* id_path: "/v1/sandboxes/ID[suffix]" with ID escaped. */
+static char *id_path(struct tether *t, const char *id, const char *suffix,
+                     struct tt_err *err)
+{
+	char *esc = curl_easy_escape(t->easy, id, 0);
+	char *p = NULL;
+
+	if (esc == NULL || asprintf(&p, "/v1/sandboxes/%s%s", esc, suffix) < 0) {
+		p = NULL;
+		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+	}
+	curl_free(esc);
+	return p;
+}
+
+/* file_path: "/v1/sandboxes/ID/files?path=P" with both escaped. */
+static char *file_path(struct tether *t, const char *id, const char *path,
+                       struct tt_err *err)
+{
+	char *esc = curl_easy_escape(t->easy, path, 0);
+	char *suffix = NULL;
+	char *p = NULL;
+
+	if (esc == NULL || asprintf(&suffix, "/files?path=%s", esc) < 0) {
+		curl_free(esc);
+		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+		return NULL;
+	}
+	curl_free(esc);
+	p = id_path(t, id, suffix, err);
+	free(suffix);
+	return p;
+}
+
+/* tether_create: POST /v1/sandboxes. */
+json_t *tether_create(struct tether *t, const char *worker, struct tt_err *err)
+{
+	json_t *body = worker ? json_pack("{s:s}", "worker", worker) : json_object();
+	json_t *j;
+
+	if (body == NULL) {
+		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+		return NULL;
+	}
+	j = tether_json_call(t, "POST", "/v1/sandboxes", body, JSON_ANSWER_MAX, err);
+	json_decref(body);
+	return j;
+}
+
+/* tether_list: GET /v1/sandboxes. */
+json_t *tether_list(struct tether *t, struct tt_err *err)
+{
+	return tether_json_call(t, "GET", "/v1/sandboxes", NULL, JSON_ANSWER_MAX, err);
+}
+
+/* tether_info: GET /v1/sandboxes/ID. */
+json_t *tether_info(struct tether *t, const char *id, struct tt_err *err)
+{
+	_cleanup_free_ char *p = id_path(t, id, "", err);
+
+	if (p == NULL)
+		return NULL;
+	return tether_json_call(t, "GET", p, NULL, JSON_ANSWER_MAX, err);
+}
+
+/* tether_workers: GET /v1/workers. */
+json_t *tether_workers(struct tether *t, struct tt_err *err)
+{
+	return tether_json_call(t, "GET", "/v1/workers", NULL, JSON_ANSWER_MAX, err);
+}
+
+/* tether_rm: DELETE /v1/sandboxes/ID. */
+int tether_rm(struct tether *t, const char *id, struct tt_err *err)
+{
+	_cleanup_free_ char *p = id_path(t, id, "", err);
+	json_t *j;
+
+	if (p == NULL)
+		return -1;
+	j = tether_json_call(t, "DELETE", p, NULL, JSON_ANSWER_MAX, err);
+	if (j == NULL)
+		return -1;
+	json_decref(j);
+	return 0;
+}
+
+/* tether_cap_issue: POST /v1/sandboxes/ID/capabilities. */
+json_t *tether_cap_issue(struct tether *t, const char *id, json_t *req,
+                         struct tt_err *err)
+{
+	_cleanup_free_ char *p = id_path(t, id, "/capabilities", err);
+
+	if (p == NULL)
+		return NULL;
+	return tether_json_call(t, "POST", p, req, JSON_ANSWER_MAX, err);
+}
+
+/* copy_bytes: a JSON string's bytes as an owned NUL-terminated buffer. */
+static char *copy_bytes(json_t *s, size_t *len)
+{
+	const char *v = json_string_value(s);
+	size_t n = v ? json_string_length(s) : 0;
+	char *out = malloc(n + 1);
+
+	if (out == NULL)
+		return NULL;
+	if (n)
+		memcpy(out, v, n);
+	out[n] = '\0';
+	*len = n;
+	return out;
+}
+
+/* tether_exec: POST /v1/sandboxes/ID/exec {"cmd":argv}. */
+int tether_exec(struct tether *t, const char *id, char *const argv[],
+                struct tether_exec_result *res, struct tt_err *err)
+{
+	_cleanup_free_ char *p = id_path(t, id, "/exec", err);
+	json_t *cmd = json_array();
+	json_t *body = NULL;
+	json_t *j = NULL;
+	json_t *code;
+	int rc = -1;
+
+	memset(res, 0, sizeof(*res));
+	if (p == NULL || cmd == NULL)
+		goto out;
+	for (size_t i = 0; argv[i]; i++)
+		if (json_array_append_new(cmd, json_string(argv[i])) < 0) {
+			tt_err_set(err, TT_ERR_INVALID, "argument %zu is not UTF-8", i);
+			goto out;
+		}
+	body = json_pack("{s:O}", "cmd", cmd);
+	if (body == NULL) {
+		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+		goto out;
+	}
+	j = tether_json_call(t, "POST", p, body, TETHER_EXEC_OUT_MAX, err);
+	if (j == NULL)
+		goto out;
+	code = json_object_get(j, "exit_code");
+	if (!json_is_integer(code)) {
+		tt_err_set(err, TT_ERR_MALFORMED, "exec answer has no exit_code");
+		goto out;
+	}
+	res->exit_code = (int)json_integer_value(code);
+	res->generation = (uint64_t)json_integer_value(json_object_get(j, "generation"));
+	res->out = copy_bytes(json_object_get(j, "stdout"), &res->out_len);
+	res->errout = copy_bytes(json_object_get(j, "stderr"), &res->err_len);
+	if (res->out == NULL || res->errout == NULL) {
+		tether_exec_result_free(res);
+		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+		goto out;
+	}
+	rc = 0;
+out:
+	json_decref(cmd);
+	json_decref(body);
+	json_decref(j);
+	return rc;
+}
+
+/* tether_exec_result_free: frees the output buffers. */
+void tether_exec_result_free(struct tether_exec_result *res)
+{
+	free(res->out);
+	free(res->errout);
+	res->out = res->errout = NULL;
+	res->out_len = res->err_len = 0;
+}
+
+/* tether_file_put: PUT …/files?path=P, body streamed from fd. */
+int tether_file_put(struct tether *t, const char *id, const char *path,
+                    int fd, uint64_t size, uint64_t *written,
+                    struct tt_err *err)
+{
+	_cleanup_free_ char *p = file_path(t, id, path, err);
+	struct source src = { .fd = fd, .left = size };
+	struct sink s = { .fd = -1, .max = ERROR_BODY_MAX };
+	json_t *j = NULL;
+	int rc = -1;
+
+	if (p == NULL)
+		return -1;
+	if (tether_request(t, "PUT", p, NULL, &src, &s, err) < 0)
+		goto out;
+	j = json_loadb(s.buf ? s.buf : "", s.len, JSON_REJECT_DUPLICATES, NULL);
+	if (written)
+		*written = j ? (uint64_t)json_integer_value(json_object_get(j, "bytes")) : 0;
+	rc = 0;
+out:
+	json_decref(j);
+	free(s.buf);
+	return rc;
+}
+
+/* tether_file_get: GET …/files?path=P, body streamed into fd. */
+int tether_file_get(struct tether *t, const char *id, const char *path,
+                    int fd, uint64_t *got, struct tt_err *err)
+{
+	_cleanup_free_ char *p = file_path(t, id, path, err);
+	struct sink s = { .fd = fd, .max = ERROR_BODY_MAX };
+	int rc = -1;
+
+	if (p == NULL)
+		return -1;
+	if (tether_request(t, "GET", p, NULL, NULL, &s, err) < 0)
+		goto out;
+	if (got)
+		*got = s.fd_bytes;
+	rc = 0;
+out:
+	free(s.buf);
+	return rc;
+}

@@ -1,0 +1,77 @@
+/* libtether: the C client library for the tether edge API (docs/API.md).
+ * Blocking libcurl calls; every JSON answer is size-bounded; errors come
+ * back as struct tt_err carrying the server's one-line message. The CLI is
+ * built on it. Implementation: src/client/client.c, src/client/config.c. */
+#ifndef TT_TETHER_H
+#define TT_TETHER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "err.h"
+
+#define TETHER_URL_MAX 512
+#define TETHER_KEY_MAX 256
+#define TETHER_EXEC_OUT_MAX (64u << 20) /* bound on one exec answer */
+
+struct tether_config {
+	char url[TETHER_URL_MAX];     /* edge base URL, no trailing slash */
+	char api_key[TETHER_KEY_MAX]; /* Bearer API key */
+};
+
+/* tether_config_parse: reads "url=…" and "api_key=…" lines (blank lines and
+ * '#' comments allowed) from text into cfg, leaving fields it does not find
+ * untouched. Rejects unknown keys, over-long values and lines. */
+int tether_config_parse(struct tether_config *cfg, const char *text,
+                        size_t len, struct tt_err *err);
+/* tether_config_path: "$HOME/.config/tether/config" into buf. */
+int tether_config_path(char *buf, size_t cap, struct tt_err *err);
+/* tether_config_load: TETHER_URL / TETHER_API_KEY from the environment,
+ * else the config file; both must end up set. */
+int tether_config_load(struct tether_config *cfg, struct tt_err *err);
+/* tether_config_write: writes url + api_key to path (mode 0600, parent
+ * directories created 0700), atomically via a temp file and rename. */
+int tether_config_write(const char *path, const char *url,
+                        const char *api_key, struct tt_err *err);
+
+/* A client handle (owner: the caller; free with tether_free). */
+struct tether;
+struct tether *tether_new(const struct tether_config *cfg, struct tt_err *err);
+void tether_free(struct tether *t);
+
+/* Lifecycle calls return the answer's JSON object (caller decrefs). */
+json_t *tether_create(struct tether *t, const char *worker, struct tt_err *err);
+json_t *tether_list(struct tether *t, struct tt_err *err);
+json_t *tether_info(struct tether *t, const char *id, struct tt_err *err);
+json_t *tether_workers(struct tether *t, struct tt_err *err);
+int tether_rm(struct tether *t, const char *id, struct tt_err *err);
+/* tether_cap_issue: POST …/capabilities with req (borrowed). */
+json_t *tether_cap_issue(struct tether *t, const char *id, json_t *req,
+                         struct tt_err *err);
+
+struct tether_exec_result {
+	int exit_code;
+	uint64_t generation;
+	char *out;      /* stdout bytes (owned; free with tether_exec_result_free) */
+	size_t out_len;
+	char *errout;   /* stderr bytes (owned) */
+	size_t err_len;
+};
+/* tether_exec: runs argv (NULL-terminated) in the sandbox. */
+int tether_exec(struct tether *t, const char *id, char *const argv[],
+                struct tether_exec_result *res, struct tt_err *err);
+void tether_exec_result_free(struct tether_exec_result *res);
+
+/* tether_file_put: streams fd (from its current offset, size bytes) to path
+ * in the sandbox; *written = bytes the sandbox stored (may be NULL). */
+int tether_file_put(struct tether *t, const char *id, const char *path,
+                    int fd, uint64_t size, uint64_t *written,
+                    struct tt_err *err);
+/* tether_file_get: streams path from the sandbox into fd; *got = bytes. On
+ * error, fd may hold a partial body: write to a temp file and rename. */
+int tether_file_get(struct tether *t, const char *id, const char *path,
+                    int fd, uint64_t *got, struct tt_err *err);
+
+#endif

@@ -1,0 +1,951 @@
+/* tetherd cp: the control plane. HTTP API of docs/API.md on lws + libuv,
+ * state in SQLite (db.c), update feed and parked requests (feed.c), and a
+ * separate signer process holding the private key (signer.c). */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <sodium.h>
+
+#include "claims.h"
+#include "cleanup.h"
+#include "cp/cp.h"
+#include "log.h"
+#include "metrics.h"
+#include "tetherd/roles.h"
+#include "timefmt.h"
+
+#define CP_KEY_MAX 256     /* Authorization header bound */
+#define CP_QUERY_MAX 128
+
+static struct cp cp_global;
+
+/* cp_of: the daemon state from any wsi. */
+static struct cp *cp_of(struct lws *wsi)
+{
+	return lws_context_user(lws_get_context(wsi));
+}
+
+/* cp_now_us: monotonic microseconds for latency metrics. */
+static uint64_t cp_now_us(void)
+{
+	return uv_hrtime() / 1000u;
+}
+
+/* ---- JSON views ------------------------------------------------------ */
+
+/* cp_time: RFC 3339 string (or null for 0). */
+static json_t *cp_time(int64_t t)
+{
+	char buf[TT_RFC3339_MAX];
+
+	if (t == 0 || rfc3339_format(t, buf) < 0)
+		return json_null();
+	return json_string(buf);
+}
+
+/* cp_sandbox_json: the sandbox object of docs/API.md. */
+json_t *cp_sandbox_json(struct cp *cp, const struct cp_sandbox *s)
+{
+	struct tt_err err = { 0 };
+	struct cp_worker w;
+	json_t *o;
+
+	if (cpdb_worker_get(cp->db, s->worker, &w, &err) <= 0)
+		w.node_url[0] = '\0';
+	o = json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:I,s:s,s:o}", "id", s->id,
+	              "state", s->state, "generation", (json_int_t)s->generation,
+	              "worker", s->worker, "substrate", s->substrate,
+	              "pod", s->pod, "activation", (json_int_t)s->activation,
+	              "node_url", w.node_url, "created_at",
+	              cp_time(s->created_at));
+	if (o != NULL && s->error[0] != '\0')
+		json_object_set_new(o, "error", json_string(s->error));
+	return o;
+}
+
+/* cp_worker_up: liveness rule shared by placement and listing. */
+static int cp_worker_up(const struct cp_worker *w, int64_t now)
+{
+	return now - w->last_seen <= CP_WORKER_UP_SECS;
+}
+
+/* ---- authentication -------------------------------------------------- */
+
+/* cp_auth_value: the credential after "Authorization: <scheme> ". */
+static int cp_auth_value(struct lws *wsi, const char *scheme, char *buf,
+                         size_t cap)
+{
+	size_t sl = strlen(scheme);
+	int n = http_header(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, buf, cap);
+
+	if (n <= (int)sl + 1 || strncmp(buf, scheme, sl) != 0 || buf[sl] != ' ')
+		return -1;
+	memmove(buf, buf + sl + 1, (size_t)n - sl);
+	return n - (int)sl - 1;
+}
+
+/* cp_auth_bearer: 1 and the key's name in s->caller when the API key is
+ * known; the key itself is only ever hashed. */
+static int cp_auth_bearer(struct cp *cp, struct lws *wsi, struct cp_sess *s)
+{
+	char key[CP_KEY_MAX];
+	struct tt_err err = { 0 };
+	int rc;
+
+	if (cp_auth_value(wsi, "Bearer", key, sizeof(key)) <= 0)
+		return 0;
+	rc = cpdb_apikey_lookup(cp->db, key, s->caller, sizeof(s->caller), &err);
+	sodium_memzero(key, sizeof(key));
+	if (rc < 0)
+		log_error("api key lookup: %s", err.msg);
+	return rc == 1;
+}
+
+/* cp_auth_node: constant-time comparison with the node token. */
+static int cp_auth_node(struct cp *cp, struct lws *wsi)
+{
+	char tok[CP_KEY_MAX];
+	size_t want = strlen(cp->node_token);
+	int n = cp_auth_value(wsi, "Node", tok, sizeof(tok));
+	int ok = n > 0 && (size_t)n == want &&
+	         sodium_memcmp(tok, cp->node_token, want) == 0;
+
+	sodium_memzero(tok, sizeof(tok));
+	return ok;
+}
+
+/* ---- handlers -------------------------------------------------------- */
+
+/* Placement scan state. */
+struct cp_pick {
+	struct cp *cp;
+	int64_t now;
+	int64_t best_load;
+	char best[TT_NAME_MAX + 1];
+};
+
+/* cp_pick_one: keeps the up worker with the fewest live sandboxes. */
+static void cp_pick_one(const struct cp_worker *w, void *arg)
+{
+	struct cp_pick *pk = arg;
+	struct tt_err err = { 0 };
+	int64_t load;
+
+	if (!cp_worker_up(w, pk->now) ||
+	    cpdb_worker_load(pk->cp->db, w->id, &load, &err) < 0)
+		return;
+	if (pk->best[0] == '\0' || load < pk->best_load) {
+		pk->best_load = load;
+		snprintf(pk->best, sizeof(pk->best), "%s", w->id);
+	}
+}
+
+/* cp_create: placement, sandbox row + install update, then wait for the
+ * worker's ack (the reply is written by feed.c). */
+static int cp_create(struct cp *cp, struct cp_sess *s, struct lws *wsi,
+                     json_t *body)
+{
+	struct tt_err err = { 0 };
+	struct cp_pick pk = { .cp = cp, .now = tt_now() };
+	json_t *jw = body ? json_object_get(body, "worker") : NULL;
+	char id[TT_SBX_ID_LEN + 1];
+	struct cp_sandbox sb;
+	struct cp_worker w;
+	int64_t rev;
+	int rc;
+
+	if (jw != NULL && !json_is_null(jw)) {
+		const char *wid = json_string_value(jw);
+
+		if (wid == NULL || strlen(wid) == 0 || strlen(wid) > TT_NAME_MAX)
+			return http_reply_error(wsi, 400, "bad_request",
+			                        "worker must be a worker id string");
+		rc = cpdb_worker_get(cp->db, wid, &w, &err);
+		if (rc < 0)
+			return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+		if (rc == 0)
+			return http_reply_error(wsi, 404, "not_found",
+			                        "no worker %s", wid);
+		if (!cp_worker_up(&w, pk.now))
+			return http_reply_error(wsi, 409, "conflict",
+			                        "worker %s is down", wid);
+		snprintf(pk.best, sizeof(pk.best), "%s", wid);
+	} else if (cpdb_workers_each(cp->db, cp_pick_one, &pk, &err) < 0) {
+		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+	}
+	if (pk.best[0] == '\0')
+		return http_reply_error(wsi, 503, "unavailable", "no worker is up");
+	sbx_id_new(id);
+	if (cpdb_sandbox_create(cp->db, id, pk.best, pk.now, &sb, &rev,
+	                        &err) < 0)
+		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+	log_info("sandbox %s: install gen 1 on %s (rev %lld) for %s", id,
+	         pk.best, (long long)rev, s->caller);
+	metrics_inc("tether_cp_sandboxes_created_total", NULL);
+	feed_wake(cp, pk.best);
+	return feed_wait_ack(cp, s, wsi, pk.best, rev, id, 0);
+}
+
+/* What cp_list_one appends to. */
+struct cp_listing {
+	struct cp *cp;
+	json_t *arr;
+};
+
+/* cp_list_one: appends one sandbox to the listing. */
+static void cp_list_one(const struct cp_sandbox *sb, void *arg)
+{
+	struct cp_listing *l = arg;
+
+	json_array_append_new(l->arr, cp_sandbox_json(l->cp, sb));
+}
+
+/* cp_list: GET /v1/sandboxes. */
+static int cp_list(struct cp *cp, struct lws *wsi)
+{
+	struct tt_err err = { 0 };
+	struct cp_listing l = { cp, json_array() };
+
+	if (l.arr == NULL)
+		return http_reply_error(wsi, 500, "internal", "out of memory");
+	if (cpdb_sandboxes_each(cp->db, cp_list_one, &l, &err) < 0) {
+		json_decref(l.arr);
+		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+	}
+	return http_reply_json(wsi, 200, json_pack("{s:o}", "sandboxes", l.arr));
+}
+
+/* cp_lookup: the live sandbox named in the path, or an error reply. */
+static int cp_lookup(struct cp *cp, struct lws *wsi, const char *id,
+                     struct cp_sandbox *sb, int *replied)
+{
+	struct tt_err err = { 0 };
+	int rc;
+
+	*replied = 1;
+	if (!sbx_id_valid(id))
+		return http_reply_error(wsi, 404, "not_found", "no sandbox %.40s",
+		                        id);
+	rc = cpdb_sandbox_get(cp->db, id, sb, &err);
+	if (rc < 0)
+		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+	if (rc == 0 || strcmp(sb->state, "deleted") == 0)
+		return http_reply_error(wsi, 404, "not_found", "no sandbox %s", id);
+	*replied = 0;
+	return 0;
+}
+
+/* cp_delete: destroy update, then wait for the worker's ack. */
+static int cp_delete(struct cp *cp, struct cp_sess *s, struct lws *wsi,
+                     const struct cp_sandbox *sb)
+{
+	struct tt_err err = { 0 };
+	int64_t rev;
+
+	if (cpdb_sandbox_destroy(cp->db, sb, tt_now(), &rev, &err) < 0)
+		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+	log_info("sandbox %s: destroy on %s (rev %lld) for %s", sb->id,
+	         sb->worker, (long long)rev, s->caller);
+	feed_wake(cp, sb->worker);
+	return feed_wait_ack(cp, s, wsi, sb->worker, rev, sb->id, 1);
+}
+
+/* cp_cap_claims: validates the request body and builds the claims the
+ * signer completes; NULL + a reply already sent on bad input. */
+static json_t *cp_cap_claims(struct lws *wsi, struct cp_sess *s,
+                             const struct cp_sandbox *sb, json_t *body,
+                             int *rc)
+{
+	const char *pur = json_string_value(json_object_get(body, "purpose"));
+	json_t *c, *ops, *v;
+	size_t i;
+
+	*rc = 0;
+	c = json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:I,s:s}", "sub", s->caller,
+	              "sbx", sb->id, "gen", (json_int_t)sb->generation,
+	              "wrk", sb->worker, "sst", sb->substrate, "pod", sb->pod,
+	              "att", (json_int_t)sb->activation, "pur",
+	              pur ? pur : "");
+	if (c == NULL) {
+		*rc = http_reply_error(wsi, 500, "internal", "out of memory");
+		return NULL;
+	}
+	if (pur != NULL && strcmp(pur, "control") == 0) {
+		ops = json_object_get(body, "ops");
+		if (!json_is_array(ops) || json_array_size(ops) == 0 ||
+		    json_array_size(ops) > 16)
+			goto bad_ops;
+		json_array_foreach(ops, i, v) {
+			if (!json_is_string(v) ||
+			    op_from_name(json_string_value(v)) == 0)
+				goto bad_ops;
+		}
+		json_object_set_new(c, "aud", json_string("node"));
+		json_object_set(c, "ops", ops);
+		return c;
+	}
+	if (pur != NULL && strcmp(pur, "port") == 0) {
+		json_t *port = json_object_get(body, "port");
+		const char *proto = json_string_value(json_object_get(body,
+		                                                      "proto"));
+
+		if (!json_is_integer(port) || json_integer_value(port) < 1 ||
+		    json_integer_value(port) > 65535 || proto == NULL ||
+		    (strcmp(proto, "tcp") != 0 && strcmp(proto, "http") != 0)) {
+			json_decref(c);
+			*rc = http_reply_error(wsi, 400, "bad_request",
+			        "port purpose needs port 1..65535 and proto tcp|http");
+			return NULL;
+		}
+		json_object_set_new(c, "aud", json_string("gateway"));
+		json_object_set(c, "port", port);
+		json_object_set_new(c, "proto", json_string(proto));
+		return c;
+	}
+	json_decref(c);
+	*rc = http_reply_error(wsi, 400, "bad_request",
+	                       "purpose must be \"control\" or \"port\"");
+	return NULL;
+bad_ops:
+	json_decref(c);
+	*rc = http_reply_error(wsi, 400, "bad_request",
+	        "ops must be a non-empty list of known operations");
+	return NULL;
+}
+
+/* cp_capability: POST /v1/sandboxes/{id}/capabilities. */
+static int cp_capability(struct cp *cp, struct cp_sess *s, struct lws *wsi,
+                         const struct cp_sandbox *sb, json_t *body)
+{
+	struct tt_err err = { 0 };
+	char expires[TT_RFC3339_MAX];
+	_cleanup_free_ char *token = NULL;
+	struct cp_worker w;
+	uint64_t t0 = cp_now_us();
+	json_t *claims;
+	int rc;
+
+	if (body == NULL)
+		return http_reply_error(wsi, 400, "bad_request",
+		                        "JSON body with purpose expected");
+	if (strcmp(sb->state, "running") != 0)
+		return http_reply_error(wsi, 409, "conflict",
+		                        "sandbox %s is %s, not running", sb->id,
+		                        sb->state);
+	claims = cp_cap_claims(wsi, s, sb, body, &rc);
+	if (claims == NULL)
+		return rc;
+	rc = cp_signer_sign(&cp->signer, claims, &token, expires, &err);
+	json_decref(claims);
+	if (rc < 0) {
+		log_error("signer: %s", err.msg);
+		return http_reply_error(wsi, err.code == TT_ERR_DENIED ? 400 : 503,
+		                        err.code == TT_ERR_DENIED ? "bad_request"
+		                                                  : "unavailable",
+		                        "%s", err.msg);
+	}
+	if (cpdb_worker_get(cp->db, sb->worker, &w, &err) <= 0)
+		w.node_url[0] = '\0';
+	metrics_inc("tether_cp_capabilities_total", NULL);
+	metrics_observe_us("tether_cp_sign_seconds", NULL, cp_now_us() - t0);
+	return http_reply_json(wsi, 201, json_pack(
+	        "{s:s,s:s,s:s,s:I,s:s,s:s,s:s,s:I,s:s}", "token", token,
+	        "expires_at", expires, "sandbox", sb->id, "generation",
+	        (json_int_t)sb->generation, "worker", sb->worker, "substrate",
+	        sb->substrate, "pod", sb->pod, "activation",
+	        (json_int_t)sb->activation, "node_url", w.node_url));
+}
+
+/* cp_workers_one: appends one worker to the array in arg. */
+static void cp_workers_one(const struct cp_worker *w, void *arg)
+{
+	json_array_append_new(arg, json_pack("{s:s,s:s,s:s,s:o,s:I}",
+	        "id", w->id, "node_url", w->node_url, "state",
+	        cp_worker_up(w, tt_now()) ? "up" : "down", "last_seen",
+	        cp_time(w->last_seen), "acked_rev", (json_int_t)w->acked_rev));
+}
+
+/* cp_workers: GET /v1/workers. */
+static int cp_workers(struct cp *cp, struct lws *wsi)
+{
+	struct tt_err err = { 0 };
+	json_t *arr = json_array();
+
+	if (arr == NULL || cpdb_workers_each(cp->db, cp_workers_one, arr,
+	                                     &err) < 0) {
+		json_decref(arr);
+		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+	}
+	return http_reply_json(wsi, 200, json_pack("{s:o}", "workers", arr));
+}
+
+/* cp_name_ok: worker ids are short [A-Za-z0-9._-] names. */
+static int cp_name_ok(const char *s)
+{
+	size_t n = s ? strlen(s) : 0;
+
+	if (n == 0 || n > TT_NAME_MAX)
+		return 0;
+	return strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+	                 "0123456789._-") == n;
+}
+
+/* cp_register: POST /v1/workers/register (Node). */
+static int cp_register(struct cp *cp, struct lws *wsi, json_t *body)
+{
+	struct tt_err err = { 0 };
+	const char *id = json_string_value(json_object_get(body, "id"));
+	const char *url = json_string_value(json_object_get(body, "node_url"));
+	int64_t rev;
+
+	if (!cp_name_ok(id) || url == NULL || strlen(url) >= CPDB_URL_MAX ||
+	    (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0))
+		return http_reply_error(wsi, 400, "bad_request",
+		        "register needs id (name) and node_url (http URL)");
+	if (cpdb_worker_register(cp->db, id, url, tt_now(), &err) < 0 ||
+	    cpdb_feed_latest(cp->db, &rev, &err) < 0)
+		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+	log_info("worker %s registered at %s", id, url);
+	return http_reply_json(wsi, 200, json_pack("{s:b,s:I}", "ok", 1,
+	                                           "feed_rev", (json_int_t)rev));
+}
+
+/* cp_query_int: integer query parameter in [lo, hi], def if absent; -1 on
+ * a bad value. */
+static int cp_query_int(struct lws *wsi, const char *name, int64_t lo,
+                        int64_t hi, int64_t def, int64_t *out)
+{
+	char buf[CP_QUERY_MAX], *end;
+	long long v;
+
+	if (http_query(wsi, name, buf, sizeof(buf)) < 0) {
+		*out = def;
+		return 0;
+	}
+	errno = 0;
+	v = strtoll(buf, &end, 10);
+	if (errno != 0 || end == buf || *end != '\0' || v < lo || v > hi)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+/* cp_feed: GET /v1/feed?worker=W&after=R&wait=S (Node). */
+static int cp_feed(struct cp *cp, struct cp_sess *s, struct lws *wsi)
+{
+	struct tt_err err = { 0 };
+	char worker[TT_NAME_MAX + 2];
+	int64_t after, wait;
+	int rc;
+
+	if (http_query(wsi, "worker", worker, sizeof(worker)) < 0 ||
+	    !cp_name_ok(worker) ||
+	    cp_query_int(wsi, "after", 0, INT64_MAX, 0, &after) < 0 ||
+	    cp_query_int(wsi, "wait", 0, CP_FEED_WAIT_MAX, 0, &wait) < 0)
+		return http_reply_error(wsi, 400, "bad_request",
+		        "feed needs worker=ID, after=REV >= 0, wait=0..%d",
+		        CP_FEED_WAIT_MAX);
+	rc = cpdb_worker_seen(cp->db, worker, tt_now(), &err);
+	if (rc < 0)
+		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+	if (rc == 0)
+		return http_reply_error(wsi, 404, "not_found",
+		                        "worker %s is not registered", worker);
+	return feed_poll(cp, s, wsi, worker, after, (int)wait);
+}
+
+/* cp_ack_result: the result entry for rev in results, or NULL. */
+static json_t *cp_ack_result(json_t *results, int64_t rev)
+{
+	size_t i;
+	json_t *r;
+
+	json_array_foreach(results, i, r) {
+		if (json_integer_value(json_object_get(r, "rev")) == rev)
+			return r;
+	}
+	return NULL;
+}
+
+/* cp_ack_apply: state changes for one acknowledged update: install ok ->
+ * running, install failed -> failed, destroy ok -> deleted. An update the
+ * worker acknowledged without a result entry counts as ok. */
+static void cp_ack_apply(struct cp *cp, const char *worker, json_t *up,
+                         json_t *res)
+{
+	struct tt_err err = { 0 };
+	const char *kind = json_string_value(json_object_get(up, "kind"));
+	const char *sbx = json_string_value(json_object_get(up, "sandbox"));
+	json_t *okv = res ? json_object_get(res, "ok") : NULL;
+	int ok = okv == NULL || json_is_true(okv);
+	const char *emsg = res ? json_string_value(json_object_get(res, "error"))
+	                       : NULL;
+	struct cp_sandbox sb;
+
+	if (kind == NULL || sbx == NULL ||
+	    cpdb_sandbox_get(cp->db, sbx, &sb, &err) != 1 ||
+	    strcmp(sb.worker, worker) != 0)
+		return;
+	if (strcmp(kind, "install") == 0 && strcmp(sb.state, "starting") == 0 &&
+	    (uint64_t)json_integer_value(json_object_get(up, "generation")) ==
+	    sb.generation) {
+		if (!ok)
+			log_warn("sandbox %s: install failed on %s: %s", sbx, worker,
+			         emsg ? emsg : "?");
+		cpdb_sandbox_set_state(cp->db, sbx, ok ? "running" : "failed",
+		                       ok ? NULL : (emsg ? emsg : "install failed"),
+		                       &err);
+	} else if (strcmp(kind, "destroy") == 0 &&
+	           strcmp(sb.state, "deleting") == 0) {
+		cpdb_sandbox_set_state(cp->db, sbx, ok ? "deleted" : "deleting",
+		                       ok ? NULL : (emsg ? emsg : "destroy failed"),
+		                       &err);
+	}
+}
+
+/* cp_ack: POST /v1/feed/ack (Node). */
+static int cp_ack(struct cp *cp, struct lws *wsi, json_t *body)
+{
+	struct tt_err err = { 0 };
+	const char *worker = json_string_value(json_object_get(body, "worker"));
+	json_t *jrev = json_object_get(body, "rev");
+	json_t *results = json_object_get(body, "results");
+	struct cp_worker w;
+	json_t *ups, *up;
+	int64_t rev;
+	size_t i;
+	int rc;
+
+	if (!cp_name_ok(worker) || !json_is_integer(jrev) ||
+	    json_integer_value(jrev) < 0 ||
+	    (results != NULL && !json_is_array(results)))
+		return http_reply_error(wsi, 400, "bad_request",
+		        "ack needs worker, rev >= 0 and a results list");
+	rev = json_integer_value(jrev);
+	rc = cpdb_worker_get(cp->db, worker, &w, &err);
+	if (rc <= 0)
+		return rc < 0 ? http_reply_error(wsi, 500, "internal", "%s", err.msg)
+		              : http_reply_error(wsi, 404, "not_found",
+		                                 "worker %s is not registered",
+		                                 worker);
+	/* Apply the outcome of every update newly covered by this ack. */
+	ups = rev > w.acked_rev ? cpdb_feed_since(cp->db, worker, w.acked_rev,
+	                                          100000, &err) : json_array();
+	if (ups == NULL)
+		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+	json_array_foreach(ups, i, up) {
+		int64_t r = json_integer_value(json_object_get(up, "rev"));
+
+		if (r > rev)
+			break;
+		cp_ack_apply(cp, worker, up, cp_ack_result(results, r));
+	}
+	json_decref(ups);
+	if (cpdb_worker_set_acked(cp->db, worker, rev, &err) < 0 ||
+	    cpdb_worker_seen(cp->db, worker, tt_now(), &err) < 0)
+		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+	feed_acked(cp, worker, rev);
+	return http_reply_json(wsi, 200, json_pack("{s:b}", "ok", 1));
+}
+
+/* cp_route: dispatches a complete request (body may be NULL). */
+static int cp_route(struct cp *cp, struct cp_sess *s, struct lws *wsi,
+                    json_t *body)
+{
+	const char *p = s->path, *m = s->method;
+	char id[TT_SBX_ID_LEN + 2];
+	const char *rest;
+	struct cp_sandbox sb;
+	int replied, rc;
+	size_t n;
+
+	if (strcmp(p, "/healthz") == 0)
+		return http_reply_json(wsi, 200, json_pack("{s:b}", "ok", 1));
+	if (strcmp(p, "/metrics") == 0) {
+		_cleanup_free_ char *txt = metrics_render();
+
+		if (txt == NULL)
+			return http_reply_error(wsi, 500, "internal", "out of memory");
+		return http_reply(wsi, 200, "text/plain; version=0.0.4", txt,
+		                  strlen(txt));
+	}
+	if (strncmp(p, "/v1/workers/register", 21) == 0 ||
+	    strncmp(p, "/v1/feed", 8) == 0) {
+		if (!cp_auth_node(cp, wsi)) {
+			metrics_inc("tether_cp_auth_refused_total", "kind=\"node\"");
+			return http_reply_error(wsi, 401, "unauthorized",
+			                        "node token required");
+		}
+		if (strcmp(p, "/v1/workers/register") == 0 && !strcmp(m, "POST"))
+			return cp_register(cp, wsi, body);
+		if (strcmp(p, "/v1/feed") == 0 && !strcmp(m, "GET"))
+			return cp_feed(cp, s, wsi);
+		if (strcmp(p, "/v1/feed/ack") == 0 && !strcmp(m, "POST"))
+			return cp_ack(cp, wsi, body);
+		return http_reply_error(wsi, 404, "not_found", "no route %s %s", m,
+		                        p);
+	}
+	if (!cp_auth_bearer(cp, wsi, s)) {
+		metrics_inc("tether_cp_auth_refused_total", "kind=\"bearer\"");
+		return http_reply_error(wsi, 401, "unauthorized",
+		                        "a valid API key is required");
+	}
+	if (strcmp(p, "/v1/workers") == 0 && !strcmp(m, "GET"))
+		return cp_workers(cp, wsi);
+	if (strcmp(p, "/v1/sandboxes") == 0) {
+		if (!strcmp(m, "POST"))
+			return cp_create(cp, s, wsi, body);
+		if (!strcmp(m, "GET"))
+			return cp_list(cp, wsi);
+	}
+	if (strncmp(p, "/v1/sandboxes/", 14) == 0) {
+		rest = strchr(p + 14, '/');
+		n = rest ? (size_t)(rest - (p + 14)) : strlen(p + 14);
+		if (n >= sizeof(id))
+			return http_reply_error(wsi, 404, "not_found", "no sandbox");
+		memcpy(id, p + 14, n);
+		id[n] = '\0';
+		rc = cp_lookup(cp, wsi, id, &sb, &replied);
+		if (replied)
+			return rc;
+		if (rest == NULL && !strcmp(m, "GET"))
+			return http_reply_json(wsi, 200, cp_sandbox_json(cp, &sb));
+		if (rest == NULL && !strcmp(m, "DELETE"))
+			return cp_delete(cp, s, wsi, &sb);
+		if (rest != NULL && strcmp(rest, "/capabilities") == 0 &&
+		    !strcmp(m, "POST"))
+			return cp_capability(cp, s, wsi, &sb, body);
+	}
+	return http_reply_error(wsi, 404, "not_found", "no route %s %s", m, p);
+}
+
+/* cp_method: the request method from the token lws filled in. */
+static const char *cp_method(struct lws *wsi)
+{
+	if (lws_hdr_total_length(wsi, WSI_TOKEN_GET_URI) > 0)
+		return "GET";
+	if (lws_hdr_total_length(wsi, WSI_TOKEN_POST_URI) > 0)
+		return "POST";
+	if (lws_hdr_total_length(wsi, WSI_TOKEN_DELETE_URI) > 0)
+		return "DELETE";
+	if (lws_hdr_total_length(wsi, WSI_TOKEN_PUT_URI) > 0)
+		return "PUT";
+	return "OTHER";
+}
+
+/* cp_complete: body done (or none): parse, route, count. */
+static int cp_complete(struct cp *cp, struct cp_sess *s, struct lws *wsi,
+                       int has_body)
+{
+	struct tt_err err = { 0 };
+	uint64_t t0 = cp_now_us();
+	json_t *body = NULL;
+	int rc;
+
+	if (s->too_large) {
+		http_body_free(&s->body);
+		return http_reply_error(wsi, 413, "too_large",
+		                        "request body over %u bytes",
+		                        HTTP_BODY_MAX_DEFAULT);
+	}
+	if (has_body) {
+		body = http_body_json(&s->body, &err);
+		http_body_free(&s->body);
+		if (body == NULL) {
+			metrics_inc("tether_cp_bad_requests_total", NULL);
+			return http_reply_error(wsi, 400, "bad_request", "%s", err.msg);
+		}
+	}
+	rc = cp_route(cp, s, wsi, body);
+	json_decref(body);
+	metrics_inc("tether_cp_requests_total", NULL);
+	metrics_observe_us("tether_cp_request_seconds", NULL, cp_now_us() - t0);
+	return rc;
+}
+
+/* cp_http_cb: lws protocol callback of the control plane API. */
+static int cp_http_cb(struct lws *wsi, enum lws_callback_reasons reason,
+                      void *user, void *in, size_t len)
+{
+	struct cp_sess *s = user;
+	struct cp *cp;
+	struct tt_err err = { 0 };
+	char cl[32];
+
+	switch (reason) {
+	case LWS_CALLBACK_HTTP:
+		cp = cp_of(wsi);
+		http_body_free(&s->body);
+		s->body.max = HTTP_BODY_MAX_DEFAULT;
+		s->too_large = 0;
+		s->caller[0] = '\0';
+		snprintf(s->path, sizeof(s->path), "%s", (const char *)in);
+		snprintf(s->method, sizeof(s->method), "%s", cp_method(wsi));
+		if (strcmp(s->method, "POST") == 0 || strcmp(s->method, "PUT") == 0) {
+			if (http_header(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH, cl,
+			                sizeof(cl)) > 0) {
+				unsigned long long n = strtoull(cl, NULL, 10);
+
+				if (n > HTTP_BODY_MAX_DEFAULT) {
+					s->too_large = 1;
+					return cp_complete(cp, s, wsi, 1);
+				}
+				if (n > 0)
+					return 0; /* body callbacks follow */
+			}
+		}
+		return cp_complete(cp, s, wsi, 0);
+	case LWS_CALLBACK_HTTP_BODY:
+		if (!s->too_large &&
+		    http_body_append(&s->body, in, len, &err) < 0)
+			s->too_large = 1;
+		return 0;
+	case LWS_CALLBACK_HTTP_BODY_COMPLETION:
+		return cp_complete(cp_of(wsi), s, wsi, 1);
+	case LWS_CALLBACK_HTTP_WRITEABLE:
+		return feed_writable(cp_of(wsi), s, wsi);
+	case LWS_CALLBACK_CLOSED_HTTP:
+		feed_closed(cp_of(wsi), s);
+		http_body_free(&s->body);
+		return 0;
+	default:
+		break;
+	}
+	return lws_callback_http_dummy(wsi, reason, user, in, len);
+}
+
+static const struct lws_protocols cp_protocols[] = {
+	{ "http", cp_http_cb, sizeof(struct cp_sess), 0, 0, NULL, 0 },
+	{ NULL, NULL, 0, 0, 0, NULL, 0 }
+};
+
+/* ---- bootstrap ------------------------------------------------------- */
+
+/* cp_write_secret: writes a fresh random secret (text) to path, 0600. */
+static int cp_write_secret(const char *path, const char *prefix, char *out,
+                           size_t cap, struct tt_err *err)
+{
+	uint8_t rnd[32];
+	char hex[65];
+	_cleanup_close_ int fd = -1;
+	int n;
+
+	randombytes_buf(rnd, sizeof(rnd));
+	sodium_bin2hex(hex, sizeof(hex), rnd, sizeof(rnd));
+	sodium_memzero(rnd, sizeof(rnd));
+	n = snprintf(out, cap, "%s%s", prefix, hex);
+	sodium_memzero(hex, sizeof(hex));
+	if (n < 0 || (size_t)n >= cap)
+		return tt_err_set(err, TT_ERR_INVALID, "secret buffer too small");
+	unlink(path); /* a stale file from an older database */
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return tt_err_sys(err, TT_ERR_IO, "cannot create %s", path);
+	if (dprintf(fd, "%s\n", out) < 0 || fsync(fd) < 0)
+		return tt_err_sys(err, TT_ERR_IO, "cannot write %s", path);
+	return 0;
+}
+
+/* cp_read_secret: first line of a 0600 file into out. */
+static int cp_read_secret(const char *path, char *out, size_t cap,
+                          struct tt_err *err)
+{
+	_cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat st;
+	ssize_t n;
+
+	if (fd < 0)
+		return tt_err_sys(err, TT_ERR_IO, "cannot open %s", path);
+	if (fstat(fd, &st) < 0 || (st.st_mode & 077) != 0)
+		return tt_err_set(err, TT_ERR_IO, "%s must be mode 0600", path);
+	n = read(fd, out, cap - 1);
+	if (n <= 0)
+		return tt_err_set(err, TT_ERR_IO, "cannot read %s", path);
+	out[n] = '\0';
+	out[strcspn(out, "\r\n")] = '\0';
+	if (out[0] == '\0')
+		return tt_err_set(err, TT_ERR_IO, "%s is empty", path);
+	return 0;
+}
+
+/* cp_bootstrap: admin key (only while none exists) and node token. */
+static int cp_bootstrap(struct cp *cp, const char *dir, struct tt_err *err)
+{
+	char path[PATH_MAX], key[128];
+	int64_t n;
+
+	if (cpdb_apikey_count(cp->db, &n, err) < 0)
+		return -1;
+	if (n == 0) {
+		snprintf(path, sizeof(path), "%s/admin.key", dir);
+		if (cp_write_secret(path, "ttk_", key, sizeof(key), err) < 0)
+			return -1;
+		if (cpdb_apikey_add(cp->db, key, "admin", tt_now(), err) < 0)
+			return -1;
+		sodium_memzero(key, sizeof(key));
+		fprintf(stderr, "admin API key written to %s\n", path);
+	}
+	snprintf(path, sizeof(path), "%s/node.token", dir);
+	if (access(path, F_OK) != 0 &&
+	    cp_write_secret(path, "ttn_", cp->node_token,
+	                    sizeof(cp->node_token), err) < 0)
+		return -1;
+	return cp_read_secret(path, cp->node_token, sizeof(cp->node_token), err);
+}
+
+/* cp_publish_keys: appends a keys update when the signer's key is not the
+ * one in the newest published bundle. */
+static int cp_publish_keys(struct cp *cp, struct tt_err *err)
+{
+	char pub[PASERK_K4_PUBLIC_LEN + 1], kid[PASERK_K4_PID_LEN + 1];
+	json_t *last, *keys, *body;
+	const char *last_kid;
+	int64_t now = tt_now(), rev;
+	int rc;
+
+	if (cp_signer_public(&cp->signer, pub, kid, err) < 0)
+		return -1;
+	last = cpdb_feed_last_body(cp->db, "keys", err);
+	if (last == NULL && err->code != TT_OK)
+		return -1;
+	keys = json_object_get(last, "keys");
+	last_kid = json_string_value(json_object_get(json_array_get(keys, 0),
+	                                             "kid"));
+	if (json_array_size(keys) == 1 && last_kid && strcmp(last_kid, kid) == 0) {
+		json_decref(last);
+		log_info("signing key %s already published", kid);
+		return 0;
+	}
+	json_decref(last);
+	body = json_pack("{s:[{s:s,s:s,s:o,s:n}]}", "keys", "kid", kid,
+	                 "public", pub, "not_before", cp_time(now - 5),
+	                 "not_after");
+	if (body == NULL)
+		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+	rc = cpdb_feed_append(cp->db, "keys", NULL, body, now, &rev, err);
+	json_decref(body);
+	if (rc == 0)
+		log_info("published signing key %s at rev %lld", kid,
+		         (long long)rev);
+	return rc;
+}
+
+/* cp_on_signal: orderly shutdown on SIGINT/SIGTERM. */
+static void cp_on_signal(uv_signal_t *h, int sig)
+{
+	log_info("signal %d: shutting down", sig);
+	uv_stop(h->loop);
+}
+
+/* cp_parse_listen: "HOST:PORT". */
+static int cp_parse_listen(const char *s, char *host, size_t cap, int *port)
+{
+	const char *c = strrchr(s, ':');
+	char *end;
+	long p;
+
+	if (c == NULL || (size_t)(c - s) >= cap || c == s)
+		return -1;
+	memcpy(host, s, (size_t)(c - s));
+	host[c - s] = '\0';
+	p = strtol(c + 1, &end, 10);
+	if (*end != '\0' || p < 0 || p > 65535)
+		return -1;
+	*port = (int)p;
+	return 0;
+}
+
+/* cp_close_walk: closes whatever handles remain at exit. */
+static void cp_close_walk(uv_handle_t *h, void *arg)
+{
+	(void)arg;
+	if (!uv_is_closing(h))
+		uv_close(h, NULL);
+}
+
+/* cp_main: "tetherd cp --state DIR --listen HOST:PORT". */
+int cp_main(int argc, char **argv)
+{
+	struct cp *cp = &cp_global;
+	struct tt_err err = { 0 };
+	const char *state = NULL, *listen = "127.0.0.1:7700";
+	char host[64], path[PATH_MAX];
+	uv_signal_t sigint, sigterm;
+	uv_loop_t loop;
+	int port, rc = 1;
+
+	tt_log_init("cp", TT_LOG_INFO);
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--state") == 0 && i + 1 < argc)
+			state = argv[++i];
+		else if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc)
+			listen = argv[++i];
+		else {
+			fprintf(stderr, "usage: tetherd cp --state DIR "
+			                "[--listen 127.0.0.1:PORT]\n");
+			return 2;
+		}
+	}
+	if (state == NULL || cp_parse_listen(listen, host, sizeof(host),
+	                                     &port) < 0) {
+		fprintf(stderr, "usage: tetherd cp --state DIR "
+		                "[--listen 127.0.0.1:PORT]\n");
+		return 2;
+	}
+	if (sodium_init() < 0) {
+		log_error("sodium_init failed");
+		return 1;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	if (mkdir(state, 0700) < 0 && errno != EEXIST) {
+		log_error("cannot create %s: %s", state, strerror(errno));
+		return 1;
+	}
+	snprintf(path, sizeof(path), "%s/cp.db", state);
+	cp->db = cpdb_open(path, &err);
+	if (cp->db == NULL || cp_bootstrap(cp, state, &err) < 0) {
+		log_error("%s", err.msg);
+		cpdb_close(cp->db);
+		return 1;
+	}
+	snprintf(path, sizeof(path), "%s/signer.key", state);
+	if (cp_signer_spawn(path, &cp->signer, &err) < 0 ||
+	    cp_publish_keys(cp, &err) < 0) {
+		log_error("signer: %s", err.msg);
+		goto out_db;
+	}
+	uv_loop_init(&loop);
+	cp->loop = &loop;
+	cp->ctx = http_server_new(&loop, host, port, cp_protocols, cp, &err);
+	if (cp->ctx == NULL) {
+		log_error("%s", err.msg);
+		goto out_db; /* lws may still own handles on loop: leave it */
+	}
+	uv_signal_init(&loop, &sigint);
+	uv_signal_start(&sigint, cp_on_signal, SIGINT);
+	uv_signal_init(&loop, &sigterm);
+	uv_signal_start(&sigterm, cp_on_signal, SIGTERM);
+	log_info("listening on %s:%d, state %s", host, port, state);
+	uv_run(&loop, UV_RUN_DEFAULT);
+	rc = 0;
+	feed_shutdown(cp);
+	lws_context_destroy(cp->ctx);
+	uv_close((uv_handle_t *)&sigint, NULL);
+	uv_close((uv_handle_t *)&sigterm, NULL);
+	uv_run(&loop, UV_RUN_DEFAULT);
+	uv_walk(&loop, cp_close_walk, NULL);
+	uv_run(&loop, UV_RUN_DEFAULT);
+	uv_loop_close(&loop);
+out_db:
+	cp_signer_stop(&cp->signer);
+	cpdb_close(cp->db);
+	return rc;
+}

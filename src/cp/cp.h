@@ -1,0 +1,88 @@
+/* Control plane internals shared by src/cp/{cp,feed,signer}.c. */
+#ifndef TT_CP_H
+#define TT_CP_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <jansson.h>
+#include <libwebsockets.h>
+#include <uv.h>
+
+#include "cp/db.h"
+#include "err.h"
+#include "http.h"
+#include "paserk.h"
+#include "timefmt.h"
+
+#define CP_WORKER_UP_SECS 60  /* a worker polled within this is "up" */
+#define CP_ACK_WAIT_SECS 30   /* create/delete wait this long for the ack */
+#define CP_FEED_WAIT_MAX 30   /* long-poll bound */
+#define CP_FEED_BATCH 256     /* updates per feed answer */
+
+/* Client side of the signer process (src/cp/signer.c). Requests are
+ * synchronous on the socketpair: a signature costs tens of microseconds,
+ * and a receive timeout bounds a stuck signer. */
+struct cp_signer {
+	int fd;
+	pid_t pid;
+};
+
+/* cp_signer_spawn: starts "tetherd signer --key key_path" with the
+ * socketpair end as fd 3; the signer creates the key if absent. */
+int cp_signer_spawn(const char *key_path, struct cp_signer *s,
+                    struct tt_err *err);
+/* cp_signer_sign: claims (borrowed) without iss/iat/exp/jti; on success
+ * *token is malloc'd (caller frees) and *expires_at set. */
+int cp_signer_sign(struct cp_signer *s, json_t *claims, char **token,
+                   char expires_at[TT_RFC3339_MAX], struct tt_err *err);
+/* cp_signer_public: the verification key and its kid. */
+int cp_signer_public(struct cp_signer *s, char pub[PASERK_K4_PUBLIC_LEN + 1],
+                     char kid[PASERK_K4_PID_LEN + 1], struct tt_err *err);
+/* cp_signer_stop: EOF to the signer (it zeroes its key and exits), reap. */
+void cp_signer_stop(struct cp_signer *s);
+
+struct cp_park;
+
+/* The control plane daemon (one per process, on one loop). */
+struct cp {
+	uv_loop_t *loop;
+	struct lws_context *ctx;
+	struct cpdb *db;
+	struct cp_signer signer;
+	char node_token[128];
+	struct cp_park *parked; /* list of parked requests (feed.c) */
+};
+
+/* Per-HTTP-connection state (lws allocates and zeroes it). */
+struct cp_sess {
+	struct http_body body;
+	char path[256];
+	char method[8];
+	char caller[TT_SUB_MAX + 1]; /* API key name, once authenticated */
+	int too_large;
+	struct cp_park *park;        /* owned by cp->parked while set */
+};
+
+/* cp_sandbox_json: the API's sandbox object (node_url from the worker). */
+json_t *cp_sandbox_json(struct cp *cp, const struct cp_sandbox *s);
+
+/* feed.c: long-poll and acknowledgement waiters. Each park_* parks the
+ * request (the lws callback then returns 0 without replying); the reply is
+ * written from LWS_CALLBACK_HTTP_WRITEABLE via feed_writable. */
+int feed_poll(struct cp *cp, struct cp_sess *s, struct lws *wsi,
+              const char *worker, int64_t after, int wait_secs);
+int feed_wait_ack(struct cp *cp, struct cp_sess *s, struct lws *wsi,
+                  const char *worker, int64_t rev, const char *sbx,
+                  int is_delete);
+/* feed_wake: new updates for worker (NULL = all workers). */
+void feed_wake(struct cp *cp, const char *worker);
+/* feed_acked: worker acknowledged everything up to rev. */
+void feed_acked(struct cp *cp, const char *worker, int64_t rev);
+int feed_writable(struct cp *cp, struct cp_sess *s, struct lws *wsi);
+/* feed_closed: the connection went away; drop its parked request. */
+void feed_closed(struct cp *cp, struct cp_sess *s);
+/* feed_shutdown: releases every parked request (daemon exit). */
+void feed_shutdown(struct cp *cp);
+
+#endif

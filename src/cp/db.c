@@ -1,0 +1,628 @@
+/* Control-plane SQLite store (see db.h). Every write that must be atomic
+ * with a feed update runs in BEGIN IMMEDIATE ... COMMIT. */
+#include "cp/db.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sodium.h>
+#include <sqlite3.h>
+
+#include "cleanup.h"
+
+struct cpdb {
+	sqlite3 *h;
+};
+
+static const char cpdb_schema[] =
+	"CREATE TABLE IF NOT EXISTS api_keys("
+	" hash TEXT PRIMARY KEY, name TEXT NOT NULL, created_at INTEGER NOT NULL);"
+	"CREATE TABLE IF NOT EXISTS workers("
+	" id TEXT PRIMARY KEY, node_url TEXT NOT NULL,"
+	" registered_at INTEGER NOT NULL, last_seen INTEGER NOT NULL,"
+	" acked_rev INTEGER NOT NULL DEFAULT 0);"
+	"CREATE TABLE IF NOT EXISTS sandboxes("
+	" id TEXT PRIMARY KEY, state TEXT NOT NULL,"
+	" generation INTEGER NOT NULL CHECK (generation >= 1),"
+	" worker TEXT NOT NULL, substrate TEXT NOT NULL, pod TEXT NOT NULL,"
+	" activation INTEGER NOT NULL CHECK (activation >= 1),"
+	" created_at INTEGER NOT NULL, error TEXT);"
+	"CREATE TABLE IF NOT EXISTS feed("
+	" rev INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL,"
+	" worker TEXT, body TEXT NOT NULL, created_at INTEGER NOT NULL);"
+	"CREATE INDEX IF NOT EXISTS feed_worker ON feed(worker, rev);";
+
+/* cpdb_fail: err from the connection's last error; returns -1. */
+static int cpdb_fail(struct cpdb *db, struct tt_err *err, const char *what)
+{
+	return tt_err_set(err, TT_ERR_IO, "sqlite %s: %s", what,
+	                  sqlite3_errmsg(db->h));
+}
+
+/* cpdb_exec: runs SQL without results. */
+static int cpdb_exec(struct cpdb *db, const char *sql, struct tt_err *err)
+{
+	char *msg = NULL;
+
+	if (sqlite3_exec(db->h, sql, NULL, NULL, &msg) != SQLITE_OK) {
+		tt_err_set(err, TT_ERR_IO, "sqlite: %s", msg ? msg : "error");
+		sqlite3_free(msg);
+		return -1;
+	}
+	return 0;
+}
+
+/* cpdb_prep: prepares sql; NULL + err on failure. */
+static sqlite3_stmt *cpdb_prep(struct cpdb *db, const char *sql,
+                               struct tt_err *err)
+{
+	sqlite3_stmt *st = NULL;
+
+	if (sqlite3_prepare_v2(db->h, sql, -1, &st, NULL) != SQLITE_OK) {
+		cpdb_fail(db, err, "prepare");
+		return NULL;
+	}
+	return st;
+}
+
+/* cpdb_text: copies column i (may be NULL) into buf. */
+static void cpdb_text(sqlite3_stmt *st, int i, char *buf, size_t cap)
+{
+	const unsigned char *t = sqlite3_column_text(st, i);
+
+	snprintf(buf, cap, "%s", t ? (const char *)t : "");
+}
+
+/* cpdb_open: opens the file, sets durability pragmas, creates the schema. */
+struct cpdb *cpdb_open(const char *path, struct tt_err *err)
+{
+	struct cpdb *db = calloc(1, sizeof(*db));
+
+	if (db == NULL) {
+		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+		return NULL;
+	}
+	if (sqlite3_open_v2(path, &db->h, SQLITE_OPEN_READWRITE |
+	                    SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+	                    NULL) != SQLITE_OK) {
+		tt_err_set(err, TT_ERR_IO, "cannot open %s: %s", path,
+		           db->h ? sqlite3_errmsg(db->h) : "out of memory");
+		cpdb_close(db);
+		return NULL;
+	}
+	sqlite3_busy_timeout(db->h, 5000);
+	if (cpdb_exec(db, "PRAGMA journal_mode=WAL;"
+	                  "PRAGMA synchronous=FULL;"
+	                  "PRAGMA foreign_keys=ON;", err) < 0 ||
+	    cpdb_exec(db, cpdb_schema, err) < 0) {
+		cpdb_close(db);
+		return NULL;
+	}
+	return db;
+}
+
+/* cpdb_close: closes the connection and frees db. */
+void cpdb_close(struct cpdb *db)
+{
+	if (db == NULL)
+		return;
+	sqlite3_close(db->h);
+	free(db);
+}
+
+/* cpdb_key_hash: keys are stored only as their SHA-256. */
+void cpdb_key_hash(const char *key, char out[CPDB_HASH_HEX + 1])
+{
+	unsigned char h[crypto_hash_sha256_BYTES];
+
+	crypto_hash_sha256(h, (const unsigned char *)key, strlen(key));
+	sodium_bin2hex(out, CPDB_HASH_HEX + 1, h, sizeof(h));
+}
+
+/* cpdb_apikey_add: stores the hash of key under name. */
+int cpdb_apikey_add(struct cpdb *db, const char *key, const char *name,
+                    int64_t now, struct tt_err *err)
+{
+	char hash[CPDB_HASH_HEX + 1];
+	sqlite3_stmt *st = cpdb_prep(db,
+	        "INSERT INTO api_keys(hash,name,created_at) VALUES(?,?,?)", err);
+	int rc;
+
+	if (st == NULL)
+		return -1;
+	cpdb_key_hash(key, hash);
+	sqlite3_bind_text(st, 1, hash, -1, SQLITE_TRANSIENT);
+	sqlite3_bind_text(st, 2, name, -1, SQLITE_TRANSIENT);
+	sqlite3_bind_int64(st, 3, now);
+	rc = sqlite3_step(st);
+	sqlite3_finalize(st);
+	return rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, "insert api key");
+}
+
+/* cpdb_scalar: one integer from a query with an optional text parameter. */
+static int cpdb_scalar(struct cpdb *db, const char *sql, const char *p1,
+                       int64_t *out, struct tt_err *err)
+{
+	sqlite3_stmt *st = cpdb_prep(db, sql, err);
+	int rc;
+
+	if (st == NULL)
+		return -1;
+	if (p1 != NULL)
+		sqlite3_bind_text(st, 1, p1, -1, SQLITE_TRANSIENT);
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		*out = sqlite3_column_int64(st, 0);
+	sqlite3_finalize(st);
+	return rc == SQLITE_ROW ? 0 : cpdb_fail(db, err, "query");
+}
+
+/* cpdb_apikey_count: how many keys exist. */
+int cpdb_apikey_count(struct cpdb *db, int64_t *n, struct tt_err *err)
+{
+	return cpdb_scalar(db, "SELECT count(*) FROM api_keys", NULL, n, err);
+}
+
+/* cpdb_apikey_lookup: looks the key up by its hash. */
+int cpdb_apikey_lookup(struct cpdb *db, const char *key, char *name,
+                       size_t cap, struct tt_err *err)
+{
+	char hash[CPDB_HASH_HEX + 1];
+	sqlite3_stmt *st = cpdb_prep(db,
+	        "SELECT name FROM api_keys WHERE hash=?", err);
+	int rc;
+
+	if (st == NULL)
+		return -1;
+	cpdb_key_hash(key, hash);
+	sqlite3_bind_text(st, 1, hash, -1, SQLITE_TRANSIENT);
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		cpdb_text(st, 0, name, cap);
+	sqlite3_finalize(st);
+	if (rc == SQLITE_ROW)
+		return 1;
+	return rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, "api key lookup");
+}
+
+/* cpdb_worker_register: insert or refresh the worker's URL. */
+int cpdb_worker_register(struct cpdb *db, const char *id, const char *url,
+                         int64_t now, struct tt_err *err)
+{
+	sqlite3_stmt *st = cpdb_prep(db,
+	        "INSERT INTO workers(id,node_url,registered_at,last_seen)"
+	        " VALUES(?1,?2,?3,?3) ON CONFLICT(id) DO UPDATE SET"
+	        " node_url=?2, registered_at=?3, last_seen=?3", err);
+	int rc;
+
+	if (st == NULL)
+		return -1;
+	sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
+	sqlite3_bind_text(st, 2, url, -1, SQLITE_TRANSIENT);
+	sqlite3_bind_int64(st, 3, now);
+	rc = sqlite3_step(st);
+	sqlite3_finalize(st);
+	return rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, "register worker");
+}
+
+/* cpdb_update1: runs an UPDATE with (int64, text) params; returns rows
+ * changed (0 or 1) or -1. */
+static int cpdb_update1(struct cpdb *db, const char *sql, int64_t v,
+                        const char *id, struct tt_err *err)
+{
+	sqlite3_stmt *st = cpdb_prep(db, sql, err);
+	int rc;
+
+	if (st == NULL)
+		return -1;
+	sqlite3_bind_int64(st, 1, v);
+	sqlite3_bind_text(st, 2, id, -1, SQLITE_TRANSIENT);
+	rc = sqlite3_step(st);
+	sqlite3_finalize(st);
+	if (rc != SQLITE_DONE)
+		return cpdb_fail(db, err, "update");
+	return sqlite3_changes(db->h) > 0;
+}
+
+/* cpdb_worker_seen: liveness stamp from feed polls. */
+int cpdb_worker_seen(struct cpdb *db, const char *id, int64_t now,
+                     struct tt_err *err)
+{
+	return cpdb_update1(db, "UPDATE workers SET last_seen=?1 WHERE id=?2",
+	                    now, id, err);
+}
+
+/* cpdb_worker_set_acked: acked_rev only moves forward. */
+int cpdb_worker_set_acked(struct cpdb *db, const char *id, int64_t rev,
+                          struct tt_err *err)
+{
+	return cpdb_update1(db, "UPDATE workers SET acked_rev=max(acked_rev,?1)"
+	                    " WHERE id=?2", rev, id, err);
+}
+
+/* cpdb_worker_row: row -> struct. */
+static void cpdb_worker_row(sqlite3_stmt *st, struct cp_worker *w)
+{
+	cpdb_text(st, 0, w->id, sizeof(w->id));
+	cpdb_text(st, 1, w->node_url, sizeof(w->node_url));
+	w->registered_at = sqlite3_column_int64(st, 2);
+	w->last_seen = sqlite3_column_int64(st, 3);
+	w->acked_rev = sqlite3_column_int64(st, 4);
+}
+
+#define CPDB_WORKER_COLS "id,node_url,registered_at,last_seen,acked_rev"
+
+/* cpdb_worker_get: one worker by id. */
+int cpdb_worker_get(struct cpdb *db, const char *id, struct cp_worker *out,
+                    struct tt_err *err)
+{
+	sqlite3_stmt *st = cpdb_prep(db, "SELECT " CPDB_WORKER_COLS
+	                             " FROM workers WHERE id=?", err);
+	int rc;
+
+	if (st == NULL)
+		return -1;
+	sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		cpdb_worker_row(st, out);
+	sqlite3_finalize(st);
+	if (rc == SQLITE_ROW)
+		return 1;
+	return rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, "worker lookup");
+}
+
+/* cpdb_workers_each: iterates all workers. */
+int cpdb_workers_each(struct cpdb *db,
+                      void (*fn)(const struct cp_worker *, void *), void *arg,
+                      struct tt_err *err)
+{
+	sqlite3_stmt *st = cpdb_prep(db, "SELECT " CPDB_WORKER_COLS
+	                             " FROM workers ORDER BY id", err);
+	struct cp_worker w;
+	int rc;
+
+	if (st == NULL)
+		return -1;
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		cpdb_worker_row(st, &w);
+		fn(&w, arg);
+	}
+	sqlite3_finalize(st);
+	return rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, "list workers");
+}
+
+/* cpdb_worker_load: placement weight of a worker. */
+int cpdb_worker_load(struct cpdb *db, const char *id, int64_t *n,
+                     struct tt_err *err)
+{
+	return cpdb_scalar(db, "SELECT count(*) FROM sandboxes WHERE worker=?1"
+	                   " AND state IN ('starting','running','deleting')",
+	                   id, n, err);
+}
+
+/* cpdb_feed_insert: the INSERT of one feed row (inside a caller's txn). */
+static int cpdb_feed_insert(struct cpdb *db, const char *kind,
+                            const char *worker, json_t *body, int64_t now,
+                            int64_t *rev, struct tt_err *err)
+{
+	_cleanup_free_ char *s = json_dumps(body, JSON_COMPACT | JSON_SORT_KEYS);
+	sqlite3_stmt *st;
+	int rc;
+
+	if (s == NULL)
+		return tt_err_set(err, TT_ERR_NOMEM, "cannot encode feed body");
+	st = cpdb_prep(db, "INSERT INTO feed(kind,worker,body,created_at)"
+	               " VALUES(?,?,?,?)", err);
+	if (st == NULL)
+		return -1;
+	sqlite3_bind_text(st, 1, kind, -1, SQLITE_TRANSIENT);
+	if (worker != NULL)
+		sqlite3_bind_text(st, 2, worker, -1, SQLITE_TRANSIENT);
+	else
+		sqlite3_bind_null(st, 2);
+	sqlite3_bind_text(st, 3, s, -1, SQLITE_TRANSIENT);
+	sqlite3_bind_int64(st, 4, now);
+	rc = sqlite3_step(st);
+	sqlite3_finalize(st);
+	if (rc != SQLITE_DONE)
+		return cpdb_fail(db, err, "append feed");
+	*rev = sqlite3_last_insert_rowid(db->h);
+	return 0;
+}
+
+/* cpdb_commit: COMMIT, or ROLLBACK when rc < 0; passes rc through. */
+static int cpdb_commit(struct cpdb *db, int rc, struct tt_err *err)
+{
+	if (rc < 0) {
+		sqlite3_exec(db->h, "ROLLBACK", NULL, NULL, NULL);
+		return -1;
+	}
+	return cpdb_exec(db, "COMMIT", err);
+}
+
+/* cpdb_feed_append: one update in its own transaction. */
+int cpdb_feed_append(struct cpdb *db, const char *kind, const char *worker,
+                     json_t *body, int64_t now, int64_t *rev,
+                     struct tt_err *err)
+{
+	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
+		return -1;
+	return cpdb_commit(db, cpdb_feed_insert(db, kind, worker, body, now,
+	                                        rev, err), err);
+}
+
+/* cpdb_sandbox_create: sandbox row + install update, atomically. */
+int cpdb_sandbox_create(struct cpdb *db, const char *id, const char *worker,
+                        int64_t now, struct cp_sandbox *out, int64_t *rev,
+                        struct tt_err *err)
+{
+	sqlite3_stmt *st;
+	json_t *body;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	snprintf(out->id, sizeof(out->id), "%s", id);
+	snprintf(out->state, sizeof(out->state), "starting");
+	out->generation = 1;
+	snprintf(out->worker, sizeof(out->worker), "%s", worker);
+	snprintf(out->substrate, sizeof(out->substrate), "ns");
+	out->activation = 1;
+	out->created_at = now;
+	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
+		return -1;
+	st = cpdb_prep(db, "INSERT INTO sandboxes(id,state,generation,worker,"
+	               "substrate,pod,activation,created_at)"
+	               " VALUES(?,'starting',1,?,'ns','',1,?)", err);
+	if (st == NULL)
+		return cpdb_commit(db, -1, err);
+	sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
+	sqlite3_bind_text(st, 2, worker, -1, SQLITE_TRANSIENT);
+	sqlite3_bind_int64(st, 3, now);
+	rc = sqlite3_step(st);
+	sqlite3_finalize(st);
+	if (rc != SQLITE_DONE)
+		return cpdb_commit(db, cpdb_fail(db, err, "insert sandbox"), err);
+	body = json_pack("{s:s,s:I,s:s,s:s,s:s,s:I}", "sandbox", id,
+	                 "generation", (json_int_t)1, "worker", worker,
+	                 "substrate", "ns", "pod", "", "activation",
+	                 (json_int_t)1);
+	if (body == NULL)
+		return cpdb_commit(db, tt_err_set(err, TT_ERR_NOMEM, "oom"), err);
+	rc = cpdb_feed_insert(db, "install", worker, body, now, rev, err);
+	json_decref(body);
+	return cpdb_commit(db, rc, err);
+}
+
+/* cpdb_generation_next: generation += 1 under a write lock. */
+int cpdb_generation_next(struct cpdb *db, const char *id, uint64_t *gen,
+                         struct tt_err *err)
+{
+	int64_t g = 0;
+	int rc;
+
+	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
+		return -1;
+	rc = cpdb_update1(db, "UPDATE sandboxes SET generation=generation+?1"
+	                  " WHERE id=?2", 1, id, err);
+	if (rc == 0)
+		rc = tt_err_set(err, TT_ERR_NOT_FOUND, "no sandbox %s", id);
+	if (rc > 0)
+		rc = cpdb_scalar(db, "SELECT generation FROM sandboxes WHERE id=?",
+		                 id, &g, err);
+	if (cpdb_commit(db, rc, err) < 0)
+		return -1;
+	*gen = (uint64_t)g;
+	return 0;
+}
+
+/* cpdb_sandbox_row: row -> struct. */
+static void cpdb_sandbox_row(sqlite3_stmt *st, struct cp_sandbox *s)
+{
+	cpdb_text(st, 0, s->id, sizeof(s->id));
+	cpdb_text(st, 1, s->state, sizeof(s->state));
+	s->generation = (uint64_t)sqlite3_column_int64(st, 2);
+	cpdb_text(st, 3, s->worker, sizeof(s->worker));
+	cpdb_text(st, 4, s->substrate, sizeof(s->substrate));
+	cpdb_text(st, 5, s->pod, sizeof(s->pod));
+	s->activation = (uint32_t)sqlite3_column_int64(st, 6);
+	s->created_at = sqlite3_column_int64(st, 7);
+	cpdb_text(st, 8, s->error, sizeof(s->error));
+}
+
+#define CPDB_SBX_COLS "id,state,generation,worker,substrate,pod,activation," \
+                      "created_at,error"
+
+/* cpdb_sandbox_get: one sandbox (deleted ones too: they keep their gen). */
+int cpdb_sandbox_get(struct cpdb *db, const char *id, struct cp_sandbox *out,
+                     struct tt_err *err)
+{
+	sqlite3_stmt *st = cpdb_prep(db, "SELECT " CPDB_SBX_COLS
+	                             " FROM sandboxes WHERE id=?", err);
+	int rc;
+
+	if (st == NULL)
+		return -1;
+	sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		cpdb_sandbox_row(st, out);
+	sqlite3_finalize(st);
+	if (rc == SQLITE_ROW)
+		return 1;
+	return rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, "sandbox lookup");
+}
+
+/* cpdb_sandboxes_each: live sandboxes, oldest first. */
+int cpdb_sandboxes_each(struct cpdb *db,
+                        void (*fn)(const struct cp_sandbox *, void *),
+                        void *arg, struct tt_err *err)
+{
+	sqlite3_stmt *st = cpdb_prep(db, "SELECT " CPDB_SBX_COLS
+	                             " FROM sandboxes WHERE state<>'deleted'"
+	                             " ORDER BY created_at, id", err);
+	struct cp_sandbox s;
+	int rc;
+
+	if (st == NULL)
+		return -1;
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		cpdb_sandbox_row(st, &s);
+		fn(&s, arg);
+	}
+	sqlite3_finalize(st);
+	return rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, "list sandboxes");
+}
+
+/* cpdb_sandbox_set_state: state (+ error text, NULL clears it). */
+int cpdb_sandbox_set_state(struct cpdb *db, const char *id, const char *state,
+                           const char *error, struct tt_err *err)
+{
+	sqlite3_stmt *st = cpdb_prep(db, "UPDATE sandboxes SET state=?,error=?"
+	                             " WHERE id=?", err);
+	int rc;
+
+	if (st == NULL)
+		return -1;
+	sqlite3_bind_text(st, 1, state, -1, SQLITE_TRANSIENT);
+	if (error != NULL)
+		sqlite3_bind_text(st, 2, error, -1, SQLITE_TRANSIENT);
+	else
+		sqlite3_bind_null(st, 2);
+	sqlite3_bind_text(st, 3, id, -1, SQLITE_TRANSIENT);
+	rc = sqlite3_step(st);
+	sqlite3_finalize(st);
+	return rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, "set state");
+}
+
+/* cpdb_sandbox_destroy: deleting + destroy update for its worker. */
+int cpdb_sandbox_destroy(struct cpdb *db, const struct cp_sandbox *s,
+                         int64_t now, int64_t *rev, struct tt_err *err)
+{
+	json_t *body;
+	int rc;
+
+	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
+		return -1;
+	rc = cpdb_update1(db, "UPDATE sandboxes SET state='deleting',"
+	                  "error=NULL WHERE id=?2 AND ?1", 1, s->id, err);
+	if (rc >= 0) {
+		body = json_pack("{s:s}", "sandbox", s->id);
+		rc = body ? cpdb_feed_insert(db, "destroy", s->worker, body, now,
+		                             rev, err)
+		          : tt_err_set(err, TT_ERR_NOMEM, "oom");
+		json_decref(body);
+	}
+	return cpdb_commit(db, rc, err);
+}
+
+/* cpdb_feed_latest: newest rev. */
+int cpdb_feed_latest(struct cpdb *db, int64_t *rev, struct tt_err *err)
+{
+	return cpdb_scalar(db, "SELECT coalesce(max(rev),0) FROM feed", NULL,
+	                   rev, err);
+}
+
+/* cpdb_feed_update: row (rev, kind, worker, body) -> update object. */
+static json_t *cpdb_feed_update(sqlite3_stmt *st, struct tt_err *err)
+{
+	const char *body = (const char *)sqlite3_column_text(st, 3);
+	json_t *u = body ? json_loads(body, JSON_REJECT_DUPLICATES, NULL) : NULL;
+
+	if (!json_is_object(u)) {
+		json_decref(u);
+		tt_err_set(err, TT_ERR_MALFORMED, "corrupt feed row %lld",
+		           (long long)sqlite3_column_int64(st, 0));
+		return NULL;
+	}
+	json_object_set_new(u, "rev", json_integer(sqlite3_column_int64(st, 0)));
+	json_object_set_new(u, "kind", json_string(
+	        (const char *)sqlite3_column_text(st, 1)));
+	if (sqlite3_column_type(st, 2) == SQLITE_NULL)
+		json_object_set_new(u, "worker", json_null());
+	else
+		json_object_set_new(u, "worker", json_string(
+		        (const char *)sqlite3_column_text(st, 2)));
+	return u;
+}
+
+/* cpdb_feed_since: the worker's updates (its own and broadcast ones). */
+json_t *cpdb_feed_since(struct cpdb *db, const char *worker, int64_t after,
+                        int limit, struct tt_err *err)
+{
+	sqlite3_stmt *st = cpdb_prep(db, "SELECT rev,kind,worker,body FROM feed"
+	                             " WHERE rev>?1 AND (worker IS NULL OR"
+	                             " worker=?2) ORDER BY rev LIMIT ?3", err);
+	json_t *arr = json_array(), *u;
+	int rc;
+
+	if (st == NULL || arr == NULL) {
+		sqlite3_finalize(st);
+		json_decref(arr);
+		return NULL;
+	}
+	sqlite3_bind_int64(st, 1, after);
+	sqlite3_bind_text(st, 2, worker, -1, SQLITE_TRANSIENT);
+	sqlite3_bind_int(st, 3, limit);
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+		u = cpdb_feed_update(st, err);
+		if (u == NULL)
+			break;
+		json_array_append_new(arr, u);
+	}
+	sqlite3_finalize(st);
+	if (rc != SQLITE_DONE) {
+		if (rc != SQLITE_ROW)
+			cpdb_fail(db, err, "read feed");
+		json_decref(arr);
+		return NULL;
+	}
+	return arr;
+}
+
+/* cpdb_feed_get: one row's kind and body. */
+int cpdb_feed_get(struct cpdb *db, int64_t rev, char *kind, size_t cap,
+                  json_t **body, struct tt_err *err)
+{
+	sqlite3_stmt *st = cpdb_prep(db, "SELECT rev,kind,worker,body FROM feed"
+	                             " WHERE rev=?", err);
+	int rc;
+
+	*body = NULL;
+	if (st == NULL)
+		return -1;
+	sqlite3_bind_int64(st, 1, rev);
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW) {
+		cpdb_text(st, 1, kind, cap);
+		*body = cpdb_feed_update(st, err);
+	}
+	sqlite3_finalize(st);
+	if (rc == SQLITE_ROW)
+		return *body ? 1 : -1;
+	return rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, "read feed row");
+}
+
+/* cpdb_feed_last_body: newest body of kind (to detect key changes). */
+json_t *cpdb_feed_last_body(struct cpdb *db, const char *kind,
+                            struct tt_err *err)
+{
+	sqlite3_stmt *st = cpdb_prep(db, "SELECT body FROM feed WHERE kind=?"
+	                             " ORDER BY rev DESC LIMIT 1", err);
+	json_t *body = NULL;
+	int rc;
+
+	if (st == NULL)
+		return NULL;
+	tt_err_clear(err);
+	sqlite3_bind_text(st, 1, kind, -1, SQLITE_TRANSIENT);
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		body = json_loads((const char *)sqlite3_column_text(st, 0),
+		                  JSON_REJECT_DUPLICATES, NULL);
+	else if (rc != SQLITE_DONE)
+		cpdb_fail(db, err, "read feed");
+	sqlite3_finalize(st);
+	return body;
+}

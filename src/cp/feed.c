@@ -1,0 +1,272 @@
+/* Parked HTTP requests of the control plane: feed long-polls waiting for
+ * updates, and create/delete calls waiting for the worker's ack. A parked
+ * request gets its reply computed on the loop (wake, ack or timer), then
+ * lws is asked for a writable callback, where the reply is written. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cp/cp.h"
+#include "log.h"
+#include "metrics.h"
+
+enum park_kind { PARK_FEED, PARK_ACK };
+
+/* One parked request. Owner: cp->parked; the timer handle lives inside, so
+ * the struct is freed from the timer's close callback. */
+struct cp_park {
+	struct cp_park *next;
+	struct cp *cp;
+	struct lws *wsi;
+	struct cp_sess *sess;
+	enum park_kind kind;
+	char worker[TT_NAME_MAX + 1];
+	int64_t rev;        /* feed: "after"; ack: the rev awaited */
+	char sbx[TT_SBX_ID_LEN + 1];
+	int is_delete;
+	uv_timer_t timer;
+	unsigned status;    /* reply, once ready */
+	json_t *reply;
+};
+
+/* park_closed: final free after uv released the timer. */
+static void park_closed(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+/* park_free: unlinks p, detaches it from its session, frees it. */
+static void park_free(struct cp *cp, struct cp_park *p)
+{
+	for (struct cp_park **pp = &cp->parked; *pp != NULL; pp = &(*pp)->next) {
+		if (*pp == p) {
+			*pp = p->next;
+			break;
+		}
+	}
+	if (p->sess != NULL)
+		p->sess->park = NULL;
+	json_decref(p->reply);
+	p->reply = NULL;
+	uv_timer_stop(&p->timer);
+	uv_close((uv_handle_t *)&p->timer, park_closed);
+}
+
+/* park_ready: the reply is known; ask lws for a chance to write it. */
+static void park_ready(struct cp_park *p, unsigned status, json_t *reply)
+{
+	if (p->reply != NULL) { /* already answered */
+		json_decref(reply);
+		return;
+	}
+	if (reply == NULL)
+		reply = json_pack("{s:s,s:s}", "error", "internal", "message",
+		                  "out of memory");
+	uv_timer_stop(&p->timer);
+	p->status = status;
+	p->reply = reply;
+	lws_callback_on_writable(p->wsi);
+}
+
+/* park_new: links a parked request with a timeout. */
+static struct cp_park *park_new(struct cp *cp, struct cp_sess *s,
+                                struct lws *wsi, enum park_kind kind,
+                                const char *worker, int64_t rev,
+                                unsigned timeout_ms, uv_timer_cb on_timeout)
+{
+	struct cp_park *p = calloc(1, sizeof(*p));
+
+	if (p == NULL)
+		return NULL;
+	p->cp = cp;
+	p->wsi = wsi;
+	p->sess = s;
+	p->kind = kind;
+	p->rev = rev;
+	snprintf(p->worker, sizeof(p->worker), "%s", worker);
+	uv_timer_init(cp->loop, &p->timer);
+	p->timer.data = p;
+	uv_timer_start(&p->timer, on_timeout, timeout_ms, 0);
+	p->next = cp->parked;
+	cp->parked = p;
+	s->park = p;
+	return p;
+}
+
+/* feed_answer: {"rev":R,"updates":[...]} for worker after rev; NULL when
+ * there is nothing and nonempty is asked, or on error (*err set). */
+static json_t *feed_answer(struct cp *cp, const char *worker, int64_t after,
+                           int nonempty, struct tt_err *err)
+{
+	json_t *ups = cpdb_feed_since(cp->db, worker, after, CP_FEED_BATCH, err);
+	int64_t latest = 0;
+	size_t n;
+
+	if (ups == NULL)
+		return NULL;
+	n = json_array_size(ups);
+	if (n == 0 && nonempty) {
+		json_decref(ups);
+		return NULL;
+	}
+	if (n == CP_FEED_BATCH) /* truncated: resume right after the last */
+		latest = json_integer_value(json_object_get(
+		        json_array_get(ups, n - 1), "rev"));
+	else if (cpdb_feed_latest(cp->db, &latest, err) < 0) {
+		json_decref(ups);
+		return NULL;
+	}
+	if (latest < after) /* a node ahead of us (restored cp): echo back */
+		latest = after;
+	return json_pack("{s:I,s:o}", "rev", (json_int_t)latest, "updates", ups);
+}
+
+/* feed_poll_timeout: wait elapsed with nothing new: empty answer. */
+static void feed_poll_timeout(uv_timer_t *t)
+{
+	struct cp_park *p = t->data;
+	struct tt_err err = { 0 };
+	json_t *a = feed_answer(p->cp, p->worker, p->rev, 0, &err);
+
+	if (a == NULL)
+		park_ready(p, 500, json_pack("{s:s,s:s}", "error", "internal",
+		                             "message", err.msg));
+	else
+		park_ready(p, 200, a);
+}
+
+/* feed_poll: answers at once when there are updates (or wait is 0), else
+ * parks until feed_wake or the wait ends. */
+int feed_poll(struct cp *cp, struct cp_sess *s, struct lws *wsi,
+              const char *worker, int64_t after, int wait_secs)
+{
+	struct tt_err err = { 0 };
+	json_t *a = feed_answer(cp, worker, after, wait_secs > 0, &err);
+
+	if (a != NULL)
+		return http_reply_json(wsi, 200, a);
+	if (err.code != TT_OK)
+		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+	if (park_new(cp, s, wsi, PARK_FEED, worker, after,
+	             (unsigned)wait_secs * 1000u, feed_poll_timeout) == NULL)
+		return http_reply_error(wsi, 500, "internal", "out of memory");
+	metrics_inc("tether_cp_feed_parked_total", NULL);
+	return 0;
+}
+
+/* feed_wake: parked polls of worker (or of all, for NULL) with something
+ * new now get it. */
+void feed_wake(struct cp *cp, const char *worker)
+{
+	for (struct cp_park *p = cp->parked; p != NULL; p = p->next) {
+		struct tt_err err = { 0 };
+		json_t *a;
+
+		if (p->kind != PARK_FEED || p->reply != NULL)
+			continue;
+		if (worker != NULL && strcmp(worker, p->worker) != 0)
+			continue;
+		a = feed_answer(cp, p->worker, p->rev, 1, &err);
+		if (a != NULL)
+			park_ready(p, 200, a);
+	}
+}
+
+/* ack_answer: what a create/delete caller gets once the worker acked. */
+static void ack_answer(struct cp_park *p)
+{
+	struct cp *cp = p->cp;
+	struct tt_err err = { 0 };
+	struct cp_sandbox sb;
+	int rc = cpdb_sandbox_get(cp->db, p->sbx, &sb, &err);
+
+	if (rc <= 0) {
+		park_ready(p, 500, json_pack("{s:s,s:s}", "error", "internal",
+		           "message", rc < 0 ? err.msg : "sandbox vanished"));
+		return;
+	}
+	if (p->is_delete) {
+		if (strcmp(sb.state, "deleted") == 0)
+			park_ready(p, 200, json_pack("{s:s,s:b}", "id", sb.id,
+			                             "deleted", 1));
+		else
+			park_ready(p, 503, json_pack("{s:s,s:s}", "error",
+			           "unavailable", "message", sb.error[0] ? sb.error :
+			           "worker did not confirm the destroy"));
+		return;
+	}
+	if (strcmp(sb.state, "running") == 0) {
+		park_ready(p, 201, cp_sandbox_json(cp, &sb));
+		return;
+	}
+	park_ready(p, 503, json_pack("{s:s,s:s,s:s,s:o}", "error", "unavailable",
+	           "message", sb.error[0] ? sb.error : "install not confirmed",
+	           "state", sb.state, "sandbox", cp_sandbox_json(cp, &sb)));
+}
+
+/* ack_timeout: the worker stayed silent for CP_ACK_WAIT_SECS. */
+static void ack_timeout(uv_timer_t *t)
+{
+	struct cp_park *p = t->data;
+
+	log_warn("worker %s did not acknowledge rev %lld in time", p->worker,
+	         (long long)p->rev);
+	park_ready(p, 503, json_pack("{s:s,s:s,s:s}", "error", "unavailable",
+	           "message", "worker did not acknowledge in time",
+	           "sandbox", p->sbx));
+}
+
+/* feed_wait_ack: parks a create/delete until worker acks rev. */
+int feed_wait_ack(struct cp *cp, struct cp_sess *s, struct lws *wsi,
+                  const char *worker, int64_t rev, const char *sbx,
+                  int is_delete)
+{
+	struct cp_park *p = park_new(cp, s, wsi, PARK_ACK, worker, rev,
+	                             CP_ACK_WAIT_SECS * 1000u, ack_timeout);
+
+	if (p == NULL)
+		return http_reply_error(wsi, 500, "internal", "out of memory");
+	snprintf(p->sbx, sizeof(p->sbx), "%s", sbx);
+	p->is_delete = is_delete;
+	return 0;
+}
+
+/* feed_acked: resolves every ack waiter of worker covered by rev. */
+void feed_acked(struct cp *cp, const char *worker, int64_t rev)
+{
+	for (struct cp_park *p = cp->parked; p != NULL; p = p->next) {
+		if (p->kind == PARK_ACK && p->reply == NULL && p->rev <= rev &&
+		    strcmp(p->worker, worker) == 0)
+			ack_answer(p);
+	}
+}
+
+/* feed_writable: writes a ready reply of this connection's parked request. */
+int feed_writable(struct cp *cp, struct cp_sess *s, struct lws *wsi)
+{
+	struct cp_park *p = s->park;
+	json_t *reply;
+	unsigned status;
+
+	if (p == NULL || p->reply == NULL || p->wsi != wsi)
+		return 0;
+	reply = p->reply;
+	status = p->status;
+	p->reply = NULL;
+	park_free(cp, p);
+	return http_reply_json(wsi, status, reply);
+}
+
+/* feed_closed: the client hung up while parked. */
+void feed_closed(struct cp *cp, struct cp_sess *s)
+{
+	if (s->park != NULL)
+		park_free(cp, s->park);
+}
+
+/* feed_shutdown: drops every parked request. */
+void feed_shutdown(struct cp *cp)
+{
+	while (cp->parked != NULL)
+		park_free(cp, cp->parked);
+}

@@ -1,0 +1,1106 @@
+/* tetherd edge: the client entry point (docs/API.md "Edge"). Lifecycle calls
+ * are proxied to the control plane with the caller's Authorization header;
+ * operations get a capability from the control plane (cached per caller key
+ * hash and sandbox until 30 s before it expires) and are forwarded to the
+ * node it names with "Authorization: Capability". Bodies stream both ways;
+ * a node RefreshRoute (409) triggers exactly one rebuilt attempt when the
+ * request was not yet consumed (SPEC §8).
+ *
+ * Each request is a struct xreq owned by the edge, not by lws: its curl
+ * transfer can outlive the client connection, so a request is freed only
+ * when both the connection has let go of it and no transfer is in flight. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <libwebsockets.h>
+#include <sodium.h>
+#include <uv.h>
+
+#include "cleanup.h"
+#include "http.h"
+#include "log.h"
+#include "metrics.h"
+#include "tetherd/roles.h"
+#include "timefmt.h"
+
+#define EDGE_CAP_MARGIN 30          /* refresh capabilities this early (s) */
+#define EDGE_CACHE_MAX 1024         /* capability cache entries */
+#define EDGE_OUT_HIGH (256u << 10)  /* pause the upstream above this */
+#define EDGE_OUT_LOW (64u << 10)    /* and resume below this */
+#define EDGE_IN_HIGH (1u << 20)     /* stop reading the client above this */
+#define EDGE_IN_LOW (256u << 10)
+#define EDGE_CHUNK (16u << 10)      /* one lws_write of body bytes */
+#define EDGE_CAP_ANSWER_MAX (64u << 10)
+#define EDGE_CAPTURE_MAX (64u << 10) /* a 409 kept for a possible retry */
+
+struct capent {
+	struct capent *next;
+	unsigned char keyhash[crypto_hash_sha256_BYTES];
+	char sbx[64];
+	char *token;          /* owned */
+	int64_t expires_at;
+	char node_url[256];
+	uint64_t generation;
+};
+
+struct edge {
+	uv_loop_t *loop;
+	struct httpc *hc;
+	struct lws_context *ctx;
+	char cp_url[256];
+	struct capent *cache;  /* most recently inserted first */
+	size_t ncache;
+};
+
+enum xkind { X_LIFECYCLE, X_OP };
+enum xphase { P_BODY, P_CAP, P_NODE, P_REPLY };
+
+/* A growable byte buffer consumed from the front. */
+struct bytes {
+	char *buf;
+	size_t len;
+	size_t off;
+	size_t cap;
+};
+
+struct xreq {
+	struct edge *e;
+	struct lws *wsi;           /* NULL once the client connection is gone */
+	enum xkind kind;
+	enum xphase phase;
+	char method[8];
+	char path[512];            /* request path as lws decoded it */
+	char query[2048];          /* re-encoded query string, no '?' */
+	char auth[512];            /* the caller's Authorization value */
+	char ctype_in[128];
+	char sbx[64];
+	unsigned char keyhash[crypto_hash_sha256_BYTES];
+	int streamed_in;           /* PUT files: body streams to the node */
+	curl_off_t in_length;      /* client Content-Length, -1 if none */
+	struct bytes in;           /* request body (whole, or in flight) */
+	int in_done;               /* client body complete */
+	uint64_t in_forwarded;     /* bytes handed to curl */
+	int in_curl_paused;
+	int rx_paused;
+	CURL *easy;                /* in-flight transfer (owned), or NULL */
+	struct curl_slist *hdrs;   /* its headers (owned) */
+	char *token;               /* capability in use (owned) */
+	char node_url[256];
+	int retried;
+	/* answer to the client */
+	long status;
+	char ctype[128];
+	curl_off_t out_length;     /* -1 unknown */
+	struct bytes out;
+	int out_curl_paused;
+	int capture;               /* holding a 409 for a possible retry */
+	int resp_done;
+	int resp_failed;           /* upstream broke after headers went out */
+	int headers_sent;
+	uint64_t t0_us;
+};
+
+/* The lws per-session data only points at the request in progress. */
+struct pss {
+	struct xreq *x;
+};
+
+static int edge_stop_signal;
+
+/* now_us: monotonic microseconds, for latency metrics. */
+static uint64_t now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* bytes_append: appends; -1 when out of memory. */
+static int bytes_append(struct bytes *b, const void *data, size_t n)
+{
+	if (b->off > 0 && b->off == b->len) {
+		b->off = b->len = 0;
+	} else if (b->off > b->cap / 2) { /* compact before growing */
+		memmove(b->buf, b->buf + b->off, b->len - b->off);
+		b->len -= b->off;
+		b->off = 0;
+	}
+	if (b->len + n > b->cap) {
+		size_t cap = b->cap ? b->cap : 16384;
+		while (cap < b->len + n)
+			cap *= 2;
+		char *nb = realloc(b->buf, cap);
+		if (nb == NULL)
+			return -1;
+		b->buf = nb;
+		b->cap = cap;
+	}
+	memcpy(b->buf + b->len, data, n);
+	b->len += n;
+	return 0;
+}
+
+/* bytes_pending: unread bytes. */
+static size_t bytes_pending(const struct bytes *b)
+{
+	return b->len - b->off;
+}
+
+/* bytes_free: releases the buffer. */
+static void bytes_free(struct bytes *b)
+{
+	free(b->buf);
+	memset(b, 0, sizeof(*b));
+}
+
+/* ---- capability cache (SPEC §8: compare-and-swap repair) ---------------- */
+
+/* cache_lookup: a live entry for (key hash, sandbox), or NULL. */
+static struct capent *cache_lookup(struct edge *e, const unsigned char *kh,
+                                   const char *sbx)
+{
+	int64_t now = tt_now();
+
+	for (struct capent *c = e->cache; c; c = c->next)
+		if (memcmp(c->keyhash, kh, sizeof(c->keyhash)) == 0 &&
+		    strcmp(c->sbx, sbx) == 0)
+			return c->expires_at - EDGE_CAP_MARGIN > now ? c : NULL;
+	return NULL;
+}
+
+/* capent_free: one entry. */
+static void capent_free(struct capent *c)
+{
+	if (c->token)
+		sodium_memzero(c->token, strlen(c->token));
+	free(c->token);
+	free(c);
+}
+
+/* cache_drop_if: removes the entry for (kh, sbx) only if it still holds
+ * token, so a late rejection never evicts a newer route. */
+static void cache_drop_if(struct edge *e, const unsigned char *kh,
+                          const char *sbx, const char *token)
+{
+	for (struct capent **pp = &e->cache; *pp; pp = &(*pp)->next) {
+		struct capent *c = *pp;
+		if (memcmp(c->keyhash, kh, sizeof(c->keyhash)) != 0 ||
+		    strcmp(c->sbx, sbx) != 0)
+			continue;
+		if (token == NULL || strcmp(c->token, token) == 0) {
+			*pp = c->next;
+			capent_free(c);
+			e->ncache--;
+		}
+		return;
+	}
+}
+
+/* cache_put: inserts (replacing any entry for the same key), evicting the
+ * oldest past the bound. */
+static void cache_put(struct edge *e, const unsigned char *kh, const char *sbx,
+                      const char *token, int64_t exp, const char *node_url,
+                      uint64_t gen)
+{
+	struct capent *c = calloc(1, sizeof(*c));
+
+	cache_drop_if(e, kh, sbx, NULL);
+	if (c == NULL || (c->token = strdup(token)) == NULL) {
+		free(c);
+		return; /* a cache miss next time, nothing worse */
+	}
+	memcpy(c->keyhash, kh, sizeof(c->keyhash));
+	snprintf(c->sbx, sizeof(c->sbx), "%s", sbx);
+	snprintf(c->node_url, sizeof(c->node_url), "%s", node_url);
+	c->expires_at = exp;
+	c->generation = gen;
+	c->next = e->cache;
+	e->cache = c;
+	if (++e->ncache > EDGE_CACHE_MAX) {
+		struct capent **pp = &e->cache;
+		while ((*pp)->next)
+			pp = &(*pp)->next;
+		capent_free(*pp);
+		*pp = NULL;
+		e->ncache--;
+	}
+}
+
+/* ---- request lifetime --------------------------------------------------- */
+
+/* xreq_free: releases a request that neither lws nor curl holds. */
+static void xreq_free(struct xreq *x)
+{
+	if (x->hdrs)
+		curl_slist_free_all(x->hdrs);
+	if (x->token) {
+		sodium_memzero(x->token, strlen(x->token));
+		free(x->token);
+	}
+	bytes_free(&x->in);
+	bytes_free(&x->out);
+	sodium_memzero(x->auth, sizeof(x->auth));
+	free(x);
+}
+
+/* xreq_detach: the connection closed; the request lives on only until its
+ * transfer notices (every curl callback aborts once wsi is NULL). */
+static void xreq_detach(struct xreq *x)
+{
+	x->wsi = NULL;
+	if (x->easy == NULL) {
+		xreq_free(x);
+		return;
+	}
+	if (x->out_curl_paused || x->in_curl_paused) {
+		x->out_curl_paused = x->in_curl_paused = 0;
+		curl_easy_pause(x->easy, CURLPAUSE_CONT);
+	}
+}
+
+/* xreq_local: prepares a locally made answer and asks to write it. */
+static void xreq_local(struct xreq *x, long status, const char *body)
+{
+	x->phase = P_REPLY;
+	x->status = status;
+	snprintf(x->ctype, sizeof(x->ctype), "application/json");
+	bytes_free(&x->out);
+	if (bytes_append(&x->out, body, strlen(body)) < 0)
+		x->resp_failed = 1;
+	x->out_length = (curl_off_t)strlen(body);
+	x->resp_done = 1;
+	if (x->wsi)
+		lws_callback_on_writable(x->wsi);
+}
+
+/* xreq_error: a local {"error","message"} answer. */
+__attribute__((format(printf, 4, 5)))
+static void xreq_error(struct xreq *x, long status, const char *code,
+                       const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+	json_t *j;
+	char *s;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	j = json_pack("{s:s,s:s}", "error", code, "message", msg);
+	s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	json_decref(j);
+	xreq_local(x, status, s ? s : "{\"error\":\"internal\"}");
+	free(s);
+}
+
+/* ---- upstream transfers ------------------------------------------------- */
+
+/* up_progress: aborts a transfer whose client went away. */
+static int up_progress(void *arg, curl_off_t a, curl_off_t b, curl_off_t c,
+                       curl_off_t d)
+{
+	struct xreq *x = arg;
+
+	(void)a, (void)b, (void)c, (void)d;
+	return x->wsi == NULL;
+}
+
+/* up_note_headers: records status, type and length once they are known. */
+static void up_note_headers(struct xreq *x)
+{
+	char *ct = NULL;
+	curl_off_t len = -1;
+
+	if (x->status != 0)
+		return;
+	curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &x->status);
+	curl_easy_getinfo(x->easy, CURLINFO_CONTENT_TYPE, &ct);
+	curl_easy_getinfo(x->easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &len);
+	snprintf(x->ctype, sizeof(x->ctype), "%s",
+	         ct ? ct : "application/octet-stream");
+	x->out_length = len;
+}
+
+/* retry_eligible: SPEC §8 — refused requests were never executed; a
+ * streamed PUT only if none of its body went out. */
+static int retry_eligible(const struct xreq *x)
+{
+	return x->kind == X_OP && !x->retried &&
+	       (!x->streamed_in || x->in_forwarded == 0);
+}
+
+/* up_write: upstream body -> client, through the out buffer. */
+static size_t up_write(char *data, size_t size, size_t nmemb, void *arg)
+{
+	struct xreq *x = arg;
+	size_t n = size * nmemb;
+
+	if (x->wsi == NULL)
+		return 0; /* client gone: abort */
+	up_note_headers(x);
+	if (x->status == 409 && retry_eligible(x)) {
+		x->capture = 1; /* maybe a RefreshRoute we can repair */
+		if (bytes_pending(&x->out) + n > EDGE_CAPTURE_MAX)
+			return 0;
+		return bytes_append(&x->out, data, n) < 0 ? 0 : n;
+	}
+	if (bytes_pending(&x->out) > 0 && bytes_pending(&x->out) + n > EDGE_OUT_HIGH) {
+		x->out_curl_paused = 1;
+		return CURL_WRITEFUNC_PAUSE; /* resumed from the writable callback */
+	}
+	if (bytes_append(&x->out, data, n) < 0)
+		return 0;
+	x->phase = P_REPLY;
+	lws_callback_on_writable(x->wsi);
+	return n;
+}
+
+/* up_read: client body -> upstream (streamed PUT). */
+static size_t up_read(char *buf, size_t size, size_t nitems, void *arg)
+{
+	struct xreq *x = arg;
+	size_t want = size * nitems, avail;
+
+	if (x->wsi == NULL)
+		return CURL_READFUNC_ABORT;
+	avail = bytes_pending(&x->in);
+	if (avail == 0) {
+		if (x->in_done)
+			return 0;
+		x->in_curl_paused = 1;
+		return CURL_READFUNC_PAUSE; /* resumed when the client sends more */
+	}
+	if (want > avail)
+		want = avail;
+	memcpy(buf, x->in.buf + x->in.off, want);
+	x->in.off += want;
+	x->in_forwarded += want;
+	if (x->rx_paused && bytes_pending(&x->in) < EDGE_IN_LOW) {
+		x->rx_paused = 0;
+		lws_rx_flow_control(x->wsi, 1 | LWS_RXFLOW_REASON_FLAG_PROCESS_NOW);
+	}
+	return want;
+}
+
+/* up_easy: a transfer to url with the common options. */
+static CURL *up_easy(struct xreq *x, const char *url)
+{
+	CURL *c = curl_easy_init();
+
+	if (c == NULL)
+		return NULL;
+	curl_easy_setopt(c, CURLOPT_URL, url);
+	curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
+	curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+	curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, up_progress);
+	curl_easy_setopt(c, CURLOPT_XFERINFODATA, x);
+	curl_easy_setopt(c, CURLOPT_PRIVATE, x);
+	return c;
+}
+
+/* up_body_opts: the request body: whole from memory, or streamed. */
+static void up_body_opts(struct xreq *x, CURL *c)
+{
+	if (x->streamed_in) {
+		curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
+		curl_easy_setopt(c, CURLOPT_READFUNCTION, up_read);
+		curl_easy_setopt(c, CURLOPT_READDATA, x);
+		curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, x->in_length);
+	} else if (strcmp(x->method, "POST") == 0 || strcmp(x->method, "PUT") == 0) {
+		curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE,
+		                 (curl_off_t)bytes_pending(&x->in));
+		curl_easy_setopt(c, CURLOPT_POSTFIELDS,
+		                 x->in.buf ? x->in.buf + x->in.off : "");
+	}
+	if (strcmp(x->method, "GET") == 0)
+		curl_easy_setopt(c, CURLOPT_HTTPGET, 1L);
+	curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, x->method);
+}
+
+static void node_start(struct xreq *x);
+static void cap_start(struct xreq *x);
+
+/* up_headers: Authorization + content type + no Expect stall. */
+static struct curl_slist *up_headers(struct xreq *x, const char *auth)
+{
+	struct curl_slist *h = NULL;
+	char line[4200];
+
+	snprintf(line, sizeof(line), "Authorization: %s", auth);
+	h = curl_slist_append(h, line);
+	sodium_memzero(line, sizeof(line));
+	if (x->ctype_in[0]) {
+		snprintf(line, sizeof(line), "Content-Type: %s", x->ctype_in);
+		h = curl_slist_append(h, line);
+	}
+	return curl_slist_append(h, "Expect:");
+}
+
+/* up_finish: common end of a transfer whose answer goes to the client. */
+static void up_finish(struct xreq *x, CURL *easy, CURLcode rc, const char *who)
+{
+	if (x->status == 0 && rc == CURLE_OK)
+		up_note_headers(x);
+	curl_easy_cleanup(easy);
+	x->easy = NULL;
+	curl_slist_free_all(x->hdrs);
+	x->hdrs = NULL;
+	if (x->wsi == NULL) {
+		xreq_free(x);
+		return;
+	}
+	if (rc != CURLE_OK && !x->headers_sent && bytes_pending(&x->out) == 0) {
+		metrics_inc("tether_edge_upstream_failures_total",
+		            x->kind == X_OP ? "upstream=\"node\"" : "upstream=\"cp\"");
+		x->status = 0;
+		xreq_error(x, 502, "unavailable", "%s did not answer: %s", who,
+		           curl_easy_strerror(rc));
+		return;
+	}
+	if (rc != CURLE_OK)
+		x->resp_failed = 1; /* headers are out: the client sees a cut body */
+	x->phase = P_REPLY;
+	x->resp_done = 1;
+	lws_callback_on_writable(x->wsi);
+}
+
+/* lifecycle_done: the control plane answered a proxied lifecycle call. */
+static void lifecycle_done(CURL *easy, CURLcode rc, void *arg)
+{
+	up_finish(arg, easy, rc, "control plane");
+}
+
+/* lifecycle_start: proxies the call to the control plane unchanged. */
+static void lifecycle_start(struct xreq *x)
+{
+	char url[3000];
+	struct tt_err err;
+
+	snprintf(url, sizeof(url), "%s%s%s%s", x->e->cp_url, x->path,
+	         x->query[0] ? "?" : "", x->query);
+	x->phase = P_NODE;
+	x->easy = up_easy(x, url);
+	if (x->easy == NULL) {
+		xreq_error(x, 500, "internal", "out of memory");
+		return;
+	}
+	up_body_opts(x, x->easy);
+	curl_easy_setopt(x->easy, CURLOPT_WRITEFUNCTION, up_write);
+	curl_easy_setopt(x->easy, CURLOPT_WRITEDATA, x);
+	if (x->auth[0])
+		x->hdrs = up_headers(x, x->auth);
+	else
+		x->hdrs = curl_slist_append(NULL, "Expect:");
+	curl_easy_setopt(x->easy, CURLOPT_HTTPHEADER, x->hdrs);
+	if (httpc_start(x->e->hc, x->easy, lifecycle_done, x, &err) < 0) {
+		curl_easy_cleanup(x->easy);
+		x->easy = NULL;
+		xreq_error(x, 500, "internal", "%s", err.msg);
+	}
+}
+
+/* node_done: the node answered; repairs a RefreshRoute once, else relays. */
+static void node_done(CURL *easy, CURLcode rc, void *arg)
+{
+	struct xreq *x = arg;
+
+	if (x->wsi != NULL && rc == CURLE_OK) {
+		if (x->status == 0) {
+			x->easy = easy;
+			up_note_headers(x);
+		}
+		if (x->status == 409 && retry_eligible(x)) {
+			json_t *j = json_loadb(x->out.buf ? x->out.buf + x->out.off : "",
+			                       bytes_pending(&x->out),
+			                       JSON_REJECT_DUPLICATES, NULL);
+			const char *dec = json_string_value(json_object_get(j, "decision"));
+			int refresh = dec && strcmp(dec, "refresh_route") == 0;
+			json_decref(j);
+			if (refresh) {
+				curl_easy_cleanup(easy);
+				x->easy = NULL;
+				curl_slist_free_all(x->hdrs);
+				x->hdrs = NULL;
+				metrics_inc("tether_edge_refresh_route_retries_total", NULL);
+				log_info("refresh_route for %s: fetching a new route", x->sbx);
+				cache_drop_if(x->e, x->keyhash, x->sbx, x->token);
+				x->retried = 1;
+				x->status = 0;
+				x->capture = 0;
+				bytes_free(&x->out);
+				cap_start(x);
+				return;
+			}
+		}
+	}
+	up_finish(x, easy, rc, "node");
+}
+
+/* node_start: forwards the operation with the capability in x->token. */
+static void node_start(struct xreq *x)
+{
+	char url[3000], auth[4200];
+	struct tt_err err;
+
+	snprintf(url, sizeof(url), "%s%s%s%s", x->node_url, x->path,
+	         x->query[0] ? "?" : "", x->query);
+	x->phase = P_NODE;
+	x->easy = up_easy(x, url);
+	if (x->easy == NULL) {
+		xreq_error(x, 500, "internal", "out of memory");
+		return;
+	}
+	up_body_opts(x, x->easy);
+	curl_easy_setopt(x->easy, CURLOPT_WRITEFUNCTION, up_write);
+	curl_easy_setopt(x->easy, CURLOPT_WRITEDATA, x);
+	snprintf(auth, sizeof(auth), "Capability %s", x->token);
+	x->hdrs = up_headers(x, auth);
+	sodium_memzero(auth, sizeof(auth));
+	curl_easy_setopt(x->easy, CURLOPT_HTTPHEADER, x->hdrs);
+	if (httpc_start(x->e->hc, x->easy, node_done, x, &err) < 0) {
+		curl_easy_cleanup(x->easy);
+		x->easy = NULL;
+		xreq_error(x, 500, "internal", "%s", err.msg);
+	}
+}
+
+/* cap_write: the capability answer, bounded. */
+static size_t cap_write(char *data, size_t size, size_t nmemb, void *arg)
+{
+	struct xreq *x = arg;
+	size_t n = size * nmemb;
+
+	if (x->wsi == NULL || bytes_pending(&x->out) + n > EDGE_CAP_ANSWER_MAX)
+		return 0;
+	return bytes_append(&x->out, data, n) < 0 ? 0 : n;
+}
+
+/* cap_use: takes a capability answer into the cache and x. */
+static int cap_use(struct xreq *x, json_t *j)
+{
+	const char *tok = json_string_value(json_object_get(j, "token"));
+	const char *exp = json_string_value(json_object_get(j, "expires_at"));
+	const char *node = json_string_value(json_object_get(j, "node_url"));
+	json_int_t gen = json_integer_value(json_object_get(j, "generation"));
+	int64_t t;
+
+	if (tok == NULL || exp == NULL || node == NULL ||
+	    strncmp(node, "http://", 7) != 0 || strlen(node) >= sizeof(x->node_url) ||
+	    rfc3339_parse(exp, strlen(exp), &t, NULL) < 0)
+		return -1;
+	free(x->token);
+	x->token = strdup(tok);
+	if (x->token == NULL)
+		return -1;
+	snprintf(x->node_url, sizeof(x->node_url), "%s", node);
+	cache_put(x->e, x->keyhash, x->sbx, tok, t, node, (uint64_t)gen);
+	return 0;
+}
+
+/* cap_done: the control plane issued (or refused) a capability. */
+static void cap_done(CURL *easy, CURLcode rc, void *arg)
+{
+	struct xreq *x = arg;
+	long status = 0;
+
+	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+	if (x->wsi == NULL || rc != CURLE_OK || (status != 200 && status != 201)) {
+		/* pass the cp's refusal (401/404/409…) through as it came */
+		up_finish(x, easy, rc, "control plane");
+		return;
+	}
+	curl_easy_cleanup(easy);
+	x->easy = NULL;
+	curl_slist_free_all(x->hdrs);
+	x->hdrs = NULL;
+	json_t *j = json_loadb(x->out.buf ? x->out.buf + x->out.off : "",
+	                       bytes_pending(&x->out), JSON_REJECT_DUPLICATES, NULL);
+	int ok = j != NULL && cap_use(x, j) == 0;
+	json_decref(j);
+	bytes_free(&x->out);
+	if (!ok) {
+		xreq_error(x, 502, "unavailable",
+		           "the control plane answered an unusable capability");
+		return;
+	}
+	node_start(x);
+}
+
+/* cap_start: cached capability, or a new one from the control plane. */
+static void cap_start(struct xreq *x)
+{
+	static const char body[] =
+		"{\"purpose\":\"control\",\"ops\":[\"exec\",\"fs.read\",\"fs.write\"]}";
+	struct capent *c = cache_lookup(x->e, x->keyhash, x->sbx);
+	char url[512];
+	struct tt_err err;
+	struct curl_slist *h = NULL;
+	char line[600];
+
+	if (c != NULL) {
+		metrics_inc("tether_edge_capcache_total", "result=\"hit\"");
+		free(x->token);
+		x->token = strdup(c->token);
+		snprintf(x->node_url, sizeof(x->node_url), "%s", c->node_url);
+		if (x->token == NULL) {
+			xreq_error(x, 500, "internal", "out of memory");
+			return;
+		}
+		node_start(x);
+		return;
+	}
+	metrics_inc("tether_edge_capcache_total", "result=\"miss\"");
+	snprintf(url, sizeof(url), "%s/v1/sandboxes/%s/capabilities", x->e->cp_url,
+	         x->sbx);
+	x->phase = P_CAP;
+	x->easy = up_easy(x, url);
+	if (x->easy == NULL) {
+		xreq_error(x, 500, "internal", "out of memory");
+		return;
+	}
+	snprintf(line, sizeof(line), "Authorization: %s", x->auth);
+	h = curl_slist_append(h, line);
+	sodium_memzero(line, sizeof(line));
+	h = curl_slist_append(h, "Content-Type: application/json");
+	x->hdrs = curl_slist_append(h, "Expect:");
+	curl_easy_setopt(x->easy, CURLOPT_HTTPHEADER, x->hdrs);
+	curl_easy_setopt(x->easy, CURLOPT_POSTFIELDS, body);
+	curl_easy_setopt(x->easy, CURLOPT_POSTFIELDSIZE_LARGE,
+	                 (curl_off_t)(sizeof(body) - 1));
+	curl_easy_setopt(x->easy, CURLOPT_WRITEFUNCTION, cap_write);
+	curl_easy_setopt(x->easy, CURLOPT_WRITEDATA, x);
+	x->status = 0;
+	if (httpc_start(x->e->hc, x->easy, cap_done, x, &err) < 0) {
+		curl_easy_cleanup(x->easy);
+		x->easy = NULL;
+		xreq_error(x, 500, "internal", "%s", err.msg);
+	}
+}
+
+/* xreq_go: the request (or enough of it) is in; start upstream. */
+static void xreq_go(struct xreq *x)
+{
+	if (x->kind == X_LIFECYCLE)
+		lifecycle_start(x);
+	else
+		cap_start(x);
+}
+
+/* ---- lws side ----------------------------------------------------------- */
+
+/* edge_write: sends headers and the next body chunk; finishes the
+ * transaction once everything is out. Returns the lws callback result. */
+static int edge_write(struct lws *wsi, struct pss *pss, struct xreq *x)
+{
+	_cleanup_free_ unsigned char *buf = malloc(LWS_PRE + 1024 + EDGE_CHUNK);
+	unsigned char *start, *p, *end;
+	size_t n;
+	int final;
+
+	if (buf == NULL)
+		return -1;
+	if (x->phase != P_REPLY || (x->capture && !x->resp_done))
+		return 0;
+	start = p = buf + LWS_PRE;
+	end = start + 1024;
+	if (!x->headers_sent) {
+		lws_filepos_t len = LWS_ILLEGAL_HTTP_CONTENT_LEN;
+		if (x->resp_done && !x->resp_failed)
+			len = (lws_filepos_t)bytes_pending(&x->out);
+		else if (x->out_length >= 0)
+			len = (lws_filepos_t)x->out_length;
+		if (lws_add_http_common_headers(wsi, (unsigned)x->status |
+		                                LWSAHH_FLAG_NO_SERVER_NAME,
+		                                x->ctype, len, &p, end) ||
+		    lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CACHE_CONTROL,
+		                                 (const unsigned char *)"no-store", 8,
+		                                 &p, end) ||
+		    lws_finalize_http_header(wsi, &p, end))
+			return -1;
+		x->headers_sent = 1;
+	}
+	n = bytes_pending(&x->out);
+	if (n > EDGE_CHUNK)
+		n = EDGE_CHUNK;
+	if (n)
+		memcpy(p, x->out.buf + x->out.off, n);
+	p += n;
+	x->out.off += n;
+	final = x->resp_done && bytes_pending(&x->out) == 0;
+	if (final && x->resp_failed)
+		return -1; /* the upstream broke: cut the connection */
+	if (p > start &&
+	    lws_write(wsi, start, (size_t)(p - start),
+	              final ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP) != (int)(p - start))
+		return -1;
+	if (x->out_curl_paused && x->easy && bytes_pending(&x->out) < EDGE_OUT_LOW) {
+		x->out_curl_paused = 0;
+		curl_easy_pause(x->easy, CURLPAUSE_CONT); /* may call up_write */
+	}
+	if (!final) {
+		if (bytes_pending(&x->out) > 0)
+			lws_callback_on_writable(wsi);
+		return 0;
+	}
+	{
+		char labels[64];
+		snprintf(labels, sizeof(labels), "kind=\"%s\",status=\"%ld\"",
+		         x->kind == X_OP ? "op" : "lifecycle", x->status);
+		metrics_inc("tether_edge_requests_total", labels);
+		metrics_observe_us("tether_edge_request_duration_seconds",
+		                   x->kind == X_OP ? "kind=\"op\"" : "kind=\"lifecycle\"",
+		                   now_us() - x->t0_us);
+	}
+	pss->x = NULL;
+	xreq_free(x);
+	return lws_http_transaction_completed(wsi) ? -1 : 0;
+}
+
+/* sbx_from_path: the id after "/v1/sandboxes/" and what follows it. */
+static int sbx_from_path(const char *path, char *id, size_t cap,
+                         const char **rest)
+{
+	const char *p = path + strlen("/v1/sandboxes/");
+	size_t n = strcspn(p, "/");
+
+	if (n == 0 || n >= cap)
+		return -1;
+	for (size_t i = 0; i < n; i++)
+		if (!((p[i] >= 'a' && p[i] <= 'z') || (p[i] >= '0' && p[i] <= '9') ||
+		      p[i] == '_'))
+			return -1;
+	memcpy(id, p, n);
+	id[n] = '\0';
+	*rest = p + n;
+	return 0;
+}
+
+/* route: classifies the request; 0 ok, else the HTTP status to refuse
+ * with (404/405). */
+static int route(struct xreq *x)
+{
+	const char *m = x->method, *rest = NULL;
+
+	if (strcmp(x->path, "/v1/sandboxes") == 0)
+		return (strcmp(m, "GET") == 0 || strcmp(m, "POST") == 0) ? 0 : 405;
+	if (strcmp(x->path, "/v1/workers") == 0)
+		return strcmp(m, "GET") == 0 ? 0 : 405;
+	if (strncmp(x->path, "/v1/sandboxes/", 14) != 0 ||
+	    sbx_from_path(x->path, x->sbx, sizeof(x->sbx), &rest) < 0)
+		return 404;
+	if (rest[0] == '\0')
+		return (strcmp(m, "GET") == 0 || strcmp(m, "DELETE") == 0) ? 0 : 405;
+	if (strcmp(rest, "/capabilities") == 0)
+		return strcmp(m, "POST") == 0 ? 0 : 405;
+	x->kind = X_OP;
+	if (strcmp(rest, "/exec") == 0 || strcmp(rest, "/mkdir") == 0)
+		return strcmp(m, "POST") == 0 ? 0 : 405;
+	if (strcmp(rest, "/stat") == 0 || strcmp(rest, "/list") == 0)
+		return strcmp(m, "GET") == 0 ? 0 : 405;
+	if (strcmp(rest, "/files") == 0) {
+		if (strcmp(m, "PUT") == 0)
+			x->streamed_in = 1;
+		return (strcmp(m, "GET") == 0 || strcmp(m, "PUT") == 0 ||
+		        strcmp(m, "DELETE") == 0) ? 0 : 405;
+	}
+	return 404;
+}
+
+/* method_of: the request method lws parsed. */
+static const char *method_of(struct lws *wsi)
+{
+	if (lws_hdr_total_length(wsi, WSI_TOKEN_GET_URI))
+		return "GET";
+	if (lws_hdr_total_length(wsi, WSI_TOKEN_POST_URI))
+		return "POST";
+	if (lws_hdr_total_length(wsi, WSI_TOKEN_PUT_URI))
+		return "PUT";
+	if (lws_hdr_total_length(wsi, WSI_TOKEN_DELETE_URI))
+		return "DELETE";
+	return NULL;
+}
+
+/* query_rebuild: the URI arguments, each re-encoded (lws hands them to us
+ * decoded), joined with '&'. */
+static int query_rebuild(struct lws *wsi, char *out, size_t cap)
+{
+	char frag[2048];
+	size_t len = 0;
+
+	out[0] = '\0';
+	for (int i = 0; lws_hdr_copy_fragment(wsi, frag, sizeof(frag),
+	                                      WSI_TOKEN_HTTP_URI_ARGS, i) >= 0; i++) {
+		char *eq = strchr(frag, '=');
+		char *k, *v = NULL;
+		if (eq)
+			*eq = '\0';
+		k = curl_easy_escape(NULL, frag, 0);
+		if (eq)
+			v = curl_easy_escape(NULL, eq + 1, 0);
+		int n = snprintf(out + len, cap - len, "%s%s%s%s", len ? "&" : "",
+		                 k ? k : "", eq ? "=" : "", v ? v : "");
+		curl_free(k);
+		curl_free(v);
+		if (n < 0 || (size_t)n >= cap - len)
+			return -1;
+		len += (size_t)n;
+	}
+	return 0;
+}
+
+/* edge_http: a new request. */
+static int edge_http(struct lws *wsi, struct pss *pss, struct edge *e,
+                     const char *uri)
+{
+	const char *m = method_of(wsi);
+	char clen[32];
+	struct xreq *x;
+	int rc;
+
+	if (m == NULL)
+		return http_reply_error(wsi, 405, "bad_request", "method not allowed");
+	if (strcmp(m, "GET") == 0 && strcmp(uri, "/healthz") == 0)
+		return http_reply(wsi, 200, "application/json", "{\"ok\":true}", 11);
+	if (strcmp(m, "GET") == 0 && strcmp(uri, "/metrics") == 0) {
+		_cleanup_free_ char *text = metrics_render();
+		if (text == NULL)
+			return http_reply_error(wsi, 500, "internal", "out of memory");
+		return http_reply(wsi, 200, "text/plain; version=0.0.4", text,
+		                  strlen(text));
+	}
+	x = calloc(1, sizeof(*x));
+	if (x == NULL)
+		return http_reply_error(wsi, 500, "internal", "out of memory");
+	x->e = e;
+	x->wsi = wsi;
+	x->t0_us = now_us();
+	x->out_length = -1;
+	x->in_length = -1;
+	snprintf(x->method, sizeof(x->method), "%s", m);
+	if (strlen(uri) >= sizeof(x->path) ||
+	    query_rebuild(wsi, x->query, sizeof(x->query)) < 0) {
+		xreq_free(x);
+		return http_reply_error(wsi, 414, "too_large", "URI too long");
+	}
+	snprintf(x->path, sizeof(x->path), "%s", uri);
+	if ((rc = route(x)) != 0) {
+		xreq_free(x);
+		if (rc == 405)
+			return http_reply_error(wsi, 405, "bad_request",
+			                        "%s is not allowed on %s", m, uri);
+		return http_reply_error(wsi, 404, "not_found", "no such endpoint: %s", uri);
+	}
+	if (http_header(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, x->auth, sizeof(x->auth)) < 0)
+		x->auth[0] = '\0';
+	if (x->kind == X_OP) {
+		if (strncmp(x->auth, "Bearer ", 7) != 0 || x->auth[7] == '\0') {
+			xreq_free(x);
+			return http_reply_error(wsi, 401, "unauthorized",
+			                        "an 'Authorization: Bearer <api key>' "
+			                        "header is required");
+		}
+		crypto_hash_sha256(x->keyhash, (const unsigned char *)x->auth + 7,
+		                   strlen(x->auth + 7));
+	}
+	if (http_header(wsi, WSI_TOKEN_HTTP_CONTENT_TYPE, x->ctype_in,
+	                sizeof(x->ctype_in)) < 0)
+		x->ctype_in[0] = '\0';
+	if (http_header(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH, clen, sizeof(clen)) > 0) {
+		char *end;
+		long long v = strtoll(clen, &end, 10);
+		if (*end || v < 0) {
+			xreq_free(x);
+			return http_reply_error(wsi, 400, "bad_request", "bad Content-Length");
+		}
+		x->in_length = v;
+	}
+	if (x->in_length > 0 && !x->streamed_in &&
+	    x->in_length > (curl_off_t)HTTP_BODY_MAX_DEFAULT) {
+		xreq_free(x);
+		return http_reply_error(wsi, 413, "too_large", "request body over %u bytes",
+		                        HTTP_BODY_MAX_DEFAULT);
+	}
+	if (x->streamed_in && x->in_length < 0) {
+		xreq_free(x);
+		return http_reply_error(wsi, 411, "bad_request",
+		                        "file uploads need a Content-Length");
+	}
+	pss->x = x;
+	x->in_done = x->in_length <= 0;
+	if (x->streamed_in || x->in_done)
+		xreq_go(x); /* a streamed PUT starts now; its body follows */
+	return 0;
+}
+
+/* edge_body: a chunk of request body. */
+static int edge_body(struct lws *wsi, struct xreq *x, const void *in, size_t len)
+{
+	if (x == NULL || x->in_done)
+		return 0;
+	if (!x->streamed_in && bytes_pending(&x->in) + len > HTTP_BODY_MAX_DEFAULT)
+		return http_reply_error(wsi, 413, "too_large", "request body too large"), -1;
+	if (bytes_append(&x->in, in, len) < 0)
+		return -1;
+	if (x->streamed_in) {
+		if (bytes_pending(&x->in) > EDGE_IN_HIGH && !x->rx_paused) {
+			x->rx_paused = 1; /* the node is slower than the client */
+			lws_rx_flow_control(wsi, 0);
+		}
+		if (x->in_curl_paused && x->easy) {
+			x->in_curl_paused = 0;
+			curl_easy_pause(x->easy, CURLPAUSE_CONT);
+		}
+	}
+	return 0;
+}
+
+/* edge_body_done: the request body is complete. */
+static int edge_body_done(struct xreq *x)
+{
+	if (x == NULL || x->in_done)
+		return 0;
+	x->in_done = 1;
+	if (!x->streamed_in) {
+		xreq_go(x);
+	} else if (x->in_curl_paused && x->easy) {
+		x->in_curl_paused = 0;
+		curl_easy_pause(x->easy, CURLPAUSE_CONT);
+	}
+	return 0;
+}
+
+/* edge_cb: the lws protocol callback. */
+static int edge_cb(struct lws *wsi, enum lws_callback_reasons reason,
+                   void *user, void *in, size_t len)
+{
+	struct pss *pss = user;
+	struct edge *e = lws_context_user(lws_get_context(wsi));
+
+	switch (reason) {
+	case LWS_CALLBACK_HTTP:
+		if (pss->x != NULL) { /* pipelined before the last one finished */
+			xreq_detach(pss->x);
+			pss->x = NULL;
+		}
+		return edge_http(wsi, pss, e, in);
+	case LWS_CALLBACK_HTTP_BODY:
+		return edge_body(wsi, pss->x, in, len);
+	case LWS_CALLBACK_HTTP_BODY_COMPLETION:
+		return edge_body_done(pss->x);
+	case LWS_CALLBACK_HTTP_WRITEABLE:
+		if (pss->x == NULL)
+			return 0;
+		return edge_write(wsi, pss, pss->x);
+	case LWS_CALLBACK_CLOSED_HTTP:
+	case LWS_CALLBACK_HTTP_DROP_PROTOCOL:
+		if (pss != NULL && pss->x != NULL) {
+			xreq_detach(pss->x);
+			pss->x = NULL;
+		}
+		return 0;
+	default:
+		return lws_callback_http_dummy(wsi, reason, user, in, len);
+	}
+}
+
+static const struct lws_protocols edge_protocols[] = {
+	{ "http", edge_cb, sizeof(struct pss), 0, 0, NULL, 0 },
+	{ NULL, NULL, 0, 0, 0, NULL, 0 }
+};
+
+/* edge_on_signal: SIGINT/SIGTERM stop the loop. */
+static void edge_on_signal(uv_signal_t *h, int sig)
+{
+	edge_stop_signal = sig;
+	uv_stop(h->loop);
+}
+
+/* edge_parse_listen: "HOST:PORT". */
+static int edge_parse_listen(const char *s, char *host, size_t cap, int *port)
+{
+	const char *colon = strrchr(s, ':');
+	char *end;
+	long p;
+
+	if (colon == NULL || (size_t)(colon - s) >= cap || colon == s)
+		return -1;
+	memcpy(host, s, (size_t)(colon - s));
+	host[colon - s] = '\0';
+	p = strtol(colon + 1, &end, 10);
+	if (*end || p < 1 || p > 65535)
+		return -1;
+	*port = (int)p;
+	return 0;
+}
+
+/* edge_main: tetherd edge --listen HOST:PORT --cp URL. */
+int edge_main(int argc, char **argv)
+{
+	struct edge e;
+	char host[128];
+	int port = 0;
+	const char *listen = NULL, *cp = NULL;
+	uv_signal_t sigint, sigterm;
+	struct tt_err err = { 0 };
+
+	tt_log_init("edge", TT_LOG_INFO);
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc)
+			listen = argv[++i];
+		else if (strcmp(argv[i], "--cp") == 0 && i + 1 < argc)
+			cp = argv[++i];
+		else {
+			fprintf(stderr, "usage: tetherd edge --listen HOST:PORT --cp URL\n");
+			return 1;
+		}
+	}
+	if (listen == NULL || cp == NULL ||
+	    edge_parse_listen(listen, host, sizeof(host), &port) < 0 ||
+	    strncmp(cp, "http", 4) != 0 || strlen(cp) >= sizeof(e.cp_url)) {
+		fprintf(stderr, "usage: tetherd edge --listen HOST:PORT --cp URL\n");
+		return 1;
+	}
+	memset(&e, 0, sizeof(e));
+	snprintf(e.cp_url, sizeof(e.cp_url), "%s", cp);
+	for (size_t n = strlen(e.cp_url); n > 0 && e.cp_url[n - 1] == '/'; n--)
+		e.cp_url[n - 1] = '\0';
+	if (sodium_init() < 0) {
+		log_error("sodium_init failed");
+		return 1;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	e.loop = uv_default_loop();
+	e.hc = httpc_new(e.loop, &err);
+	if (e.hc == NULL) {
+		log_error("%s", err.msg);
+		return 1;
+	}
+	e.ctx = http_server_new(e.loop, host, port, edge_protocols, &e, &err);
+	if (e.ctx == NULL) {
+		log_error("%s", err.msg);
+		return 1;
+	}
+	uv_signal_init(e.loop, &sigint);
+	uv_signal_init(e.loop, &sigterm);
+	uv_signal_start(&sigint, edge_on_signal, SIGINT);
+	uv_signal_start(&sigterm, edge_on_signal, SIGTERM);
+	log_info("listening on %s:%d, control plane %s", host, port, e.cp_url);
+	uv_run(e.loop, UV_RUN_DEFAULT);
+	log_info("signal %d: stopping", edge_stop_signal);
+	lws_context_destroy(e.ctx);
+	while (e.cache) {
+		struct capent *c = e.cache;
+		e.cache = c->next;
+		capent_free(c);
+	}
+	return 0;
+}

@@ -1,0 +1,467 @@
+/* The exec operation: run a command with a clean environment in its own
+ * session, stream stdout/stderr as frames (and stdin from DATA_IN), and end
+ * with RESULT as soon as the direct child exits — background processes it
+ * left behind keep running. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cleanup.h"
+#include "guest/guest.h"
+#include "log.h"
+#include "wire_json.h"
+
+#define EXEC_ARGV_MAX 256
+#define EXEC_ENV_MAX 1024
+/* How much output is still forwarded after the child exited: what is
+ * buffered then, not what background processes keep producing. */
+#define EXEC_DRAIN_MAX (1024 * 1024)
+
+static const char *const exec_base_env[] = {
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"HOME=/home",
+	"LANG=C.UTF-8",
+};
+
+/* The running command and the state of its three pipes. */
+struct exec_state {
+	int conn;
+	pid_t pid;
+	int pidfd;
+	int out_fd, err_fd;  /* read ends; -1 once at EOF */
+	int in_fd;           /* write end of stdin; -1 when closed */
+	int want_stdin;
+	int eof_in;          /* EOF_IN received */
+	uint8_t *pending;    /* stdin bytes not yet written (one frame) */
+	size_t pending_len, pending_off;
+	uint8_t *buf;        /* WIRE_PAYLOAD_MAX + 1 scratch */
+};
+
+/* exec_argv: builds argv from "cmd" (1..256 strings); pointers into req. */
+static int exec_argv(json_t *cmd, char **argv)
+{
+	size_t n = json_array_size(cmd);
+
+	if (!json_is_array(cmd) || n < 1 || n > EXEC_ARGV_MAX)
+		return -1;
+	for (size_t i = 0; i < n; i++) {
+		json_t *a = json_array_get(cmd, i);
+
+		if (!json_is_string(a))
+			return -1;
+		argv[i] = (char *)json_string_value(a);
+	}
+	if (argv[0][0] == '\0')
+		return -1;
+	argv[n] = NULL;
+	return 0;
+}
+
+/* exec_envp: the clean base environment overlaid with "env"; the strings
+ * are allocated (owned by the caller, freed via exec_envp_free). */
+static int exec_envp(json_t *env, char **envp, const char **why)
+{
+	size_t n = 0;
+	const char *key;
+	json_t *val;
+
+	if (env != NULL && !json_is_object(env)) {
+		*why = "\"env\" must be an object of strings";
+		return -1;
+	}
+	if (env != NULL && json_object_size(env) > EXEC_ENV_MAX) {
+		*why = "too many environment variables";
+		return -1;
+	}
+	for (size_t i = 0; i < sizeof(exec_base_env) / sizeof(exec_base_env[0]); i++) {
+		const char *b = exec_base_env[i];
+		char name[16];
+		size_t kl = strcspn(b, "=");
+
+		memcpy(name, b, kl);
+		name[kl] = '\0';
+		if (env != NULL && json_object_get(env, name) != NULL)
+			continue; /* the caller's value wins */
+		envp[n++] = strdup(b);
+	}
+	if (env != NULL) {
+		json_object_foreach(env, key, val) {
+			char *s;
+
+			if (key[0] == '\0' || strchr(key, '=') != NULL ||
+			    !json_is_string(val)) {
+				*why = "\"env\" keys must be names without '=' and values strings";
+				return -1;
+			}
+			if (asprintf(&s, "%s=%s", key, json_string_value(val)) < 0)
+				s = NULL;
+			envp[n++] = s;
+		}
+	}
+	envp[n] = NULL;
+	for (size_t i = 0; i < n; i++) {
+		if (envp[i] == NULL) {
+			*why = "out of memory";
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* exec_envp_free: frees the strings exec_envp allocated. */
+static void exec_envp_free(char **envp, size_t cap)
+{
+	for (size_t i = 0; i < cap && envp[i] != NULL; i++)
+		free(envp[i]);
+}
+
+/* exec_cwd: opens the working directory inside the root: "cwd", else
+ * /workspace when it exists, else the root. -1 with errno. */
+static int exec_cwd(const struct guest_ctx *g, const char *cwd)
+{
+	int fd;
+
+	if (cwd != NULL)
+		return path_open(g, cwd, O_PATH | O_DIRECTORY, 0);
+	fd = path_open(g, "/workspace", O_PATH | O_DIRECTORY, 0);
+	if (fd >= 0)
+		return fd;
+	return path_open(g, "/", O_PATH | O_DIRECTORY, 0);
+}
+
+/* exec_child: runs in the forked child; never returns. */
+static void exec_child(char **argv, char **envp, int in, int out, int errfd,
+                       int cwd_fd)
+{
+	extern char **environ;
+	sigset_t none;
+
+	/* Undo what the agent set up for itself: ignored SIGPIPE and blocked
+	 * signals would otherwise be inherited through exec. */
+	for (int s = 1; s < NSIG; s++)
+		signal(s, SIG_DFL);
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	setsid();
+	if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(errfd, 2) < 0)
+		_exit(127);
+	if (fchdir(cwd_fd) < 0) {
+		dprintf(2, "tether-guest: chdir: %s\n", strerror(errno));
+		_exit(127);
+	}
+	/* execvp searches the PATH of the current environment: switch to the
+	 * clean one first. */
+	environ = envp;
+	execvp(argv[0], argv);
+	dprintf(2, "tether-guest: %s: %s\n", argv[0], strerror(errno));
+	_exit(127); /* "cannot be executed", whatever the reason */
+}
+
+/* pump_out: forwards one read of fd as a frame of type; closes fd at EOF.
+ * Returns bytes read, 0 at EOF or nothing ready, -1 when the peer is gone. */
+static ssize_t pump_out(struct exec_state *st, int *fd, uint8_t type)
+{
+	ssize_t n = read(*fd, st->buf, WIRE_PAYLOAD_MAX);
+
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return 0;
+	if (n <= 0) {
+		close(*fd);
+		*fd = -1;
+		return 0;
+	}
+	if (wire_send(st->conn, type, st->buf, (uint32_t)n, NULL) < 0)
+		return -1;
+	return n;
+}
+
+/* pump_stdin: writes pending stdin bytes; closes stdin after EOF_IN. */
+static void pump_stdin(struct exec_state *st)
+{
+	while (st->in_fd >= 0 && st->pending_off < st->pending_len) {
+		ssize_t n = write(st->in_fd, st->pending + st->pending_off,
+		                  st->pending_len - st->pending_off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno == EAGAIN)
+			return;
+		if (n < 0) { /* EPIPE: the command closed its stdin */
+			close(st->in_fd);
+			st->in_fd = -1;
+			break;
+		}
+		st->pending_off += (size_t)n;
+	}
+	st->pending_len = st->pending_off = 0;
+	if (st->eof_in && st->in_fd >= 0) {
+		close(st->in_fd);
+		st->in_fd = -1;
+	}
+}
+
+/* read_conn: takes one frame from the peer. -1 ends the operation (peer
+ * gone or protocol violation, already answered). */
+static int read_conn(struct exec_state *st)
+{
+	struct tt_err err = { 0 };
+	struct wire_frame f;
+	int rc = wire_recv(st->conn, &f, st->buf, WIRE_PAYLOAD_MAX + 1, &err);
+
+	if (rc == 0)
+		return -1;
+	if (rc < 0) {
+		wire_send_error(st->conn, "bad_request", "%s", err.msg);
+		return -1;
+	}
+	if (!st->want_stdin || st->eof_in ||
+	    (f.type != WIRE_DATA_IN && f.type != WIRE_EOF_IN)) {
+		wire_send_error(st->conn, "bad_request", "unexpected %s frame",
+		                wire_type_name(f.type));
+		return -1;
+	}
+	if (f.type == WIRE_EOF_IN) {
+		st->eof_in = 1;
+	} else if (st->in_fd >= 0) {
+		memcpy(st->pending, f.payload, f.len);
+		st->pending_len = f.len;
+		st->pending_off = 0;
+	}
+	pump_stdin(st);
+	return 0;
+}
+
+/* drain_to_sink: after RESULT, hands still-open output pipes to a small
+ * process that discards what background processes write, so they do not
+ * die of SIGPIPE once this connection is gone. It is reparented to the
+ * agent (init) and reaped there. */
+static void drain_to_sink(struct exec_state *st)
+{
+	int out_fd = st->out_fd, err_fd = st->err_fd;
+
+	if (out_fd < 0 && err_fd < 0)
+		return;
+	if (fork() != 0)
+		return;
+	/* The peer must see EOF when the handler exits: drop our copy. */
+	close(st->conn);
+	close(st->pidfd);
+	if (st->in_fd >= 0)
+		close(st->in_fd);
+	for (;;) {
+		struct pollfd pf[2] = { { .fd = out_fd, .events = POLLIN },
+		                        { .fd = err_fd, .events = POLLIN } };
+		char sink[4096];
+
+		if (pf[0].fd < 0 && pf[1].fd < 0)
+			_exit(0);
+		if (poll(pf, 2, -1) < 0 && errno != EINTR)
+			_exit(0);
+		for (int i = 0; i < 2; i++) {
+			if (pf[i].fd >= 0 && pf[i].revents != 0 &&
+			    read(pf[i].fd, sink, sizeof(sink)) <= 0) {
+				if (i == 0)
+					out_fd = -1;
+				else
+					err_fd = -1;
+			}
+		}
+	}
+}
+
+/* exec_finish: the child exited: forward what is buffered right now (no
+ * waiting for EOF), then send RESULT. */
+static void exec_finish(const struct guest_ctx *g, struct exec_state *st,
+                        int status)
+{
+	size_t drained = 0;
+	json_t *res;
+
+	while (drained < EXEC_DRAIN_MAX && (st->out_fd >= 0 || st->err_fd >= 0)) {
+		ssize_t a = 0, b = 0;
+
+		if (st->out_fd >= 0 && (a = pump_out(st, &st->out_fd, WIRE_DATA_OUT)) < 0)
+			return;
+		if (st->err_fd >= 0 && (b = pump_out(st, &st->err_fd, WIRE_STDERR)) < 0)
+			return;
+		if (a == 0 && b == 0)
+			break;
+		drained += (size_t)(a + b);
+	}
+	if (WIFSIGNALED(status))
+		res = json_pack("{s:i, s:i}", "exit_code", 128 + WTERMSIG(status),
+		                "signal", WTERMSIG(status));
+	else
+		res = json_pack("{s:i}", "exit_code", WEXITSTATUS(status));
+	guest_result(g, st->conn, res);
+	drain_to_sink(st);
+}
+
+/* exec_loop: multiplexes child exit, output pipes, stdin and the peer. */
+static void exec_loop(const struct guest_ctx *g, struct exec_state *st)
+{
+	for (;;) {
+		struct pollfd pf[5];
+		int n = 0, i_pid, i_out = -1, i_err = -1, i_conn = -1, i_in = -1;
+
+		i_pid = n;
+		pf[n++] = (struct pollfd){ .fd = st->pidfd, .events = POLLIN };
+		if (st->out_fd >= 0) {
+			i_out = n;
+			pf[n++] = (struct pollfd){ .fd = st->out_fd, .events = POLLIN };
+		}
+		if (st->err_fd >= 0) {
+			i_err = n;
+			pf[n++] = (struct pollfd){ .fd = st->err_fd, .events = POLLIN };
+		}
+		if (st->pending_len > 0 && st->in_fd >= 0) {
+			i_in = n;
+			pf[n++] = (struct pollfd){ .fd = st->in_fd, .events = POLLOUT };
+		} else {
+			/* Read the peer only when earlier stdin is written: the
+			 * pipe is the backpressure. */
+			i_conn = n;
+			pf[n++] = (struct pollfd){ .fd = st->conn, .events = POLLIN };
+		}
+		if (poll(pf, (nfds_t)n, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			break;
+		}
+		if (i_out >= 0 && pf[i_out].revents &&
+		    pump_out(st, &st->out_fd, WIRE_DATA_OUT) < 0)
+			break;
+		if (i_err >= 0 && pf[i_err].revents &&
+		    pump_out(st, &st->err_fd, WIRE_STDERR) < 0)
+			break;
+		if (i_in >= 0 && pf[i_in].revents)
+			pump_stdin(st);
+		if (i_conn >= 0 && pf[i_conn].revents && read_conn(st) < 0)
+			break;
+		if (pf[i_pid].revents) {
+			int status;
+
+			if (waitpid(st->pid, &status, 0) == st->pid) {
+				exec_finish(g, st, status);
+				return;
+			}
+		}
+	}
+	/* The peer went away or broke the protocol: the operation is over, so
+	 * its command is stopped (background processes it started are not). */
+	kill(st->pid, SIGKILL);
+	waitpid(st->pid, NULL, 0);
+}
+
+/* exec_run: validates the request, starts the command and streams it. */
+void exec_run(const struct guest_ctx *g, int conn, json_t *req)
+{
+	char *argv[EXEC_ARGV_MAX + 1];
+	char *envp[EXEC_ENV_MAX + 4] = { NULL };
+	_cleanup_close_ int cwd_fd = -1, in_r = -1, in_w = -1;
+	_cleanup_close_ int out_r = -1, out_w = -1, err_r = -1, err_w = -1;
+	_cleanup_close_ int pidfd = -1;
+	_cleanup_free_ uint8_t *buf = NULL, *pending = NULL;
+	json_t *cwd = json_object_get(req, "cwd");
+	json_t *jstdin = json_object_get(req, "stdin");
+	const char *why = NULL;
+	struct exec_state st;
+	int p[2], cwd_errno;
+	pid_t pid;
+
+	if (exec_argv(json_object_get(req, "cmd"), argv) < 0) {
+		wire_send_error(conn, "bad_request",
+		                "\"cmd\" must be an array of 1..%d strings", EXEC_ARGV_MAX);
+		return;
+	}
+	if (jstdin != NULL && !json_is_boolean(jstdin)) {
+		wire_send_error(conn, "bad_request", "\"stdin\" must be a boolean");
+		return;
+	}
+	if (cwd != NULL) {
+		struct tt_err err = { 0 };
+
+		if (!json_is_string(cwd) ||
+		    path_check(json_string_value(cwd), json_string_length(cwd), &err) < 0) {
+			wire_send_error(conn, "path_invalid", "cwd: %s",
+			                json_is_string(cwd) ? err.msg : "not a string");
+			return;
+		}
+	}
+	if (exec_envp(json_object_get(req, "env"), envp, &why) < 0) {
+		wire_send_error(conn, "bad_request", "%s", why);
+		exec_envp_free(envp, EXEC_ENV_MAX + 4);
+		return;
+	}
+	cwd_fd = exec_cwd(g, cwd != NULL ? json_string_value(cwd) : NULL);
+	cwd_errno = errno;
+	buf = malloc(WIRE_PAYLOAD_MAX + 1);
+	pending = malloc(WIRE_PAYLOAD_MAX + 1);
+	if (cwd_fd < 0 || buf == NULL || pending == NULL) {
+		if (cwd_fd < 0)
+			guest_send_errno(conn, cwd_errno, "cwd");
+		else
+			wire_send_error(conn, "internal", "out of memory");
+		exec_envp_free(envp, EXEC_ENV_MAX + 4);
+		return;
+	}
+	if (pipe2(p, O_CLOEXEC) < 0)
+		goto sys;
+	out_r = p[0], out_w = p[1];
+	if (pipe2(p, O_CLOEXEC) < 0)
+		goto sys;
+	err_r = p[0], err_w = p[1];
+	/* stdin: a pipe fed from DATA_IN, else one that is at EOF at once
+	 * (works where the sandbox has no /dev/null). */
+	if (pipe2(p, O_CLOEXEC) < 0)
+		goto sys;
+	in_r = p[0], in_w = p[1];
+	if (!json_is_true(jstdin)) {
+		close(in_w);
+		in_w = -1;
+	}
+	pid = fork();
+	if (pid < 0)
+		goto sys;
+	if (pid == 0)
+		exec_child(argv, envp, in_r, out_w, err_w, cwd_fd);
+	exec_envp_free(envp, EXEC_ENV_MAX + 4);
+	close(in_r), in_r = -1;
+	close(out_w), out_w = -1;
+	close(err_w), err_w = -1;
+	pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+	if (pidfd < 0) {
+		wire_send_error(conn, "internal", "pidfd_open: %s", strerror(errno));
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		return;
+	}
+	fcntl(out_r, F_SETFL, O_NONBLOCK);
+	fcntl(err_r, F_SETFL, O_NONBLOCK);
+	if (in_w >= 0)
+		fcntl(in_w, F_SETFL, O_NONBLOCK);
+	st = (struct exec_state){
+		.conn = conn, .pid = pid, .pidfd = pidfd,
+		.out_fd = tt_steal_fd(&out_r), .err_fd = tt_steal_fd(&err_r),
+		.in_fd = tt_steal_fd(&in_w), .want_stdin = json_is_true(jstdin),
+		.pending = pending, .buf = buf,
+	};
+	exec_loop(g, &st);
+	/* The state owns the pipe ends now; the sink process has its copies. */
+	if (st.out_fd >= 0)
+		close(st.out_fd);
+	if (st.err_fd >= 0)
+		close(st.err_fd);
+	if (st.in_fd >= 0)
+		close(st.in_fd);
+	return;
+sys:
+	guest_send_errno(conn, errno, "exec setup");
+	exec_envp_free(envp, EXEC_ENV_MAX + 4);
+}

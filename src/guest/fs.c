@@ -1,0 +1,427 @@
+/* File operations, every path resolved inside the root (path.c). Writes
+ * are atomic and durable: temp file, fsync, rename, fsync directory. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cleanup.h"
+#include "guest/guest.h"
+#include "wire_json.h"
+
+#define FS_REMOVE_DEPTH_MAX 256
+
+/* fs_type_name: the "type" field for a mode. */
+static const char *fs_type_name(mode_t m)
+{
+	if (S_ISREG(m))
+		return "file";
+	if (S_ISDIR(m))
+		return "dir";
+	if (S_ISLNK(m))
+		return "symlink";
+	return "other";
+}
+
+/* fs_read: streams a regular file as DATA_OUT frames, then RESULT size. */
+void fs_read(const struct guest_ctx *g, int conn, json_t *req)
+{
+	const char *path = guest_req_path(conn, req);
+	_cleanup_free_ uint8_t *buf = NULL;
+	_cleanup_close_ int fd = -1;
+	uint64_t size = 0;
+	struct stat st;
+
+	if (path == NULL)
+		return;
+	/* O_NONBLOCK: opening a FIFO must not hang the handler. */
+	fd = path_open(g, path, O_RDONLY | O_NONBLOCK, 0);
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		guest_send_errno(conn, errno, path);
+		return;
+	}
+	if (S_ISDIR(st.st_mode)) {
+		guest_send_errno(conn, EISDIR, path);
+		return;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		wire_send_error(conn, "bad_request", "%s: not a regular file", path);
+		return;
+	}
+	buf = malloc(WIRE_PAYLOAD_MAX);
+	if (buf == NULL) {
+		wire_send_error(conn, "internal", "out of memory");
+		return;
+	}
+	for (;;) {
+		ssize_t n = read(fd, buf, WIRE_PAYLOAD_MAX);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			guest_send_errno(conn, errno, path);
+			return;
+		}
+		if (n == 0)
+			break;
+		if (wire_send(conn, WIRE_DATA_OUT, buf, (uint32_t)n, NULL) < 0)
+			return;
+		size += (uint64_t)n;
+	}
+	guest_result(g, conn, json_pack("{s:I}", "size", (json_int_t)size));
+}
+
+/* write_all: writes len bytes to fd; -1 with errno. */
+static int write_all(int fd, const uint8_t *p, size_t len)
+{
+	while (len > 0) {
+		ssize_t n = write(fd, p, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -1;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+/* fs_write_body: receives DATA_IN until EOF_IN into fd. Returns 1 on
+ * EOF_IN, 0 when the peer vanished, -1 after an ERROR was sent. */
+static int fs_write_body(int conn, int fd, uint64_t *bytes)
+{
+	_cleanup_free_ uint8_t *buf = malloc(WIRE_PAYLOAD_MAX + 1);
+	struct tt_err err = { 0 };
+	struct wire_frame f;
+
+	if (buf == NULL) {
+		wire_send_error(conn, "internal", "out of memory");
+		return -1;
+	}
+	for (;;) {
+		int rc = wire_recv(conn, &f, buf, WIRE_PAYLOAD_MAX + 1, &err);
+
+		if (rc == 0)
+			return 0;
+		if (rc < 0) {
+			if (err.code == TT_ERR_TRANSPORT)
+				return 0;
+			wire_send_error(conn, "bad_request", "%s", err.msg);
+			return -1;
+		}
+		if (f.type == WIRE_EOF_IN)
+			return 1;
+		if (f.type != WIRE_DATA_IN) {
+			wire_send_error(conn, "bad_request", "unexpected %s frame",
+			                wire_type_name(f.type));
+			return -1;
+		}
+		if (write_all(fd, f.payload, f.len) < 0) {
+			guest_send_errno(conn, errno, "write");
+			return -1;
+		}
+		*bytes += f.len;
+	}
+}
+
+/* fs_write: atomic replace of path with the streamed content. */
+void fs_write(const struct guest_ctx *g, int conn, json_t *req)
+{
+	const char *path = guest_req_path(conn, req);
+	json_t *jmode = json_object_get(req, "mode");
+	_cleanup_close_ int dfd = -1, fd = -1;
+	char base[NAME_MAX + 1], tmp[64];
+	uint8_t rnd[8];
+	mode_t mode = 0644;
+	uint64_t bytes = 0;
+	struct stat st;
+	int rc;
+
+	if (path == NULL)
+		return;
+	if (jmode != NULL) {
+		if (!json_is_integer(jmode) || json_integer_value(jmode) < 0 ||
+		    json_integer_value(jmode) > 07777) {
+			wire_send_error(conn, "bad_request",
+			                "\"mode\" must be an integer 0..07777");
+			return;
+		}
+		mode = (mode_t)json_integer_value(jmode);
+	}
+	dfd = path_open_parent(g, path, base);
+	if (dfd < 0) {
+		guest_send_errno(conn, errno, path);
+		return;
+	}
+	if (fstatat(dfd, base, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
+		guest_send_errno(conn, EISDIR, path);
+		return;
+	}
+	if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
+		guest_send_errno(conn, errno, "getrandom");
+		return;
+	}
+	snprintf(tmp, sizeof(tmp), ".tether-%02x%02x%02x%02x%02x%02x%02x%02x.tmp",
+	         rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+	/* A single fresh name in the already-confined directory: O_EXCL and
+	 * O_NOFOLLOW mean it can only be a new file of ours. */
+	fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+	            0600);
+	if (fd < 0) {
+		guest_send_errno(conn, errno, path);
+		return;
+	}
+	rc = fs_write_body(conn, fd, &bytes);
+	if (rc == 1 && (fchmod(fd, mode) < 0 || fsync(fd) < 0 ||
+	                renameat(dfd, tmp, dfd, base) < 0)) {
+		guest_send_errno(conn, errno, path);
+		rc = -1;
+	}
+	if (rc != 1) {
+		/* Aborted or failed: the target is untouched, the temp goes. */
+		unlinkat(dfd, tmp, 0);
+		return;
+	}
+	/* The rename is durable only once the directory is on disk. */
+	if (fsync(dfd) < 0) {
+		guest_send_errno(conn, errno, "fsync directory");
+		return;
+	}
+	guest_result(g, conn, json_pack("{s:I}", "bytes", (json_int_t)bytes));
+}
+
+/* fs_stat: lstat of path. */
+void fs_stat(const struct guest_ctx *g, int conn, json_t *req)
+{
+	const char *path = guest_req_path(conn, req);
+	_cleanup_close_ int fd = -1;
+	struct stat st;
+
+	if (path == NULL)
+		return;
+	fd = path_open(g, path, O_PATH | O_NOFOLLOW, 0);
+	if (fd < 0 || fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
+		guest_send_errno(conn, errno, path);
+		return;
+	}
+	guest_result(g, conn, json_pack("{s:s, s:s, s:I, s:i, s:I}",
+	             "path", path, "type", fs_type_name(st.st_mode),
+	             "size", (json_int_t)st.st_size, "mode", (int)(st.st_mode & 07777),
+	             "mtime", (json_int_t)st.st_mtim.tv_sec));
+}
+
+/* name_cmp: qsort order for directory entries. */
+static int name_cmp(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* fs_list: the entries of a directory, sorted by name, at most 10000. */
+void fs_list(const struct guest_ctx *g, int conn, json_t *req)
+{
+	const char *path = guest_req_path(conn, req);
+	char **names = NULL; /* owned here, with every string in it */
+	size_t n = 0;
+	json_t *arr;
+	DIR *d;
+	struct dirent *de;
+	int fd;
+
+	if (path == NULL)
+		return;
+	fd = path_open(g, path, O_RDONLY | O_DIRECTORY, 0);
+	if (fd < 0) {
+		guest_send_errno(conn, errno, path);
+		return;
+	}
+	d = fdopendir(fd);
+	if (d == NULL) {
+		guest_send_errno(conn, errno, path);
+		close(fd);
+		return;
+	}
+	names = calloc(GUEST_LIST_MAX, sizeof(*names));
+	if (names == NULL)
+		goto nomem;
+	while ((de = readdir(d)) != NULL) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		if (n == GUEST_LIST_MAX) {
+			wire_send_error(conn, "too_large",
+			                "%s has more than %d entries", path, GUEST_LIST_MAX);
+			goto out;
+		}
+		names[n] = strdup(de->d_name);
+		if (names[n] == NULL)
+			goto nomem;
+		n++;
+	}
+	qsort(names, n, sizeof(*names), name_cmp);
+	arr = json_array();
+	for (size_t i = 0; arr != NULL && i < n; i++) {
+		struct stat st;
+
+		if (fstatat(dirfd(d), names[i], &st, AT_SYMLINK_NOFOLLOW) < 0)
+			continue; /* removed meanwhile */
+		json_array_append_new(arr, json_pack("{s:s, s:s, s:I, s:i, s:I}",
+		    "name", names[i], "type", fs_type_name(st.st_mode),
+		    "size", (json_int_t)st.st_size, "mode", (int)(st.st_mode & 07777),
+		    "mtime", (json_int_t)st.st_mtim.tv_sec));
+	}
+	guest_result(g, conn, json_pack("{s:o*}", "entries", arr));
+	goto out;
+nomem:
+	wire_send_error(conn, "internal", "out of memory");
+out:
+	for (size_t i = 0; i < n; i++)
+		free(names[i]);
+	free(names);
+	closedir(d);
+}
+
+/* mkdir_one: creates one directory; with exist_ok an existing directory
+ * (resolved inside the root) is success. 0 or -1 with errno. */
+static int mkdir_one(const struct guest_ctx *g, const char *path, int exist_ok)
+{
+	char base[NAME_MAX + 1];
+	_cleanup_close_ int dfd = path_open_parent(g, path, base);
+	_cleanup_close_ int fd = -1;
+
+	if (dfd < 0) {
+		if (errno == EINVAL && exist_ok) /* "/" always exists */
+			return 0;
+		if (errno == EINVAL)
+			errno = EEXIST;
+		return -1;
+	}
+	if (mkdirat(dfd, base, 0755) == 0)
+		return 0;
+	if (errno != EEXIST || !exist_ok)
+		return -1;
+	fd = path_open(g, path, O_PATH | O_DIRECTORY, 0);
+	return fd < 0 ? -1 : 0;
+}
+
+/* fs_mkdir: one directory, or with "parents" every missing one (mkdir -p). */
+void fs_mkdir(const struct guest_ctx *g, int conn, json_t *req)
+{
+	const char *path = guest_req_path(conn, req);
+	int parents = json_is_true(json_object_get(req, "parents"));
+
+	if (path == NULL)
+		return;
+	if (parents) {
+		char prefix[GUEST_PATH_MAX + 1];
+		size_t len = strlen(path);
+
+		for (size_t i = 1; i <= len; i++) {
+			if (i < len && path[i] != '/')
+				continue;
+			if (path[i - 1] == '/')
+				continue; /* empty component */
+			memcpy(prefix, path, i);
+			prefix[i] = '\0';
+			if (mkdir_one(g, prefix, 1) < 0) {
+				guest_send_errno(conn, errno, prefix);
+				return;
+			}
+		}
+	} else if (mkdir_one(g, path, 0) < 0) {
+		guest_send_errno(conn, errno, path);
+		return;
+	}
+	guest_result(g, conn, json_pack("{s:b}", "ok", 1));
+}
+
+/* remove_tree: removes directory name under dfd and everything in it,
+ * never following symlinks (each step is one name under an open fd). */
+static int remove_tree(int dfd, const char *name, int depth)
+{
+	struct dirent *de;
+	int fd, again = 1;
+	DIR *d;
+
+	if (depth > FS_REMOVE_DEPTH_MAX) {
+		errno = ELOOP;
+		return -1;
+	}
+	fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	d = fdopendir(fd);
+	if (d == NULL) {
+		close(fd);
+		return -1;
+	}
+	/* Rescan until empty: removing while iterating may skip entries. */
+	while (again) {
+		again = 0;
+		rewinddir(d);
+		while ((de = readdir(d)) != NULL) {
+			struct stat st;
+			int rc;
+
+			if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+				continue;
+			if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+				continue;
+			if (S_ISDIR(st.st_mode))
+				rc = remove_tree(dirfd(d), de->d_name, depth + 1);
+			else
+				rc = unlinkat(dirfd(d), de->d_name, 0);
+			if (rc < 0 && errno != ENOENT) {
+				int e = errno;
+
+				closedir(d);
+				errno = e;
+				return -1;
+			}
+			again = 1;
+		}
+	}
+	closedir(d);
+	return unlinkat(dfd, name, AT_REMOVEDIR);
+}
+
+/* fs_remove: a file, symlink or empty directory; with "recursive" a tree. */
+void fs_remove(const struct guest_ctx *g, int conn, json_t *req)
+{
+	const char *path = guest_req_path(conn, req);
+	int recursive = json_is_true(json_object_get(req, "recursive"));
+	_cleanup_close_ int dfd = -1;
+	char base[NAME_MAX + 1];
+	struct stat st;
+	int rc;
+
+	if (path == NULL)
+		return;
+	dfd = path_open_parent(g, path, base);
+	if (dfd < 0) {
+		if (errno == EINVAL)
+			wire_send_error(conn, "path_invalid", "cannot remove %s", path);
+		else
+			guest_send_errno(conn, errno, path);
+		return;
+	}
+	if (fstatat(dfd, base, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		guest_send_errno(conn, errno, path);
+		return;
+	}
+	if (!S_ISDIR(st.st_mode))
+		rc = unlinkat(dfd, base, 0);
+	else if (recursive)
+		rc = remove_tree(dfd, base, 0);
+	else
+		rc = unlinkat(dfd, base, AT_REMOVEDIR);
+	if (rc < 0) {
+		guest_send_errno(conn, errno, path);
+		return;
+	}
+	guest_result(g, conn, json_pack("{s:b}", "ok", 1));
+}

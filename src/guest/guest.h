@@ -1,0 +1,62 @@
+/* tether-guest: the in-sandbox agent. One process per connection serves one
+ * operation (guest_serve); exec and file operations are in exec.c / fs.c,
+ * path resolution confined to the root in path.c. */
+#ifndef TT_GUEST_H
+#define TT_GUEST_H
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "err.h"
+#include "wire.h"
+
+#define GUEST_PATH_MAX 4096
+#define GUEST_LIST_MAX 10000
+
+/* Per-process settings, fixed at start-up. */
+struct guest_ctx {
+	int root_fd;      /* O_PATH dirfd of the root every path resolves in */
+	uint64_t gen;     /* generation reported in every RESULT */
+	uint32_t att;
+	const char *sbx;
+};
+
+/* guest_serve: reads one REQUEST from conn and answers it; never exits. */
+void guest_serve(const struct guest_ctx *g, int conn);
+
+/* guest_result: sends RESULT obj with "generation" added; steals obj. */
+int guest_result(const struct guest_ctx *g, int conn, json_t *obj);
+/* guest_errno_code: maps an errno to a wire error code ("not_found", ...). */
+const char *guest_errno_code(int e);
+/* guest_req_path: the request's validated "path"; on a missing or invalid
+ * path sends ERROR and returns NULL. Points into req. */
+const char *guest_req_path(int conn, json_t *req);
+/* guest_send_errno: sends ERROR for errno e with "what: strerror". */
+void guest_send_errno(int conn, int e, const char *what);
+
+/* path_check: validates a request path (absolute, <= 4096 bytes, no NUL,
+ * no ".." component). 0, or -1 with a message in err. */
+int path_check(const char *path, size_t len, struct tt_err *err);
+/* path_open: opens path inside the root with RESOLVE_IN_ROOT and no magic
+ * links; flags as for openat. Returns an fd or -1 with errno set. */
+int path_open(const struct guest_ctx *g, const char *path, int flags,
+              mode_t mode);
+/* path_open_parent: opens the directory holding path's last component
+ * (O_RDONLY|O_DIRECTORY) and copies that component into base, which is
+ * never "", "." or "..". -1 with errno (EINVAL for "/"). */
+int path_open_parent(const struct guest_ctx *g, const char *path,
+                     char base[NAME_MAX + 1]);
+
+/* exec_run: the exec operation. */
+void exec_run(const struct guest_ctx *g, int conn, json_t *req);
+/* fs_* : the file operations. */
+void fs_read(const struct guest_ctx *g, int conn, json_t *req);
+void fs_write(const struct guest_ctx *g, int conn, json_t *req);
+void fs_stat(const struct guest_ctx *g, int conn, json_t *req);
+void fs_list(const struct guest_ctx *g, int conn, json_t *req);
+void fs_mkdir(const struct guest_ctx *g, int conn, json_t *req);
+void fs_remove(const struct guest_ctx *g, int conn, json_t *req);
+
+#endif

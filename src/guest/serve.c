@@ -1,0 +1,150 @@
+/* One connection, one operation: read the REQUEST, dispatch on "op". */
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include "cleanup.h"
+#include "guest/guest.h"
+#include "log.h"
+#include "wire_json.h"
+
+/* A peer must send its REQUEST within this time; later phases (stdin,
+ * file content) are paced by the peer. */
+#define GUEST_REQUEST_TIMEOUT_S 30
+
+/* guest_errno_code: the wire error code for an errno from a file operation. */
+const char *guest_errno_code(int e)
+{
+	switch (e) {
+	case ENOENT: return "not_found";
+	case ENOTDIR: return "not_dir";
+	case EISDIR: return "is_dir";
+	case EEXIST:
+	case ENOTEMPTY: return "exists";
+	case EACCES:
+	case EPERM:
+	case EROFS: return "permission";
+	case ELOOP:
+	case EXDEV:
+	case ENAMETOOLONG:
+	case EINVAL: return "path_invalid";
+	case EFBIG: return "too_large";
+	default: return "internal";
+	}
+}
+
+/* guest_send_errno: sends ERROR for errno e ("what: strerror"). */
+void guest_send_errno(int conn, int e, const char *what)
+{
+	wire_send_error(conn, guest_errno_code(e), "%s: %s", what, strerror(e));
+}
+
+/* guest_result: adds the generation and sends RESULT; steals obj. */
+int guest_result(const struct guest_ctx *g, int conn, json_t *obj)
+{
+	struct tt_err err = { 0 };
+	int rc;
+
+	if (obj == NULL) {
+		wire_send_error(conn, "internal", "out of memory");
+		return -1;
+	}
+	json_object_set_new(obj, "generation", json_integer((json_int_t)g->gen));
+	rc = wire_send_json(conn, WIRE_RESULT, obj, &err);
+	if (rc < 0 && err.code == TT_ERR_TOO_LARGE)
+		wire_send_error(conn, "too_large", "result does not fit one frame");
+	json_decref(obj);
+	return rc;
+}
+
+/* guest_req_path: extracts and validates "path". */
+const char *guest_req_path(int conn, json_t *req)
+{
+	json_t *p = json_object_get(req, "path");
+	struct tt_err err = { 0 };
+
+	if (!json_is_string(p)) {
+		wire_send_error(conn, "bad_request", "\"path\" (string) is required");
+		return NULL;
+	}
+	if (path_check(json_string_value(p), json_string_length(p), &err) < 0) {
+		wire_send_error(conn, "path_invalid", "%s", err.msg);
+		return NULL;
+	}
+	return json_string_value(p);
+}
+
+/* set_rcvtimeo: bounds (or, with 0, unbounds) blocking reads on conn. */
+static void set_rcvtimeo(int conn, int seconds)
+{
+	struct timeval tv = { .tv_sec = seconds };
+
+	(void)setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+}
+
+static const struct {
+	const char *name;
+	void (*run)(const struct guest_ctx *, int, json_t *);
+} guest_ops[] = {
+	{ "exec", exec_run },
+	{ "fs.read", fs_read },
+	{ "fs.write", fs_write },
+	{ "fs.stat", fs_stat },
+	{ "fs.list", fs_list },
+	{ "fs.mkdir", fs_mkdir },
+	{ "fs.remove", fs_remove },
+};
+
+/* guest_serve: reads one REQUEST and runs the operation it names. Garbage
+ * gets an ERROR where the peer still listens, then the connection closes. */
+void guest_serve(const struct guest_ctx *g, int conn)
+{
+	_cleanup_free_ uint8_t *buf = malloc(WIRE_PAYLOAD_MAX + 1);
+	struct tt_err err = { 0 };
+	struct wire_frame f;
+	json_t *req, *op;
+	int rc;
+
+	if (buf == NULL) {
+		wire_send_error(conn, "internal", "out of memory");
+		return;
+	}
+	set_rcvtimeo(conn, GUEST_REQUEST_TIMEOUT_S);
+	rc = wire_recv(conn, &f, buf, WIRE_PAYLOAD_MAX + 1, &err);
+	set_rcvtimeo(conn, 0);
+	if (rc == 0)
+		return;
+	if (rc < 0) {
+		log_warn("refused a connection: %s", err.msg);
+		wire_send_error(conn, err.code == TT_ERR_TOO_LARGE ? "too_large"
+		                                                   : "bad_request",
+		                "%s", err.msg);
+		return;
+	}
+	if (f.type != WIRE_REQUEST) {
+		wire_send_error(conn, "bad_request", "expected REQUEST, got %s",
+		                wire_type_name(f.type));
+		return;
+	}
+	req = wire_frame_json(&f, &err);
+	if (req == NULL) {
+		wire_send_error(conn, "bad_request", "%s", err.msg);
+		return;
+	}
+	op = json_object_get(req, "op");
+	if (!json_is_string(op)) {
+		wire_send_error(conn, "bad_request", "\"op\" (string) is required");
+		json_decref(req);
+		return;
+	}
+	for (size_t i = 0; i < sizeof(guest_ops) / sizeof(guest_ops[0]); i++) {
+		if (strcmp(json_string_value(op), guest_ops[i].name) == 0) {
+			guest_ops[i].run(g, conn, req);
+			json_decref(req);
+			return;
+		}
+	}
+	wire_send_error(conn, "bad_request", "unknown op");
+	json_decref(req);
+}

@@ -1,0 +1,1246 @@
+/* sbx-manager: worker admission (SPEC §4), the durable runtime records
+ * (SPEC §10), feed apply (SPEC §7) and the per-execution host bridges.
+ * One libuv loop, single-threaded. Spawned by node-api; only that process
+ * (pid and uid given on the command line) may talk to it.
+ * Wire contract: docs/ARCHITECTURE.md (notes/protocol.md). */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "capcache.h"
+#include "cleanup.h"
+#include "decision.h"
+#include "keyring.h"
+#include "log.h"
+#include "metrics.h"
+#include "node/ns.h"
+#include "node/records.h"
+#include "relay.h"
+#include "tetherd/roles.h"
+#include "timefmt.h"
+#include "wire.h"
+#include "wire_json.h"
+
+#define MGR_CAPCACHE_ENTRIES 4096
+#define MGR_UPDATES_MAX 1000      /* updates in one feed.apply */
+#define MGR_UID_BASE 1000000u
+#define MGR_UID_COUNT 65536u
+#define MGR_BRIDGE_READY_MS 5000
+
+/* Runtime (non-durable) state of one execution running here: the sandbox,
+ * its bridge and the pidfd watchers. Owned by manager.execs. */
+struct mgr_exec {
+	struct manager *m;
+	char sbx[TT_SBX_ID_LEN + 1];
+	struct ns_sandbox sb;
+	pid_t bridge_pid;
+	int bridge_pidfd;
+	unsigned long long bridge_start;
+	dev_t bridge_dev;
+	ino_t bridge_ino;
+	bool own_children;        /* false when adopted after a restart */
+	uv_poll_t init_poll, bridge_poll;
+	int polls_open;
+	bool stopping;
+	struct mgr_exec *next;
+};
+
+/* One accepted node-api connection, from the first byte to the relay. */
+struct mgr_conn {
+	struct manager *m;
+	uv_pipe_t *conn;          /* owned until handed to the relay */
+	uv_pipe_t *bridge;        /* owned until handed to the relay */
+	struct wire_reader rd;
+	uint8_t buf[WIRE_PAYLOAD_MAX + WIRE_HDR_LEN];
+	uint8_t *pending;         /* bytes after the REQUEST (owned) */
+	size_t pending_len;
+	json_t *req;              /* the REQUEST (owned) */
+	char sbx[TT_SBX_ID_LEN + 1];
+	uint64_t epoch;           /* lease: identity epoch at admission */
+	struct relay *relay;      /* set while relaying */
+	uv_connect_t connect;
+	struct mgr_conn *next;    /* manager.ops while admitted */
+};
+
+struct manager {
+	uv_loop_t *loop;
+	char state_dir[1024];      /* bounded so derived paths always fit */
+	char sock_path[PATH_MAX];
+	char worker_id[TT_NAME_MAX + 1];
+	char guest_bin[PATH_MAX];
+	pid_t peer_pid;
+	uid_t peer_uid;
+	struct records *db;
+	struct capcache *cache;
+	struct mgr_exec *execs;
+	struct mgr_conn *ops;
+	uv_pipe_t server;
+	uv_signal_t sigterm, sigint;
+	bool stopping;
+};
+
+static void exec_stop(struct manager *m, struct mgr_exec *ex);
+
+/* pidfd_open_raw: glibc 2.36 lacks a wrapper in older headers. */
+static int pidfd_open_raw(pid_t pid)
+{
+	return (int)syscall(SYS_pidfd_open, pid, 0);
+}
+
+/* pidfd_signal: signals through a pidfd (no pid-reuse race). */
+static int pidfd_signal(int pidfd, int sig)
+{
+	return (int)syscall(SYS_pidfd_send_signal, pidfd, sig, NULL, 0);
+}
+
+/* now_ms: monotonic milliseconds. */
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* exec_find: runtime state of sbx, or NULL. */
+static struct mgr_exec *exec_find(struct manager *m, const char *sbx)
+{
+	for (struct mgr_exec *ex = m->execs; ex; ex = ex->next)
+		if (strcmp(ex->sbx, sbx) == 0)
+			return ex;
+	return NULL;
+}
+
+/* sandbox_dir: <state>/sandboxes/<sbx>. */
+static int sandbox_dir(const struct manager *m, const char *sbx, char *out, size_t cap)
+{
+	int n = snprintf(out, cap, "%s/sandboxes/%s", m->state_dir, sbx);
+
+	return n > 0 && (size_t)n < cap ? 0 : -1;
+}
+
+/* ---- admission ---------------------------------------------------------- */
+
+/* installed_of: the §4 record admission compares against. Anything that is
+ * not a running, unretired execution answers as retired (RefreshRoute). */
+static struct tt_installed installed_of(const struct rec_exec *r)
+{
+	struct tt_installed in = { 0 };
+
+	if (r == NULL)
+		return in;
+	in.present = true;
+	in.id = r->id;
+	in.retired = r->retired || r->state != REC_RUNNING;
+	in.epoch = r->epoch;
+	return in;
+}
+
+/* cap_op_of: node operation -> capability operation bit (0 = unknown). */
+static uint32_t cap_op_of(const char *op)
+{
+	if (strcmp(op, "exec") == 0)
+		return TT_OP_EXEC;
+	if (strcmp(op, "fs.read") == 0 || strcmp(op, "fs.stat") == 0 ||
+	    strcmp(op, "fs.list") == 0)
+		return TT_OP_FS_READ;
+	if (strcmp(op, "fs.write") == 0 || strcmp(op, "fs.mkdir") == 0 ||
+	    strcmp(op, "fs.remove") == 0)
+		return TT_OP_FS_WRITE;
+	return 0;
+}
+
+/* conn_free: releases a connection context and whatever it still owns. */
+static void conn_free(struct mgr_conn *c)
+{
+	struct mgr_conn **pp;
+
+	for (pp = &c->m->ops; *pp; pp = &(*pp)->next)
+		if (*pp == c) {
+			*pp = c->next;
+			break;
+		}
+	if (c->conn)
+		relay_close_free((uv_stream_t *)c->conn);
+	if (c->bridge)
+		relay_close_free((uv_stream_t *)c->bridge);
+	json_decref(c->req);
+	free(c->pending);
+	free(c);
+}
+
+/* conn_fail: tells the opener why (ERROR), then closes. */
+static void conn_fail(struct mgr_conn *c, const char *code, const char *msg)
+{
+	log_warn("operation on %s failed: %s: %s", c->sbx[0] ? c->sbx : "-", code, msg);
+	relay_write_error((uv_stream_t *)c->conn, code, msg);
+	relay_close_after_writes((uv_stream_t *)c->conn);
+	c->conn = NULL;
+	conn_free(c);
+}
+
+/* relay_done: an admitted operation ended. */
+static void relay_done(struct relay *r, enum relay_end how, const char *msg, void *data)
+{
+	struct mgr_conn *c = data;
+
+	(void)r;
+	if (how != RELAY_DONE)
+		log_info("operation on %s ended: %s: %s", c->sbx, relay_end_name(how), msg);
+	conn_free(c);
+}
+
+/* bridge_verify: the peer of fd is the bridge this manager spawned for the
+ * execution (pid, uid, start time and executable, SPEC §5). */
+static int bridge_verify(const struct mgr_exec *ex, int fd, char *why, size_t cap)
+{
+	struct ucred cr;
+	socklen_t len = sizeof(cr);
+	unsigned long long start = 0;
+	char exe[64];
+	struct stat st;
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
+		snprintf(why, cap, "SO_PEERCRED: %s", strerror(errno));
+		return -1;
+	}
+	if (cr.pid != ex->bridge_pid || cr.uid != geteuid()) {
+		snprintf(why, cap, "peer pid %d uid %u, expected pid %d uid %u", (int)cr.pid,
+		         (unsigned)cr.uid, (int)ex->bridge_pid, (unsigned)geteuid());
+		return -1;
+	}
+	if (proc_start_time(cr.pid, &start, NULL) < 0 || start != ex->bridge_start) {
+		snprintf(why, cap, "bridge pid %d start time changed", (int)cr.pid);
+		return -1;
+	}
+	snprintf(exe, sizeof(exe), "/proc/%d/exe", (int)cr.pid);
+	if (stat(exe, &st) < 0 || st.st_dev != ex->bridge_dev || st.st_ino != ex->bridge_ino) {
+		snprintf(why, cap, "bridge pid %d executable changed", (int)cr.pid);
+		return -1;
+	}
+	return 0;
+}
+
+/* bridge_connected: verify the bridge, re-check the lease, forward the
+ * REQUEST without its token and start relaying. */
+static void bridge_connected(uv_connect_t *req, int status)
+{
+	struct mgr_conn *c = req->data;
+	struct manager *m = c->m;
+	const struct rec_exec *rec = records_get(m->db, c->sbx);
+	struct mgr_exec *ex = exec_find(m, c->sbx);
+	uv_os_fd_t fd;
+	char why[160];
+	struct tt_err err = { 0 };
+
+	if (status < 0) {
+		snprintf(why, sizeof(why), "cannot reach the bridge: %s", uv_strerror(status));
+		conn_fail(c, "transport", why);
+		return;
+	}
+	/* The execution may have been retired while connecting. */
+	if (rec == NULL || ex == NULL || rec->epoch != c->epoch || rec->retired ||
+	    rec->state != REC_RUNNING) {
+		conn_fail(c, "refresh_route", "execution replaced or retired");
+		return;
+	}
+	if (uv_fileno((uv_handle_t *)c->bridge, &fd) < 0 ||
+	    bridge_verify(ex, fd, why, sizeof(why)) < 0) {
+		char msg[200];
+
+		snprintf(msg, sizeof(msg), "bridge verification failed: %s", why);
+		metrics_inc("tether_bridge_verify_failed_total", NULL);
+		conn_fail(c, "transport", msg);
+		return;
+	}
+	json_object_del(c->req, "token");
+	if (relay_write_json((uv_stream_t *)c->bridge, WIRE_REQUEST, c->req, &err) < 0) {
+		conn_fail(c, "transport", err.msg);
+		return;
+	}
+	c->relay = relay_start((uv_stream_t *)c->conn, (uv_stream_t *)c->bridge,
+	                       c->pending, c->pending_len, relay_done, c, &err);
+	if (c->relay == NULL) {
+		conn_fail(c, "internal", err.msg);
+		return;
+	}
+	c->conn = NULL; /* the relay owns both streams now */
+	c->bridge = NULL;
+	c->next = m->ops;
+	m->ops = c;
+}
+
+/* handle_data_op: admission, DECISION, then (allowed) connect the bridge. */
+static void handle_data_op(struct mgr_conn *c)
+{
+	struct manager *m = c->m;
+	const char *token = json_string_value(json_object_get(c->req, "token"));
+	const char *sbx = json_string_value(json_object_get(c->req, "sbx"));
+	const char *op = json_string_value(json_object_get(c->req, "op"));
+	const struct rec_exec *rec;
+	struct tt_installed inst;
+	struct tt_request rq = { 0 };
+	struct tt_decision d;
+	_cleanup_free_ char *body = NULL;
+	char labels[128], path[PATH_MAX];
+	json_t *dj;
+
+	if (sbx == NULL || !sbx_id_valid(sbx) || op == NULL || cap_op_of(op) == 0) {
+		conn_fail(c, "bad_request", "request needs a valid sbx and a known op");
+		return;
+	}
+	snprintf(c->sbx, sizeof(c->sbx), "%s", sbx);
+	rec = records_get(m->db, sbx);
+	inst = installed_of(rec);
+	rq.receiver = TT_RCV_NODE;
+	rq.sbx = sbx;
+	rq.op = cap_op_of(op);
+	rq.new_open = true;
+	if (token == NULL)
+		token = "";
+	d = cap_admit(m->cache, records_keys(m->db), token, strlen(token), NULL, 0, &rq,
+	              &inst, tt_now(), NULL);
+	snprintf(labels, sizeof(labels), "decision=\"%s\",reason=\"%s\"",
+	         decision_verdict_name(d.verdict), decision_reason_name(d.reason));
+	metrics_inc("tether_admission_total", labels);
+	body = decision_body_json(&d, sbx);
+	dj = body ? json_loads(body, JSON_REJECT_DUPLICATES, NULL) : NULL;
+	if (dj == NULL) {
+		conn_fail(c, "internal", "cannot encode the decision");
+		return;
+	}
+	relay_write_json((uv_stream_t *)c->conn, WIRE_DECISION, dj, NULL);
+	json_decref(dj);
+	if (d.verdict != TT_ALLOW) {
+		/* Never the token: only what the decision says. */
+		log_info("admission refused: sbx=%s op=%s decision=%s reason=%s", sbx, op,
+		         decision_verdict_name(d.verdict), decision_reason_name(d.reason));
+		relay_close_after_writes((uv_stream_t *)c->conn);
+		c->conn = NULL;
+		conn_free(c);
+		return;
+	}
+	c->epoch = rec->epoch;
+	if (exec_find(m, sbx) == NULL || sandbox_dir(m, sbx, path, sizeof(path)) < 0 ||
+	    strlen(path) + sizeof("/bridge.sock") > sizeof(((struct sockaddr_un *)0)->sun_path)) {
+		conn_fail(c, "transport", "no bridge for this execution");
+		return;
+	}
+	strcat(path, "/bridge.sock");
+	c->bridge = malloc(sizeof(*c->bridge));
+	if (c->bridge == NULL || uv_pipe_init(m->loop, c->bridge, 0) < 0) {
+		free(c->bridge);
+		c->bridge = NULL;
+		conn_fail(c, "internal", "out of memory");
+		return;
+	}
+	c->connect.data = c;
+	uv_pipe_connect(&c->connect, c->bridge, path, bridge_connected);
+}
+
+/* ---- feed apply --------------------------------------------------------- */
+
+/* rm_cb: nftw callback removing one entry (bottom-up, no symlink follow). */
+static int rm_cb(const char *p, const struct stat *st, int type, struct FTW *ftw)
+{
+	(void)st;
+	(void)ftw;
+	if (type == FTW_DP)
+		return rmdir(p) < 0 && errno != ENOENT ? -1 : 0;
+	return unlink(p) < 0 && errno != ENOENT ? -1 : 0;
+}
+
+/* remove_tree: deletes a sandbox directory; stays on its filesystem and
+ * never follows symlinks planted by the sandbox. */
+static int remove_tree(const char *path)
+{
+	if (access(path, F_OK) < 0)
+		return 0;
+	return nftw(path, rm_cb, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+}
+
+/* exec_poll_close_cb: frees the runtime once both watchers closed. */
+static void exec_poll_close_cb(uv_handle_t *h)
+{
+	struct mgr_exec *ex = h->data;
+
+	if (--ex->polls_open == 0)
+		free(ex);
+}
+
+/* cancel_leases: every stream opened under sbx's current epoch stops now
+ * and its opener is told to refresh the route (SPEC §6). */
+static void cancel_leases(struct manager *m, const char *sbx)
+{
+	struct mgr_conn *c = m->ops, *next;
+
+	for (; c; c = next) {
+		next = c->next;
+		if (strcmp(c->sbx, sbx) == 0 && c->relay != NULL) {
+			metrics_inc("tether_streams_cancelled_total", "reason=\"epoch\"");
+			relay_abort(c->relay, "refresh_route", "execution retired or replaced");
+		}
+	}
+}
+
+/* bridge_kill: SIGTERM, a short grace, then SIGKILL; reaps our child. */
+static void bridge_kill(struct mgr_exec *ex)
+{
+	int64_t deadline = now_ms() + 1000;
+
+	if (ex->bridge_pidfd < 0)
+		return;
+	pidfd_signal(ex->bridge_pidfd, SIGTERM);
+	while (ex->own_children && now_ms() < deadline) {
+		if (waitpid(ex->bridge_pid, NULL, WNOHANG) != 0)
+			return;
+		usleep(5000);
+	}
+	pidfd_signal(ex->bridge_pidfd, SIGKILL);
+	if (ex->own_children)
+		waitpid(ex->bridge_pid, NULL, 0);
+}
+
+/* exec_stop: stops the bridge and the sandbox of one execution and drops
+ * its runtime state (the durable record is the caller's business). */
+static void exec_stop(struct manager *m, struct mgr_exec *ex)
+{
+	struct mgr_exec **pp;
+	struct tt_err err = { 0 };
+
+	if (ex->stopping)
+		return;
+	ex->stopping = true;
+	cancel_leases(m, ex->sbx);
+	for (pp = &m->execs; *pp; pp = &(*pp)->next)
+		if (*pp == ex) {
+			*pp = ex->next;
+			break;
+		}
+	if (ex->polls_open > 0) {
+		uv_poll_stop(&ex->bridge_poll);
+		uv_poll_stop(&ex->init_poll);
+	}
+	bridge_kill(ex);
+	if (ns_sandbox_stop(&ex->sb, &err) < 0)
+		log_warn("stopping sandbox %s: %s", ex->sbx, err.msg);
+	if (ex->bridge_pidfd >= 0)
+		close(ex->bridge_pidfd);
+	ex->bridge_pidfd = -1;
+	if (ex->polls_open == 0) {
+		free(ex);
+		return;
+	}
+	uv_close((uv_handle_t *)&ex->init_poll, exec_poll_close_cb);
+	uv_close((uv_handle_t *)&ex->bridge_poll, exec_poll_close_cb);
+}
+
+/* mark_state: persists a new state for sbx (best effort, logged). */
+static void mark_state(struct manager *m, const char *sbx, enum rec_state st)
+{
+	const struct rec_exec *cur = records_get(m->db, sbx);
+	struct rec_exec e;
+	struct tt_err err = { 0 };
+
+	if (cur == NULL || cur->state == st)
+		return;
+	e = *cur;
+	e.state = st;
+	if (records_put(m->db, &e, 0, &err) < 0)
+		log_error("persisting state of %s: %s", sbx, err.msg);
+}
+
+/* exec_died_cb: the sandbox init or the bridge exited on its own: the
+ * execution is lost (admission answers RefreshRoute from now on). */
+static void exec_died_cb(uv_poll_t *p, int status, int events)
+{
+	struct mgr_exec *ex = p->data;
+	struct manager *m = ex->m;
+
+	(void)status;
+	(void)events;
+	log_warn("execution %s lost: its %s exited", ex->sbx,
+	         p == &ex->init_poll ? "sandbox init" : "bridge");
+	mark_state(m, ex->sbx, REC_LOST);
+	exec_stop(m, ex);
+}
+
+/* exec_watch: starts the pidfd watchers and links the runtime state. */
+static int exec_watch(struct manager *m, struct mgr_exec *ex, struct tt_err *err)
+{
+	ex->init_poll.data = ex;
+	ex->bridge_poll.data = ex;
+	if (uv_poll_init(m->loop, &ex->init_poll, ex->sb.pidfd) < 0)
+		return tt_err_set(err, TT_ERR_SYS, "cannot watch the sandbox init");
+	if (uv_poll_init(m->loop, &ex->bridge_poll, ex->bridge_pidfd) < 0) {
+		ex->polls_open = 1;
+		uv_close((uv_handle_t *)&ex->init_poll, NULL);
+		ex->polls_open = 0;
+		return tt_err_set(err, TT_ERR_SYS, "cannot watch the bridge");
+	}
+	ex->polls_open = 2;
+	uv_poll_start(&ex->init_poll, UV_READABLE, exec_died_cb);
+	uv_poll_start(&ex->bridge_poll, UV_READABLE, exec_died_cb);
+	ex->next = m->execs;
+	m->execs = ex;
+	return 0;
+}
+
+/* bridge_spawn: fork+exec of this binary as "bridge" for one execution;
+ * returns once its socket accepts connections. */
+static int bridge_spawn(const struct rec_exec *rec, struct mgr_exec *ex,
+                        const char *dir, struct tt_err *err)
+{
+	char sock[PATH_MAX], gen[24], att[16], ipid[16], istart[24], mpid[16], exe[64];
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int64_t deadline = now_ms() + MGR_BRIDGE_READY_MS;
+	struct stat st;
+	pid_t pid;
+
+	snprintf(sock, sizeof(sock), "%.4000s/bridge.sock", dir);
+	if (strlen(sock) >= sizeof(sa.sun_path))
+		return tt_err_set(err, TT_ERR_INVALID, "bridge socket path too long");
+	memcpy(sa.sun_path, sock, strlen(sock) + 1);
+	unlink(sock);
+	snprintf(gen, sizeof(gen), "%" PRIu64, rec->id.gen);
+	snprintf(att, sizeof(att), "%" PRIu32, rec->id.att);
+	snprintf(ipid, sizeof(ipid), "%d", (int)ex->sb.init_pid);
+	snprintf(istart, sizeof(istart), "%llu", ex->sb.init_start_time);
+	snprintf(mpid, sizeof(mpid), "%d", (int)getpid());
+	pid = fork();
+	if (pid < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "fork bridge");
+	if (pid == 0) {
+		char *argv[] = { "tetherd", "bridge", "--sbx", (char *)rec->id.sbx,
+		                 "--gen", gen, "--att", att, "--listen", sock,
+		                 "--guest-socket", ex->sb.guest_socket, "--init-pid", ipid,
+		                 "--init-start", istart, "--manager-pid", mpid, NULL };
+
+		/* The bridge inherits nothing but stdio: not our listening
+		 * socket, not other executions' pidfds, not the database. */
+		close_range(3, ~0u, 0);
+		execv("/proc/self/exe", argv);
+		_exit(127);
+	}
+	ex->bridge_pid = pid;
+	ex->bridge_pidfd = pidfd_open_raw(pid);
+	if (ex->bridge_pidfd < 0) {
+		tt_err_sys(err, TT_ERR_SYS, "pidfd_open bridge");
+		goto fail;
+	}
+	for (;;) {
+		_cleanup_close_ int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+		if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+			break;
+		if (waitpid(pid, NULL, WNOHANG) == pid) {
+			ex->bridge_pid = 0;
+			tt_err_set(err, TT_ERR_SYS, "bridge exited at start (see its log)");
+			goto fail;
+		}
+		if (now_ms() > deadline) {
+			tt_err_set(err, TT_ERR_SYS, "bridge did not listen within %d ms",
+			           MGR_BRIDGE_READY_MS);
+			goto fail;
+		}
+		usleep(2000);
+	}
+	snprintf(exe, sizeof(exe), "/proc/%d/exe", (int)pid);
+	if (proc_start_time(pid, &ex->bridge_start, err) < 0)
+		goto fail;
+	if (stat(exe, &st) < 0) {
+		tt_err_sys(err, TT_ERR_SYS, "stat %s", exe);
+		goto fail;
+	}
+	ex->bridge_dev = st.st_dev;
+	ex->bridge_ino = st.st_ino;
+	return 0;
+fail:
+	bridge_kill(ex);
+	if (ex->bridge_pidfd >= 0)
+		close(ex->bridge_pidfd);
+	ex->bridge_pidfd = -1;
+	return -1;
+}
+
+/* exec_start: starts the sandbox and its bridge for rec (state starting);
+ * fills the runtime state. Nothing is left running on failure. */
+static struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec,
+                                   struct tt_err *err)
+{
+	struct mgr_exec *ex = calloc(1, sizeof(*ex));
+	char dir[PATH_MAX];
+	struct ns_config cfg = { 0 };
+
+	if (ex == NULL) {
+		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+		return NULL;
+	}
+	ex->m = m;
+	ex->own_children = true;
+	ex->bridge_pidfd = -1;
+	snprintf(ex->sbx, sizeof(ex->sbx), "%s", rec->id.sbx);
+	ns_sandbox_init(&ex->sb);
+	if (sandbox_dir(m, rec->id.sbx, dir, sizeof(dir)) < 0) {
+		tt_err_set(err, TT_ERR_INVALID, "state path too long");
+		goto fail;
+	}
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+		tt_err_sys(err, TT_ERR_IO, "mkdir %s", dir);
+		goto fail;
+	}
+	cfg.sbx_id = rec->id.sbx;
+	cfg.gen = rec->id.gen;
+	cfg.att = rec->id.att;
+	cfg.sandbox_dir = dir;
+	cfg.guest_bin = m->guest_bin;
+	/* Each slot gets its own host uid range, never overlapping another
+	 * sandbox's (and never host root). */
+	cfg.uid_base = MGR_UID_BASE + MGR_UID_COUNT * rec->slot;
+	cfg.uid_count = MGR_UID_COUNT;
+	if (ns_sandbox_start(&cfg, &ex->sb, err) < 0)
+		goto fail;
+	if (bridge_spawn(rec, ex, dir, err) < 0) {
+		struct tt_err e2 = { 0 };
+
+		ns_sandbox_stop(&ex->sb, &e2);
+		goto fail;
+	}
+	return ex;
+fail:
+	free(ex);
+	return NULL;
+}
+
+/* str_field: a bounded string member of an update ("" allowed only when
+ * empty_ok). */
+static const char *str_field(json_t *u, const char *key, size_t max, bool empty_ok)
+{
+	const char *s = json_string_value(json_object_get(u, key));
+
+	if (s == NULL && empty_ok && json_object_get(u, key) == NULL)
+		return "";
+	if (s == NULL || strlen(s) > max || (!empty_ok && s[0] == '\0'))
+		return NULL;
+	return s;
+}
+
+/* u64_field: a positive integer member of an update; 0 when absent/bad. */
+static uint64_t u64_field(json_t *u, const char *key)
+{
+	json_t *v = json_object_get(u, key);
+
+	if (!json_is_integer(v) || json_integer_value(v) <= 0)
+		return 0;
+	return (uint64_t)json_integer_value(v);
+}
+
+/* retire_and_stop: persists retired for the current record of sbx (if not
+ * yet), then cancels leases and stops its processes. */
+static int retire_and_stop(struct manager *m, const struct rec_exec *cur,
+                           uint64_t rev, struct tt_err *err)
+{
+	struct mgr_exec *ex;
+	char sbx[TT_SBX_ID_LEN + 1];
+
+	snprintf(sbx, sizeof(sbx), "%s", cur->id.sbx);
+	if (records_retire(m->db, sbx, cur->id.gen, rev, err) < 0)
+		return -1;
+	ex = exec_find(m, sbx);
+	if (ex != NULL) {
+		exec_stop(m, ex);
+		mark_state(m, sbx, REC_STOPPED);
+	}
+	cancel_leases(m, sbx);
+	return 0;
+}
+
+/* apply_install: install {sandbox,generation,worker,substrate,pod,activation}. */
+static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_err *err)
+{
+	const char *sbx = str_field(u, "sandbox", TT_SBX_ID_LEN, false);
+	const char *wrk = str_field(u, "worker", TT_NAME_MAX, false);
+	const char *sst = str_field(u, "substrate", TT_NAME_MAX, false);
+	const char *pod = str_field(u, "pod", TT_NAME_MAX, true);
+	uint64_t gen = u64_field(u, "generation"), att = u64_field(u, "activation");
+	const struct rec_exec *cur;
+	struct rec_exec rec = { 0 };
+	struct mgr_exec *ex;
+
+	if (sbx == NULL || !sbx_id_valid(sbx) || wrk == NULL || sst == NULL ||
+	    pod == NULL || gen == 0 || att == 0 || att > UINT32_MAX)
+		return tt_err_set(err, TT_ERR_MALFORMED, "install: bad or missing fields");
+	if (strcmp(wrk, m->worker_id) != 0)
+		return records_set_applied_rev(m->db, rev, err); /* not ours */
+	if (strcmp(sst, "ns") != 0)
+		return tt_err_set(err, TT_ERR_INVALID, "install: substrate %s not available here", sst);
+	cur = records_get(m->db, sbx);
+	if (cur != NULL && cur->id.gen > gen)
+		return tt_err_set(err, TT_ERR_CONFLICT,
+		                  "install: generation %" PRIu64 " older than installed %" PRIu64,
+		                  gen, cur->id.gen);
+	if (cur != NULL && cur->id.gen == gen && cur->id.att == att && !cur->retired &&
+	    cur->state == REC_RUNNING && exec_find(m, sbx) != NULL &&
+	    strcmp(cur->id.pod, pod) == 0)
+		return records_set_applied_rev(m->db, rev, err); /* already so */
+	snprintf(rec.id.sbx, sizeof(rec.id.sbx), "%s", sbx);
+	snprintf(rec.id.wrk, sizeof(rec.id.wrk), "%s", wrk);
+	snprintf(rec.id.sst, sizeof(rec.id.sst), "%s", sst);
+	snprintf(rec.id.pod, sizeof(rec.id.pod), "%s", pod);
+	rec.id.gen = gen;
+	rec.id.att = (uint32_t)att;
+	rec.epoch = cur ? cur->epoch + 1 : 1;
+	rec.slot = cur ? cur->slot : records_free_slot(m->db);
+	rec.state = REC_STARTING;
+	/* An older execution here is retired and stopped first (epoch bump). */
+	if (cur != NULL && retire_and_stop(m, cur, 0, err) < 0)
+		return -1;
+	if (records_put(m->db, &rec, 0, err) < 0)
+		return -1;
+	ex = exec_start(m, &rec, err);
+	if (ex == NULL) {
+		struct tt_err e2 = { 0 };
+
+		rec.state = REC_FAILED;
+		if (records_put(m->db, &rec, rev, &e2) < 0)
+			log_error("persisting failed install of %s: %s", sbx, e2.msg);
+		return -1;
+	}
+	rec.state = REC_RUNNING;
+	rec.init_pid = ex->sb.init_pid;
+	rec.init_start = ex->sb.init_start_time;
+	rec.bridge_pid = ex->bridge_pid;
+	rec.bridge_start = ex->bridge_start;
+	/* Persist, then apply: admission sees the execution only once the
+	 * record with its pids is committed. */
+	if (records_put(m->db, &rec, rev, err) < 0 || exec_watch(m, ex, err) < 0) {
+		ex->polls_open = 0;
+		exec_stop(m, ex);
+		return -1;
+	}
+	log_info("installed %s generation %" PRIu64 " activation %" PRIu64
+	         " (init pid %d, bridge pid %d, epoch %" PRIu64 ")",
+	         sbx, gen, att, (int)rec.init_pid, (int)rec.bridge_pid, rec.epoch);
+	return 0;
+}
+
+/* apply_retire: retire {sandbox,generation}. */
+static int apply_retire(struct manager *m, json_t *u, uint64_t rev, struct tt_err *err)
+{
+	const char *sbx = str_field(u, "sandbox", TT_SBX_ID_LEN, false);
+	uint64_t gen = u64_field(u, "generation");
+	const struct rec_exec *cur;
+
+	if (sbx == NULL || !sbx_id_valid(sbx) || gen == 0)
+		return tt_err_set(err, TT_ERR_MALFORMED, "retire: bad or missing fields");
+	cur = records_get(m->db, sbx);
+	if (cur == NULL || cur->id.gen != gen)
+		return records_set_applied_rev(m->db, rev, err);
+	log_info("retiring %s generation %" PRIu64, sbx, gen);
+	return retire_and_stop(m, cur, rev, err);
+}
+
+/* apply_destroy: destroy {sandbox}: retire, stop, delete data and record. */
+static int apply_destroy(struct manager *m, json_t *u, uint64_t rev, struct tt_err *err)
+{
+	const char *sbx = str_field(u, "sandbox", TT_SBX_ID_LEN, false);
+	const struct rec_exec *cur;
+	char dir[PATH_MAX];
+
+	if (sbx == NULL || !sbx_id_valid(sbx))
+		return tt_err_set(err, TT_ERR_MALFORMED, "destroy: bad or missing sandbox");
+	cur = records_get(m->db, sbx);
+	if (cur == NULL)
+		return records_set_applied_rev(m->db, rev, err);
+	if (retire_and_stop(m, cur, 0, err) < 0)
+		return -1;
+	if (sandbox_dir(m, sbx, dir, sizeof(dir)) == 0 && remove_tree(dir) < 0)
+		log_warn("removing %s: %s", dir, strerror(errno));
+	log_info("destroyed %s", sbx);
+	return records_delete(m->db, sbx, rev, err);
+}
+
+/* apply_keys: keys {"keys":[...]}: replaces the ring (persisted). */
+static int apply_keys(struct manager *m, json_t *u, uint64_t rev, struct tt_err *err)
+{
+	struct tt_keyring kr = { 0 };
+	json_t *bundle = json_pack("{s:O}", "keys", json_object_get(u, "keys"));
+	_cleanup_free_ char *text = bundle ? json_dumps(bundle, JSON_COMPACT) : NULL;
+
+	json_decref(bundle);
+	if (text == NULL)
+		return tt_err_set(err, TT_ERR_MALFORMED, "keys: missing bundle");
+	if (keyring_from_json(&kr, text, strlen(text), err) < 0)
+		return -1;
+	if (records_keys_replace(m->db, &kr, rev, err) < 0)
+		return -1;
+	log_info("key ring replaced: %zu key(s)", kr.n);
+	return 0;
+}
+
+/* apply_one: one update, persisted then applied; never skips a revision. */
+static int apply_one(struct manager *m, json_t *u, uint64_t rev, struct tt_err *err)
+{
+	const char *kind = json_string_value(json_object_get(u, "kind"));
+	int rc;
+
+	if (kind == NULL)
+		rc = tt_err_set(err, TT_ERR_MALFORMED, "update without kind");
+	else if (strcmp(kind, "keys") == 0)
+		rc = apply_keys(m, u, rev, err);
+	else if (strcmp(kind, "install") == 0)
+		rc = apply_install(m, u, rev, err);
+	else if (strcmp(kind, "retire") == 0)
+		rc = apply_retire(m, u, rev, err);
+	else if (strcmp(kind, "destroy") == 0)
+		rc = apply_destroy(m, u, rev, err);
+	else
+		rc = tt_err_set(err, TT_ERR_INVALID, "unknown update kind %.32s", kind);
+	/* A failed update is still consumed (its result says why), so the
+	 * feed moves on; the failure is what gets acknowledged. */
+	if (rc < 0 && records_applied_rev(m->db) < rev) {
+		struct tt_err e2 = { 0 };
+
+		if (records_set_applied_rev(m->db, rev, &e2) < 0)
+			log_error("persisting applied revision: %s", e2.msg);
+	}
+	return rc;
+}
+
+/* handle_feed_apply: {"op":"feed.apply","updates":[...]} -> RESULT. */
+static json_t *handle_feed_apply(struct manager *m, json_t *req)
+{
+	json_t *updates = json_object_get(req, "updates");
+	json_t *results = json_array(), *u;
+	size_t i;
+
+	if (!json_is_array(updates) || json_array_size(updates) > MGR_UPDATES_MAX) {
+		json_decref(results);
+		return NULL;
+	}
+	json_array_foreach(updates, i, u) {
+		struct tt_err err = { 0 };
+		uint64_t rev = u64_field(u, "rev");
+		json_t *r;
+
+		if (rev == 0) {
+			json_array_append_new(results, json_pack("{s:I,s:b,s:s}", "rev",
+			                      (json_int_t)0, "ok", 0, "error", "update without rev"));
+			continue;
+		}
+		if (rev <= records_applied_rev(m->db)) {
+			/* Already applied (a replay after a lost ack). */
+			json_array_append_new(results, json_pack("{s:I,s:b}", "rev",
+			                      (json_int_t)rev, "ok", 1));
+			continue;
+		}
+		if (apply_one(m, u, rev, &err) == 0) {
+			r = json_pack("{s:I,s:b}", "rev", (json_int_t)rev, "ok", 1);
+		} else {
+			log_warn("update rev %" PRIu64 " failed: %s", rev, err.msg);
+			r = json_pack("{s:I,s:b,s:s}", "rev", (json_int_t)rev, "ok", 0,
+			              "error", err.msg);
+		}
+		json_array_append_new(results, r);
+	}
+	return json_pack("{s:I,s:o}", "applied_rev",
+	                 (json_int_t)records_applied_rev(m->db), "results", results);
+}
+
+/* handle_status: {"op":"status"} -> the records and the applied revision. */
+static json_t *handle_status(struct manager *m)
+{
+	json_t *list = json_array();
+
+	for (size_t i = 0; i < records_count(m->db); i++) {
+		const struct rec_exec *r = records_at(m->db, i);
+
+		json_array_append_new(list, json_pack(
+			"{s:s,s:I,s:s,s:s,s:s,s:I,s:b,s:s,s:I}", "sandbox", r->id.sbx,
+			"generation", (json_int_t)r->id.gen, "worker", r->id.wrk,
+			"substrate", r->id.sst, "pod", r->id.pod, "activation",
+			(json_int_t)r->id.att, "retired", r->retired, "state",
+			rec_state_name(r->state), "epoch", (json_int_t)r->epoch));
+	}
+	return json_pack("{s:I,s:o}", "applied_rev",
+	                 (json_int_t)records_applied_rev(m->db), "executions", list);
+}
+
+/* handle_control: feed.apply / status; answers RESULT and closes. */
+static void handle_control(struct mgr_conn *c, const char *op)
+{
+	json_t *res = strcmp(op, "status") == 0 ? handle_status(c->m)
+	                                        : handle_feed_apply(c->m, c->req);
+	struct tt_err err = { 0 };
+
+	if (res == NULL) {
+		conn_fail(c, "bad_request", "feed.apply needs an updates array (<= 1000)");
+		return;
+	}
+	if (relay_write_json((uv_stream_t *)c->conn, WIRE_RESULT, res, &err) < 0)
+		log_warn("answering %s: %s", op, err.msg);
+	json_decref(res);
+	relay_close_after_writes((uv_stream_t *)c->conn);
+	c->conn = NULL;
+	conn_free(c);
+}
+
+/* ---- connections -------------------------------------------------------- */
+
+/* conn_alloc_cb: reads go straight into the connection's buffer. */
+static void conn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+	struct mgr_conn *c = h->data;
+
+	(void)suggested;
+	*buf = uv_buf_init((char *)c->buf, sizeof(c->buf));
+}
+
+/* conn_read_cb: waits for the one REQUEST frame, then dispatches. */
+static void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+	struct mgr_conn *c = s->data;
+	struct wire_frame f;
+	struct tt_err err = { 0 };
+	size_t used = 0;
+	const char *op;
+	int rc;
+
+	(void)buf;
+	if (nread == 0)
+		return;
+	if (nread < 0) {
+		conn_free(c);
+		return;
+	}
+	rc = wire_reader_feed(&c->rd, c->buf, (size_t)nread, &used, &f, &err);
+	if (rc == 0)
+		return;
+	uv_read_stop(s);
+	if (rc < 0 || f.type != WIRE_REQUEST) {
+		log_warn("closing a connection: %s", rc < 0 ? err.msg : "first frame is not a REQUEST");
+		metrics_inc("tether_manager_bad_frames_total", NULL);
+		conn_free(c);
+		return;
+	}
+	c->req = wire_frame_json(&f, &err);
+	op = c->req ? json_string_value(json_object_get(c->req, "op")) : NULL;
+	if (op == NULL) {
+		conn_fail(c, "bad_request", c->req ? "request without op" : err.msg);
+		return;
+	}
+	if ((size_t)nread > used) {
+		c->pending_len = (size_t)nread - used;
+		c->pending = malloc(c->pending_len);
+		if (c->pending == NULL) {
+			conn_fail(c, "internal", "out of memory");
+			return;
+		}
+		memcpy(c->pending, c->buf + used, c->pending_len);
+	}
+	if (strcmp(op, "feed.apply") == 0 || strcmp(op, "status") == 0)
+		handle_control(c, op);
+	else
+		handle_data_op(c);
+}
+
+/* peer_allowed: only the node-api that spawned us (pid and uid). */
+static bool peer_allowed(struct manager *m, uv_pipe_t *p, struct ucred *cr)
+{
+	uv_os_fd_t fd;
+	socklen_t len = sizeof(*cr);
+
+	if (uv_fileno((uv_handle_t *)p, &fd) < 0 ||
+	    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cr, &len) < 0)
+		return false;
+	return cr->uid == m->peer_uid && cr->pid == m->peer_pid;
+}
+
+/* on_connection: accept, check the peer, start reading its REQUEST. */
+static void on_connection(uv_stream_t *server, int status)
+{
+	struct manager *m = server->data;
+	struct mgr_conn *c;
+	uv_pipe_t *p;
+	struct ucred cr = { 0 };
+
+	if (status < 0)
+		return;
+	p = malloc(sizeof(*p));
+	if (p == NULL || uv_pipe_init(m->loop, p, 0) < 0) {
+		free(p);
+		return;
+	}
+	if (uv_accept(server, (uv_stream_t *)p) < 0) {
+		relay_close_free((uv_stream_t *)p);
+		return;
+	}
+	if (!peer_allowed(m, p, &cr)) {
+		log_warn("peer refused: pid %d uid %u (expected pid %d uid %u)", (int)cr.pid,
+		         (unsigned)cr.uid, (int)m->peer_pid, (unsigned)m->peer_uid);
+		metrics_inc("tether_manager_peer_refused_total", NULL);
+		relay_close_free((uv_stream_t *)p);
+		return;
+	}
+	c = calloc(1, sizeof(*c));
+	if (c == NULL) {
+		relay_close_free((uv_stream_t *)p);
+		return;
+	}
+	c->m = m;
+	c->conn = p;
+	p->data = c;
+	wire_reader_init(&c->rd);
+	uv_read_start((uv_stream_t *)p, conn_alloc_cb, conn_read_cb);
+}
+
+/* ---- start-up and shutdown --------------------------------------------- */
+
+/* proc_matches: pid is alive and started at start (pid reuse guard). */
+static bool proc_matches(pid_t pid, unsigned long long start)
+{
+	unsigned long long now = 0;
+
+	return pid > 0 && proc_start_time(pid, &now, NULL) == 0 && now == start;
+}
+
+/* kill_verified: SIGKILL to pid only if it is still the recorded process
+ * (pidfd opened first, start time checked after: no reuse race). */
+static void kill_verified(pid_t pid, unsigned long long start)
+{
+	int fd;
+
+	if (pid <= 0 || (fd = pidfd_open_raw(pid)) < 0)
+		return;
+	if (proc_matches(pid, start))
+		pidfd_signal(fd, SIGKILL);
+	close(fd);
+}
+
+/* recover: after a restart, adopt executions whose processes are still the
+ * recorded ones; mark the others lost (admission: RefreshRoute). */
+static void recover(struct manager *m)
+{
+	for (size_t i = 0; i < records_count(m->db); i++) {
+		const struct rec_exec *r = records_at(m->db, i);
+		bool init_ok = proc_matches(r->init_pid, r->init_start);
+		bool bridge_ok = proc_matches(r->bridge_pid, r->bridge_start);
+		struct mgr_exec *ex;
+		struct tt_err err = { 0 };
+		char dir[1200], exe[64];
+		struct stat st;
+
+		if (r->state != REC_RUNNING || r->retired || !init_ok || !bridge_ok) {
+			kill_verified(r->bridge_pid, r->bridge_start);
+			kill_verified(r->init_pid, r->init_start);
+			if (r->state == REC_RUNNING || r->state == REC_STARTING) {
+				log_warn("execution %s generation %" PRIu64 " lost across restart",
+				         r->id.sbx, r->id.gen);
+				mark_state(m, r->id.sbx, r->retired ? REC_STOPPED : REC_LOST);
+			}
+			continue;
+		}
+		ex = calloc(1, sizeof(*ex));
+		if (ex == NULL)
+			continue;
+		ex->m = m;
+		snprintf(ex->sbx, sizeof(ex->sbx), "%s", r->id.sbx);
+		ns_sandbox_init(&ex->sb);
+		ex->sb.init_pid = r->init_pid;
+		ex->sb.init_start_time = r->init_start;
+		ex->sb.pidfd = pidfd_open_raw(r->init_pid);
+		sandbox_dir(m, r->id.sbx, dir, sizeof(dir));
+		snprintf(ex->sb.guest_socket, sizeof(ex->sb.guest_socket), "%s/run/guest.sock", dir);
+		ex->bridge_pid = r->bridge_pid;
+		ex->bridge_start = r->bridge_start;
+		ex->bridge_pidfd = pidfd_open_raw(r->bridge_pid);
+		snprintf(exe, sizeof(exe), "/proc/%d/exe", (int)r->bridge_pid);
+		if (ex->sb.pidfd < 0 || ex->bridge_pidfd < 0 || stat(exe, &st) < 0 ||
+		    !proc_matches(r->init_pid, r->init_start) || exec_watch(m, ex, &err) < 0) {
+			if (ex->sb.pidfd >= 0)
+				close(ex->sb.pidfd);
+			if (ex->bridge_pidfd >= 0)
+				close(ex->bridge_pidfd);
+			free(ex);
+			mark_state(m, r->id.sbx, REC_LOST);
+			continue;
+		}
+		ex->bridge_dev = st.st_dev;
+		ex->bridge_ino = st.st_ino;
+		log_info("adopted %s generation %" PRIu64 " (init pid %d)", r->id.sbx,
+		         r->id.gen, (int)r->init_pid);
+	}
+}
+
+/* shutdown_all: stops every execution and the server; the loop ends. */
+static void shutdown_all(struct manager *m)
+{
+	if (m->stopping)
+		return;
+	m->stopping = true;
+	log_info("stopping: %s", "terminating bridges and sandboxes");
+	while (m->execs)
+		exec_stop(m, m->execs);
+	uv_close((uv_handle_t *)&m->server, NULL);
+	unlink(m->sock_path);
+	uv_signal_stop(&m->sigterm);
+	uv_signal_stop(&m->sigint);
+	uv_close((uv_handle_t *)&m->sigterm, NULL);
+	uv_close((uv_handle_t *)&m->sigint, NULL);
+}
+
+/* on_signal: SIGTERM / SIGINT. */
+static void on_signal(uv_signal_t *s, int signum)
+{
+	(void)signum;
+	shutdown_all(s->data);
+}
+
+/* default_guest_bin: tether-guest next to this binary. */
+static void default_guest_bin(char *out, size_t cap)
+{
+	char self[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	char *slash;
+
+	out[0] = '\0';
+	if (n <= 0)
+		return;
+	self[n] = '\0';
+	slash = strrchr(self, '/');
+	if (slash != NULL) {
+		*slash = '\0';
+		snprintf(out, cap, "%.4000s/tether-guest", self);
+	}
+}
+
+/* parse_args: the command line of protocol.md. */
+static int parse_args(struct manager *m, int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "state", required_argument, NULL, 's' },
+		{ "socket", required_argument, NULL, 'k' },
+		{ "worker-id", required_argument, NULL, 'w' },
+		{ "peer-pid", required_argument, NULL, 'p' },
+		{ "peer-uid", required_argument, NULL, 'u' },
+		{ "guest-bin", required_argument, NULL, 'g' },
+		{ NULL, 0, NULL, 0 },
+	};
+	bool have_pid = false, have_uid = false;
+	int o;
+
+	default_guest_bin(m->guest_bin, sizeof(m->guest_bin));
+	optind = 1;
+	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (o) {
+		case 's': snprintf(m->state_dir, sizeof(m->state_dir), "%s", optarg); break;
+		case 'k': snprintf(m->sock_path, sizeof(m->sock_path), "%s", optarg); break;
+		case 'w': snprintf(m->worker_id, sizeof(m->worker_id), "%s", optarg); break;
+		case 'p': m->peer_pid = (pid_t)atoi(optarg); have_pid = true; break;
+		case 'u': m->peer_uid = (uid_t)strtoul(optarg, NULL, 10); have_uid = true; break;
+		case 'g': snprintf(m->guest_bin, sizeof(m->guest_bin), "%s", optarg); break;
+		default: return -1;
+		}
+	}
+	if (!m->state_dir[0] || strlen(m->state_dir) > 900 || !m->sock_path[0] || !m->worker_id[0] || !have_pid ||
+	    !have_uid || m->peer_pid <= 0) {
+		fprintf(stderr, "usage: tetherd manager --state DIR --socket PATH --worker-id W"
+		                " --peer-pid PID --peer-uid UID [--guest-bin PATH]\n");
+		return -1;
+	}
+	return 0;
+}
+
+/* listen_socket: the manager socket, mode 0600, stale file replaced. */
+static int listen_socket(struct manager *m, struct tt_err *err)
+{
+	mode_t old;
+	int rc;
+
+	unlink(m->sock_path);
+	uv_pipe_init(m->loop, &m->server, 0);
+	m->server.data = m;
+	old = umask(077);
+	rc = uv_pipe_bind(&m->server, m->sock_path);
+	umask(old);
+	if (rc == 0)
+		rc = chmod(m->sock_path, 0600) < 0 ? -errno : 0;
+	if (rc == 0)
+		rc = uv_listen((uv_stream_t *)&m->server, 128, on_connection);
+	if (rc < 0)
+		return tt_err_set(err, TT_ERR_IO, "listen on %s: %s", m->sock_path,
+		                  uv_strerror(rc));
+	return 0;
+}
+
+/* manager_main: the sbx-manager role. */
+int manager_main(int argc, char **argv)
+{
+	static struct manager mgr; /* large; one per process */
+	struct manager *m = &mgr;
+	struct tt_err err = { 0 };
+	char path[PATH_MAX];
+	int rc = 1;
+
+	tt_log_init("manager", TT_LOG_INFO);
+	signal(SIGPIPE, SIG_IGN);
+	if (parse_args(m, argc, argv) < 0)
+		return 1;
+	m->loop = uv_default_loop();
+	snprintf(path, sizeof(path), "%s/sandboxes", m->state_dir);
+	if ((mkdir(m->state_dir, 0700) < 0 && errno != EEXIST) ||
+	    (mkdir(path, 0700) < 0 && errno != EEXIST)) {
+		log_error("cannot create %s: %s", path, strerror(errno));
+		return 1;
+	}
+	snprintf(path, sizeof(path), "%s/runtime.db", m->state_dir);
+	if (records_open(path, &m->db, &err) < 0) {
+		log_error("%s", err.msg);
+		return 1;
+	}
+	m->cache = capcache_new(MGR_CAPCACHE_ENTRIES);
+	if (m->cache == NULL) {
+		log_error("out of memory");
+		goto out;
+	}
+	recover(m);
+	if (listen_socket(m, &err) < 0) {
+		log_error("%s", err.msg);
+		goto out;
+	}
+	uv_signal_init(m->loop, &m->sigterm);
+	uv_signal_init(m->loop, &m->sigint);
+	m->sigterm.data = m;
+	m->sigint.data = m;
+	uv_signal_start(&m->sigterm, on_signal, SIGTERM);
+	uv_signal_start(&m->sigint, on_signal, SIGINT);
+	log_info("worker %s: listening on %s, applied rev %" PRIu64 ", %zu record(s)",
+	         m->worker_id, m->sock_path, records_applied_rev(m->db),
+	         records_count(m->db));
+	uv_run(m->loop, UV_RUN_DEFAULT);
+	rc = 0;
+out:
+	while (m->execs)
+		exec_stop(m, m->execs);
+	uv_run(m->loop, UV_RUN_NOWAIT);
+	capcache_free(m->cache);
+	records_close(m->db);
+	return rc;
+}

@@ -1,0 +1,47 @@
+/* node-api: the worker's HTTP front door (src/node/api.c) and the worker
+ * side of the control-plane update feed (src/node/feed.c). Shared state of
+ * one node-api process; everything runs on one libuv loop. */
+#ifndef TT_NODE_NODE_H
+#define TT_NODE_NODE_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <curl/curl.h>
+#include <uv.h>
+
+#include "err.h"
+#include "http.h"
+
+#define NODE_TOKEN_MAX 512
+
+struct node_feed; /* feed.c */
+
+struct node {
+	uv_loop_t *loop;
+	const char *id;            /* worker id ("w1") */
+	const char *cp_url;        /* control plane base URL */
+	const char *state_dir;
+	const char *guest_bin;     /* may be NULL */
+	char listen_host[64];
+	int port;
+	char node_url[128];        /* what we register: http://host:port */
+	char node_token[NODE_TOKEN_MAX + 1]; /* secret: zeroed on exit */
+	char sock_path[PATH_MAX];  /* manager.sock */
+	struct lws_context *lws;
+	struct httpc *httpc;
+	uv_process_t manager;
+	bool manager_running;
+	uint64_t applied_rev;      /* last rev the manager durably applied */
+	struct node_feed *feed;
+	int exit_code;
+};
+
+/* node_feed_start: registers with the cp and runs the long-poll loop (register
+ * -> poll -> feed.apply -> ack) from n->applied_rev on. */
+int node_feed_start(struct node *n, struct tt_err *err);
+/* node_feed_stop: cancels timers and transfers (the httpc aborts them). */
+void node_feed_stop(struct node *n);
+
+#endif

@@ -1,0 +1,743 @@
+/* The ns substrate: starts one sandbox execution (SPEC §9).
+ *
+ * Shape, chosen so the sandbox's own root owns as little as possible:
+ *  - The manager clone()s the init directly (it stays our child, we reap it)
+ *    into new pid, mount, net, uts and ipc namespaces, still as host root.
+ *  - The manager puts it in its cgroups, then lets it go on. The child makes
+ *    a cgroup namespace, builds the root filesystem, brings up loopback,
+ *    pivots, and only then unshares a user namespace. So the mount, net,
+ *    uts, ipc and pid namespaces belong to the host's user namespace: root
+ *    in the sandbox (host uid_base) has no capability over them (cannot
+ *    mount, configure the network or write sysctls even without seccomp).
+ *  - The manager writes uid/gid maps, the child becomes uid 0 inside, sets
+ *    no_new_privs, loads the seccomp filter and execs the init with the
+ *    readiness pipe as fd 3. The manager returns once "ready\n" arrives.
+ * The child runs after a raw clone of a possibly multi-threaded process, so
+ * it allocates nothing: every path, argv and the BPF program are prepared
+ * by the parent beforehand, and the child only makes system calls. */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <linux/close_range.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cleanup.h"
+#include "log.h"
+#include "node/ns.h"
+#include "node/ns_int.h"
+
+#define NS_HOSTNAME "sandbox"
+
+/* Everything the child needs, computed before clone (no allocation after). */
+struct ns_plan {
+	char root[PATH_MAX];            /* <dir>/root: the new root's mount point */
+	char layer_home[PATH_MAX], layer_tmp[PATH_MAX], layer_ws[PATH_MAX];
+	char run[PATH_MAX];             /* <dir>/run -> /run/tether */
+	const char *guest_bin;          /* host path or NULL */
+	char gen_s[24], att_s[16], id_s[72];
+	char *argv_buf[16];             /* default guest argv */
+	char *const *argv;
+	const struct sock_fprog *seccomp;
+	int sock;                       /* child end of the control socketpair */
+	int ready_wr;                   /* write end of the readiness pipe */
+	int log_fd;                     /* > 2 or -1 */
+};
+
+/* Control messages child -> parent on the SEQPACKET socketpair. */
+enum { MSG_USERNS = 'U', MSG_FAIL = 'E' };
+struct ns_msg {
+	char kind;
+	int sys_errno;
+	char what[120];
+};
+
+static char *const child_env[] = {
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"HOME=/home", "LANG=C.UTF-8", NULL,
+};
+
+/* Fresh /etc: nothing of the host's configuration is exposed. */
+static const struct { const char *name, *text; } etc_files[] = {
+	{ "etc/passwd", "root:x:0:0:root:/home:/bin/bash\n"
+	                "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n" },
+	{ "etc/group", "root:x:0:\nnogroup:x:65534:\n" },
+	{ "etc/hosts", "127.0.0.1\tlocalhost " NS_HOSTNAME "\n::1\tlocalhost ip6-localhost\n" },
+	{ "etc/hostname", NS_HOSTNAME "\n" },
+	{ "etc/nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\n"
+	                       "hosts: files\nnetworks: files\nprotocols: files\n"
+	                       "services: files\n" },
+	{ "etc/resolv.conf", "" },
+};
+
+/* Device nodes bind-mounted from the host: harmless, and expected. */
+static const char *const dev_nodes[] = { "null", "zero", "full", "random", "urandom", "tty" };
+
+/* ---- child side: system calls only ---- */
+
+/* child_fail: reports the failed step and errno to the parent, then exits.
+ * what is always a literal (no formatting after clone). */
+__attribute__((noreturn)) static void child_fail(const struct ns_plan *p, const char *what)
+{
+	struct ns_msg m = { .kind = MSG_FAIL, .sys_errno = errno };
+	size_t n = strlen(what);
+	if (n >= sizeof m.what)
+		n = sizeof m.what - 1;
+	memcpy(m.what, what, n);
+	(void)!send(p->sock, &m, sizeof m, MSG_NOSIGNAL);
+	_exit(127);
+}
+
+/* child_wait: blocks until the parent sends its go byte; EOF (parent gone
+ * or gave up) ends the child quietly. */
+static void child_wait(const struct ns_plan *p)
+{
+	char c;
+	ssize_t n;
+	do
+		n = recv(p->sock, &c, 1, 0);
+	while (n < 0 && errno == EINTR);
+	if (n != 1)
+		_exit(126);
+}
+
+/* child_bind: bind-mounts src on dst, then remounts with flags (a bind
+ * ignores flags on creation). */
+static void child_bind(const struct ns_plan *p, const char *src, const char *dst,
+                       unsigned long flags, const char *what)
+{
+	/* Privileged: host root, in the sandbox's private mount namespace. */
+	if (mount(src, dst, NULL, MS_BIND, NULL) < 0 ||
+	    mount(NULL, dst, NULL, MS_BIND | MS_REMOUNT | flags, NULL) < 0)
+		child_fail(p, what);
+}
+
+/* child_file: creates a file in the new root with fixed content. */
+static void child_file(const struct ns_plan *p, const char *path, const char *text, mode_t mode)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+	if (fd < 0)
+		child_fail(p, "create file in sandbox root");
+	size_t n = strlen(text);
+	if (n && write(fd, text, n) != (ssize_t)n)
+		child_fail(p, "write file in sandbox root");
+	close(fd);
+}
+
+/* child_mkdir: makes a directory in the new root. */
+static void child_mkdir(const struct ns_plan *p, const char *path, mode_t mode)
+{
+	if (mkdir(path, mode) < 0)
+		child_fail(p, "mkdir in sandbox root");
+}
+
+/* child_loopback: brings up lo in the new (otherwise empty) netns. */
+static void child_loopback(const struct ns_plan *p)
+{
+	int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		child_fail(p, "socket for loopback");
+	struct ifreq ifr;
+	memset(&ifr, 0, sizeof ifr);
+	memcpy(ifr.ifr_name, "lo", 3);
+	/* Privileged: CAP_NET_ADMIN over the sandbox's own netns. */
+	if (ioctl(s, SIOCGIFFLAGS, &ifr) < 0)
+		child_fail(p, "SIOCGIFFLAGS lo");
+	ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+	if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
+		child_fail(p, "SIOCSIFFLAGS lo up");
+	close(s);
+}
+
+/* child_dev: a minimal /dev on a tmpfs. */
+static void child_dev(const struct ns_plan *p)
+{
+	child_mkdir(p, "dev", 0755);
+	/* Privileged: tmpfs for /dev; no exec, no suid. */
+	if (mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k") < 0)
+		child_fail(p, "mount tmpfs on /dev");
+	for (size_t i = 0; i < sizeof dev_nodes / sizeof dev_nodes[0]; i++) {
+		char host[32] = "/dev/", in[32] = "dev/";
+		size_t n = strlen(dev_nodes[i]);
+		memcpy(host + 5, dev_nodes[i], n + 1);
+		memcpy(in + 4, dev_nodes[i], n + 1);
+		child_file(p, in, "", 0666);
+		child_bind(p, host, in, MS_NOSUID | MS_NOEXEC, "bind-mount a /dev node");
+	}
+	child_mkdir(p, "dev/pts", 0755);
+	/* Privileged: a private devpts instance, so host ptys stay invisible. */
+	if (mount("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+	          "newinstance,ptmxmode=0666,mode=0620") < 0)
+		child_fail(p, "mount devpts");
+	child_mkdir(p, "dev/shm", 0755);
+	/* Privileged: tmpfs for POSIX shared memory (charged to the cgroup). */
+	if (mount("tmpfs", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+	          "mode=1777,size=64m") < 0)
+		child_fail(p, "mount /dev/shm");
+	if (symlink("pts/ptmx", "dev/ptmx") < 0 || symlink("/proc/self/fd", "dev/fd") < 0 ||
+	    symlink("/proc/self/fd/0", "dev/stdin") < 0 ||
+	    symlink("/proc/self/fd/1", "dev/stdout") < 0 ||
+	    symlink("/proc/self/fd/2", "dev/stderr") < 0)
+		child_fail(p, "symlinks in /dev");
+	/* Privileged: freeze /dev's layout (nodes are separate mounts). */
+	if (mount(NULL, "dev", NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC,
+	          "mode=0755,size=64k") < 0)
+		child_fail(p, "remount /dev read-only");
+}
+
+/* child_rootfs: builds the new root under p->root and pivots into it. */
+static void child_rootfs(const struct ns_plan *p)
+{
+	/* Privileged: nothing we mount may propagate back to the host. */
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		child_fail(p, "make mounts private");
+	/* Privileged: the root is a fresh tmpfs, made read-only below. */
+	if (mount("tmpfs", p->root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m") < 0)
+		child_fail(p, "mount tmpfs root");
+	if (chdir(p->root) < 0)
+		child_fail(p, "chdir to new root");
+
+	child_mkdir(p, "usr", 0755);
+	/* Privileged: host /usr, read-only, no suid/devices (setuid binaries
+	 * in /usr must not gain anything in here). */
+	child_bind(p, "/usr", "usr", MS_RDONLY | MS_NOSUID | MS_NODEV, "bind-mount /usr read-only");
+	if (symlink("usr/bin", "bin") < 0 || symlink("usr/sbin", "sbin") < 0 ||
+	    symlink("usr/lib", "lib") < 0 || symlink("usr/lib64", "lib64") < 0)
+		child_fail(p, "merged-/usr symlinks");
+
+	child_mkdir(p, "etc", 0755);
+	for (size_t i = 0; i < sizeof etc_files / sizeof etc_files[0]; i++)
+		child_file(p, etc_files[i].name, etc_files[i].text, 0644);
+	/* Debian's /usr/bin/{awk,vi,...} are symlinks through
+	 * /etc/alternatives: expose just that (symlinks only), read-only. */
+	if (access("/etc/alternatives", F_OK) == 0) {
+		child_mkdir(p, "etc/alternatives", 0755);
+		child_bind(p, "/etc/alternatives", "etc/alternatives",
+		           MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "bind-mount /etc/alternatives");
+	}
+
+	/* Privileged: the writable layer (owned by uid_base on the host). */
+	child_mkdir(p, "home", 0755);
+	child_bind(p, p->layer_home, "home", MS_NOSUID | MS_NODEV, "bind-mount /home");
+	child_mkdir(p, "tmp", 01777);
+	child_bind(p, p->layer_tmp, "tmp", MS_NOSUID | MS_NODEV, "bind-mount /tmp");
+	child_mkdir(p, "workspace", 0755);
+	child_bind(p, p->layer_ws, "workspace", MS_NOSUID | MS_NODEV, "bind-mount /workspace");
+	child_mkdir(p, "run", 0755);
+	child_mkdir(p, "run/tether", 0755);
+	/* Privileged: the guest socket dir, shared with the host bridge. */
+	child_bind(p, p->run, "run/tether", MS_NOSUID | MS_NODEV | MS_NOEXEC, "bind-mount /run/tether");
+
+	child_mkdir(p, ".tether", 0755);
+	if (p->guest_bin) {
+		child_file(p, ".tether/tether-guest", "", 0755);
+		/* Privileged: the guest binary, read-only so it cannot be swapped. */
+		child_bind(p, p->guest_bin, ".tether/tether-guest", MS_RDONLY | MS_NOSUID | MS_NODEV,
+		           "bind-mount the guest binary");
+	}
+
+	child_mkdir(p, "proc", 0555);
+	/* Privileged: proc of the new pid namespace (we are its PID 1). */
+	if (mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+		child_fail(p, "mount /proc");
+	child_dev(p);
+
+	/* Privileged: pivot_root(".", ".") stacks the old root under the new
+	 * one; detaching it leaves no path back to the host filesystem. */
+	if (syscall(SYS_pivot_root, ".", ".") < 0)
+		child_fail(p, "pivot_root");
+	if (umount2(".", MNT_DETACH) < 0)
+		child_fail(p, "detach old root");
+	if (chdir("/") < 0)
+		child_fail(p, "chdir /");
+	/* Privileged: the root tmpfs itself becomes read-only. */
+	if (mount(NULL, "/", NULL, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV,
+	          "mode=0755,size=1m") < 0)
+		child_fail(p, "remount root read-only");
+}
+
+/* child_stdio: fds 0-2 (/dev/null or the log fd) and the ready pipe as fd
+ * 3; everything else is marked close-on-exec (the control socket included,
+ * so its EOF tells the parent the exec happened). */
+static void child_stdio(const struct ns_plan *p)
+{
+	int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (null < 0)
+		child_fail(p, "open /dev/null");
+	/* Move our fds above 3 so the dup2s below cannot clobber them. */
+	int hi_null = fcntl(null, F_DUPFD_CLOEXEC, 64);
+	int hi_ready = fcntl(p->ready_wr, F_DUPFD_CLOEXEC, 64);
+	int hi_log = p->log_fd > 2 ? fcntl(p->log_fd, F_DUPFD_CLOEXEC, 64) : hi_null;
+	if (hi_null < 0 || hi_ready < 0 || hi_log < 0)
+		child_fail(p, "dup fds");
+	if (dup2(hi_null, 0) < 0 || dup2(hi_log, 1) < 0 || dup2(hi_log, 2) < 0 ||
+	    dup2(hi_ready, NS_READY_FD) < 0)
+		child_fail(p, "dup2 stdio");
+	if (syscall(SYS_close_range, NS_READY_FD + 1, ~0u, CLOSE_RANGE_CLOEXEC) < 0)
+		child_fail(p, "close_range");
+}
+
+/* child_main: the cloned child, PID 1 of the sandbox. Never returns. */
+__attribute__((noreturn)) static void child_main(const struct ns_plan *p)
+{
+	child_wait(p); /* parent has put us in our cgroups */
+	/* Privileged: cgroup namespace rooted at the sandbox's own cgroup. */
+	if (unshare(CLONE_NEWCGROUP) < 0)
+		child_fail(p, "unshare cgroup namespace");
+	/* Privileged: hostname in the sandbox's own uts namespace. */
+	if (sethostname(NS_HOSTNAME, strlen(NS_HOSTNAME)) < 0)
+		child_fail(p, "sethostname");
+	child_loopback(p);
+	child_rootfs(p);
+	child_stdio(p);
+	/* Drop the host's supplementary groups while we still may; after
+	 * setgroups is denied they could never be dropped. */
+	if (setgroups(0, NULL) < 0)
+		child_fail(p, "setgroups");
+	/* Privileged: the user namespace comes last, so it owns none of the
+	 * namespaces above. */
+	if (unshare(CLONE_NEWUSER) < 0)
+		child_fail(p, "unshare user namespace");
+	struct ns_msg m = { .kind = MSG_USERNS };
+	if (send(p->sock, &m, sizeof m, MSG_NOSIGNAL) != (ssize_t)sizeof m)
+		_exit(126);
+	child_wait(p); /* parent has written uid_map/gid_map */
+	if (setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
+		child_fail(p, "become root of the user namespace");
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+		child_fail(p, "no_new_privs");
+	/* Last step before exec: the filter denies mount etc. used above. */
+	if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, p->seccomp) < 0)
+		child_fail(p, "load seccomp filter");
+	execve(p->argv[0], p->argv, child_env);
+	child_fail(p, "exec sandbox init");
+}
+
+/* ---- parent side ---- */
+
+/* ns_id_ok: sandbox ids become path components: keep them plain. */
+static int ns_id_ok(const char *id)
+{
+	size_t n = id ? strlen(id) : 0;
+	if (n == 0 || n > 64)
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		char c = id[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		      (c >= '0' && c <= '9') || c == '_' || c == '-'))
+			return 0;
+	}
+	return 1;
+}
+
+/* ns_path: out = a/b, bounded. */
+static int ns_path(char out[PATH_MAX], const char *a, const char *b, struct tt_err *err)
+{
+	if (snprintf(out, PATH_MAX, "%s/%s", a, b) >= PATH_MAX)
+		return tt_err_set(err, TT_ERR_INVALID, "sandbox path too long: %s/%s", a, b);
+	return 0;
+}
+
+/* ns_mkdir_owned: makes dir (if missing) and sets its owner and mode; a
+ * symlink in its place is refused. */
+static int ns_mkdir_owned(const char *dir, uid_t uid, mode_t mode, struct tt_err *err)
+{
+	if (mkdir(dir, mode) < 0 && errno != EEXIST)
+		return tt_err_sys(err, TT_ERR_IO, "mkdir %s", dir);
+	_cleanup_close_ int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return tt_err_sys(err, TT_ERR_IO, "open %s", dir);
+	/* Privileged: hand the layer to the sandbox's mapped root. */
+	if (fchown(fd, uid, uid) < 0 || fchmod(fd, mode) < 0)
+		return tt_err_sys(err, TT_ERR_IO, "chown/chmod %s", dir);
+	return 0;
+}
+
+/* ns_mkdir_root: makes a root-only dir if missing (an existing one keeps
+ * its owner and mode: the manager may have made it); must be a real dir. */
+static int ns_mkdir_root(const char *dir, struct tt_err *err)
+{
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+		return tt_err_sys(err, TT_ERR_IO, "mkdir %s", dir);
+	struct stat st;
+	if (lstat(dir, &st) < 0)
+		return tt_err_sys(err, TT_ERR_IO, "stat %s", dir);
+	if (!S_ISDIR(st.st_mode))
+		return tt_err_set(err, TT_ERR_INVALID, "%s is not a directory", dir);
+	return 0;
+}
+
+/* ns_prepare_dirs: the host-side layout under sandbox_dir. */
+static int ns_prepare_dirs(const struct ns_config *cfg, struct ns_plan *p,
+                           struct ns_sandbox *sb, struct tt_err *err)
+{
+	const char *d = cfg->sandbox_dir;
+	char layer[PATH_MAX];
+	/* The host side of the layout stays root-only: the child mounts as
+	 * host root, so the sandbox's uid never needs to traverse it. */
+	if (ns_mkdir_root(d, err) < 0 || ns_path(layer, d, "layer", err) < 0 ||
+	    ns_mkdir_root(layer, err) < 0 || ns_path(p->root, d, "root", err) < 0 ||
+	    ns_mkdir_root(p->root, err) < 0 ||
+	    ns_path(p->layer_home, layer, "home", err) < 0 ||
+	    ns_path(p->layer_tmp, layer, "tmp", err) < 0 ||
+	    ns_path(p->layer_ws, layer, "workspace", err) < 0 || ns_path(p->run, d, "run", err) < 0)
+		return -1;
+	if (ns_mkdir_owned(p->layer_home, cfg->uid_base, 0755, err) < 0 ||
+	    ns_mkdir_owned(p->layer_tmp, cfg->uid_base, 01777, err) < 0 ||
+	    ns_mkdir_owned(p->layer_ws, cfg->uid_base, 0755, err) < 0 ||
+	    ns_mkdir_owned(p->run, cfg->uid_base, 0700, err) < 0)
+		return -1;
+	if (ns_path(sb->guest_socket, p->run, "guest.sock", err) < 0)
+		return -1;
+	/* A socket left by an older execution must never be mistaken for ours. */
+	if (unlink(sb->guest_socket) < 0 && errno != ENOENT)
+		return tt_err_sys(err, TT_ERR_IO, "removing stale %s", sb->guest_socket);
+	return 0;
+}
+
+/* ns_plan_argv: the init's argv (default: the guest agent). */
+static int ns_plan_argv(const struct ns_config *cfg, struct ns_plan *p, struct tt_err *err)
+{
+	if (cfg->init_argv) {
+		if (!cfg->init_argv[0] || cfg->init_argv[0][0] != '/')
+			return tt_err_set(err, TT_ERR_INVALID, "init_argv[0] must be an absolute path");
+		p->argv = cfg->init_argv;
+		return 0;
+	}
+	if (!cfg->guest_bin)
+		return tt_err_set(err, TT_ERR_INVALID, "no guest_bin and no init_argv");
+	snprintf(p->gen_s, sizeof p->gen_s, "%" PRIu64, cfg->gen);
+	snprintf(p->att_s, sizeof p->att_s, "%" PRIu32, cfg->att);
+	snprintf(p->id_s, sizeof p->id_s, "%s", cfg->sbx_id);
+	char *const v[] = { NS_GUEST_BIN_IN, "--listen", NS_GUEST_SOCKET_IN, "--sbx", p->id_s,
+	                    "--gen", p->gen_s, "--att", p->att_s, "--ready-fd", "3", NULL };
+	memcpy(p->argv_buf, v, sizeof v);
+	p->argv = p->argv_buf;
+	return 0;
+}
+
+/* ns_now_ms: monotonic milliseconds. */
+static int64_t ns_now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ns_wait_fd: waits until fd is readable, or fails if the init exits
+ * (pidfd readable) or the deadline passes. */
+static int ns_wait_fd(int fd, int pidfd, int64_t deadline, const char *phase,
+                      struct tt_err *err)
+{
+	for (;;) {
+		int64_t left = deadline - ns_now_ms();
+		if (left <= 0)
+			return tt_err_set(err, TT_ERR_TRANSPORT, "sandbox init: timed out %s", phase);
+		struct pollfd pf[2] = { { .fd = fd, .events = POLLIN }, { .fd = pidfd, .events = POLLIN } };
+		int n = poll(pf, 2, (int)left);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return tt_err_sys(err, TT_ERR_SYS, "poll");
+		if (pf[0].revents)
+			return 0;
+		if (pf[1].revents)
+			return tt_err_set(err, TT_ERR_TRANSPORT, "sandbox init exited %s", phase);
+	}
+}
+
+/* ns_recv_msg: reads one control message; 0 = message, 1 = EOF. */
+static int ns_recv_msg(int sock, int pidfd, int64_t deadline, const char *phase,
+                       struct ns_msg *m, struct tt_err *err)
+{
+	if (ns_wait_fd(sock, pidfd, deadline, phase, err) < 0)
+		return -1;
+	ssize_t n = recv(sock, m, sizeof *m, 0);
+	if (n == 0)
+		return 1;
+	if (n != (ssize_t)sizeof *m)
+		return tt_err_sys(err, TT_ERR_TRANSPORT, "sandbox init: bad control message");
+	if (m->kind == MSG_FAIL) {
+		m->what[sizeof m->what - 1] = '\0';
+		errno = m->sys_errno;
+		return tt_err_sys(err, TT_ERR_SYS, "sandbox setup failed: %s", m->what);
+	}
+	return 0;
+}
+
+/* ns_write_map: writes one /proc/<pid>/{uid_map,gid_map,setgroups}. */
+static int ns_write_map(pid_t pid, const char *file, const char *text, struct tt_err *err)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, file);
+	_cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "open %s", path);
+	size_t n = strlen(text);
+	if (write(fd, text, n) != (ssize_t)n)
+		return tt_err_sys(err, TT_ERR_SYS, "write %s", path);
+	return 0;
+}
+
+/* ns_why_eof: the readiness pipe hit EOF: name the init's exit if that is
+ * the cause (its fds close just before it turns zombie, so wait a bit). */
+static int ns_why_eof(int pidfd, struct tt_err *err)
+{
+	struct pollfd pf = { .fd = pidfd, .events = POLLIN };
+	siginfo_t si;
+	memset(&si, 0, sizeof si);
+	if (poll(&pf, 1, 200) == 1 && waitid(P_PIDFD, (id_t)pidfd, &si, WEXITED | WNOWAIT) == 0) {
+		if (si.si_code == CLD_EXITED)
+			return tt_err_set(err, TT_ERR_TRANSPORT, "sandbox init exited with status %d "
+			                  "before signalling readiness", si.si_status);
+		return tt_err_set(err, TT_ERR_TRANSPORT, "sandbox init killed by signal %d "
+		                  "before signalling readiness", si.si_status);
+	}
+	return tt_err_set(err, TT_ERR_TRANSPORT,
+	                  "sandbox init closed its readiness fd without \"ready\"");
+}
+
+/* ns_read_ready: expects exactly "ready\n" on the readiness pipe. */
+static int ns_read_ready(int fd, int pidfd, int64_t deadline, struct tt_err *err)
+{
+	char buf[8];
+	size_t got = 0;
+	while (got < 6) {
+		if (ns_wait_fd(fd, pidfd, deadline, "before signalling readiness", err) < 0)
+			return -1;
+		ssize_t n = read(fd, buf + got, 6 - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return tt_err_sys(err, TT_ERR_IO, "reading readiness pipe");
+		if (n == 0)
+			return ns_why_eof(pidfd, err);
+		got += (size_t)n;
+		if (memchr(buf, '\n', got))
+			break; /* a short line is complete: judge it now */
+	}
+	if (got != 6 || memcmp(buf, "ready\n", 6) != 0)
+		return tt_err_set(err, TT_ERR_TRANSPORT, "sandbox init sent a bad readiness line");
+	return 0;
+}
+
+/* ns_kill_reap: SIGKILL the init through its pidfd and wait for it. */
+static void ns_kill_reap(struct ns_sandbox *sb)
+{
+	/* Privileged: killing our own child; the pidfd cannot hit a reused pid. */
+	if (syscall(SYS_pidfd_send_signal, sb->pidfd, SIGKILL, NULL, 0) < 0 && errno != ESRCH)
+		log_warn("ns: pidfd_send_signal(%d): %s", (int)sb->init_pid, strerror(errno));
+	siginfo_t si;
+	memset(&si, 0, sizeof si);
+	int rc;
+	do
+		rc = waitid(P_PIDFD, (id_t)sb->pidfd, &si, WEXITED);
+	while (rc < 0 && errno == EINTR);
+	if (rc == 0)
+		sb->exit_status = si.si_code == CLD_EXITED ? W_EXITCODE(si.si_status, 0)
+		                                           : si.si_status;
+	/* ECHILD: the caller reaped it already; it is gone either way. */
+}
+
+void ns_sandbox_init(struct ns_sandbox *sb)
+{
+	memset(sb, 0, sizeof *sb);
+	sb->pidfd = -1;
+	sb->exit_status = -1;
+}
+
+int ns_sandbox_start(const struct ns_config *cfg, struct ns_sandbox *out,
+                     struct tt_err *err)
+{
+	ns_sandbox_init(out);
+	if (!cfg || !ns_id_ok(cfg->sbx_id))
+		return tt_err_set(err, TT_ERR_INVALID, "sandbox id must be 1-64 chars of [A-Za-z0-9_-]");
+	if (!cfg->sandbox_dir || cfg->sandbox_dir[0] != '/')
+		return tt_err_set(err, TT_ERR_INVALID, "sandbox_dir must be an absolute path");
+	uint32_t count = cfg->uid_count ? cfg->uid_count : NS_DEFAULT_UID_COUNT;
+	if (cfg->uid_base == 0 || (uint64_t)cfg->uid_base + count > UINT32_MAX)
+		return tt_err_set(err, TT_ERR_INVALID, "uid range must be non-root and fit in 32 bits");
+	if (cfg->guest_bin && cfg->guest_bin[0] != '/')
+		return tt_err_set(err, TT_ERR_INVALID, "guest_bin must be an absolute path");
+	if (cfg->guest_bin && access(cfg->guest_bin, X_OK) < 0)
+		return tt_err_sys(err, TT_ERR_INVALID, "guest binary %s", cfg->guest_bin);
+	if (geteuid() != 0)
+		return tt_err_set(err, TT_ERR_DENIED, "the ns substrate needs root on the host");
+
+	struct ns_plan p;
+	memset(&p, 0, sizeof p);
+	p.guest_bin = cfg->guest_bin;
+	p.log_fd = cfg->log_fd > 2 ? cfg->log_fd : -1;
+	if (ns_plan_argv(cfg, &p, err) < 0 || ns_prepare_dirs(cfg, &p, out, err) < 0)
+		return -1;
+
+	struct sock_fprog prog;
+	if (ns_seccomp_build(&prog, err) < 0)
+		return -1;
+	p.seccomp = &prog;
+
+	char cgname[128];
+	snprintf(cgname, sizeof cgname, "%s-g%" PRIu64, cfg->sbx_id, cfg->gen);
+	if (ns_cgroup_create(cgname, cfg->memory_max ? cfg->memory_max : NS_DEFAULT_MEMORY_MAX,
+	                     cfg->pids_max ? cfg->pids_max : NS_DEFAULT_PIDS_MAX,
+	                     cfg->cpu_millis, out, err) < 0) {
+		ns_seccomp_free(&prog);
+		return -1;
+	}
+
+	int rc = -1;
+	int sv[2] = { -1, -1 }, ready[2] = { -1, -1 };
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0 ||
+	    pipe2(ready, O_CLOEXEC) < 0) {
+		tt_err_sys(err, TT_ERR_SYS, "socketpair/pipe");
+		goto fail;
+	}
+	p.sock = sv[1];
+	p.ready_wr = ready[1];
+
+	int pidfd = -1;
+	/* Privileged: new pid, mount, net, uts and ipc namespaces (host root
+	 * owns them; see the file comment). Raw clone: like fork, plus pidfd. */
+	long pid = syscall(SYS_clone, CLONE_PIDFD | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET |
+	                   CLONE_NEWUTS | CLONE_NEWIPC | SIGCHLD, NULL, &pidfd, NULL, NULL);
+	if (pid < 0) {
+		tt_err_sys(err, TT_ERR_SYS, "clone sandbox init");
+		goto fail;
+	}
+	if (pid == 0) {
+		close(sv[0]);
+		close(ready[0]);
+		child_main(&p);
+	}
+	out->init_pid = (pid_t)pid;
+	out->pidfd = pidfd;
+	close(sv[1]);
+	sv[1] = -1;
+	close(ready[1]);
+	ready[1] = -1;
+	int64_t deadline = ns_now_ms() +
+		(cfg->ready_timeout_ms ? cfg->ready_timeout_ms : NS_DEFAULT_READY_MS);
+
+	if (proc_start_time(out->init_pid, &out->init_start_time, err) < 0)
+		goto fail;
+	/* Into the cgroups before the child does anything at all. */
+	if (ns_cgroup_attach(out, out->init_pid, err) < 0)
+		goto fail;
+	if (send(sv[0], "c", 1, MSG_NOSIGNAL) != 1) {
+		tt_err_sys(err, TT_ERR_TRANSPORT, "sandbox init: control socket");
+		goto fail;
+	}
+	struct ns_msg m;
+	int r = ns_recv_msg(sv[0], out->pidfd, deadline, "during setup", &m, err);
+	if (r < 0)
+		goto fail;
+	if (r == 1 || m.kind != MSG_USERNS) {
+		tt_err_set(err, TT_ERR_TRANSPORT, "sandbox init: unexpected control message");
+		goto fail;
+	}
+	char map[64];
+	snprintf(map, sizeof map, "0 %u %u\n", (unsigned)cfg->uid_base, count);
+	/* Privileged: map sandbox ids 0..count-1 to the host range; setgroups
+	 * denied so the sandbox cannot drop groups to bypass deny ACLs. */
+	if (ns_write_map(out->init_pid, "setgroups", "deny", err) < 0 ||
+	    ns_write_map(out->init_pid, "uid_map", map, err) < 0 ||
+	    ns_write_map(out->init_pid, "gid_map", map, err) < 0)
+		goto fail;
+	if (send(sv[0], "m", 1, MSG_NOSIGNAL) != 1) {
+		tt_err_sys(err, TT_ERR_TRANSPORT, "sandbox init: control socket");
+		goto fail;
+	}
+	/* EOF on the control socket = exec happened (it is close-on-exec). */
+	r = ns_recv_msg(sv[0], out->pidfd, deadline, "before exec", &m, err);
+	if (r < 0)
+		goto fail;
+	if (r != 1) {
+		tt_err_set(err, TT_ERR_TRANSPORT, "sandbox init: unexpected control message");
+		goto fail;
+	}
+	if (ns_read_ready(ready[0], out->pidfd, deadline, err) < 0)
+		goto fail;
+	rc = 0;
+	log_info("ns: sandbox %s gen %" PRIu64 " init pid %d ready", cfg->sbx_id, cfg->gen,
+	         (int)out->init_pid);
+fail:
+	for (int i = 0; i < 2; i++) {
+		if (sv[i] >= 0)
+			close(sv[i]);
+		if (ready[i] >= 0)
+			close(ready[i]);
+	}
+	ns_seccomp_free(&prog);
+	if (rc < 0) {
+		struct tt_err ignored;
+		ns_sandbox_stop(out, &ignored);
+		ns_sandbox_init(out);
+	}
+	return rc;
+}
+
+int ns_sandbox_stop(struct ns_sandbox *sb, struct tt_err *err)
+{
+	if (sb->init_pid > 0 && sb->pidfd >= 0) {
+		ns_kill_reap(sb);
+		close(sb->pidfd);
+	}
+	sb->pidfd = -1;
+	sb->init_pid = 0;
+	/* The pid namespace's other processes died with its init (the kernel
+	 * reaps them before the init's own exit completes). */
+	return ns_cgroup_remove(sb, err);
+}
+
+int proc_start_time(pid_t pid, unsigned long long *out, struct tt_err *err)
+{
+	char path[64], buf[1024];
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	_cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return tt_err_sys(err, errno == ENOENT ? TT_ERR_NOT_FOUND : TT_ERR_IO, "open %s", path);
+	ssize_t n = read(fd, buf, sizeof buf - 1);
+	if (n <= 0)
+		return tt_err_sys(err, TT_ERR_IO, "read %s", path);
+	buf[n] = '\0';
+	/* comm may hold ')' and spaces: fields start after the last ')'. */
+	char *s = strrchr(buf, ')');
+	if (!s)
+		return tt_err_set(err, TT_ERR_MALFORMED, "%s: no ')'", path);
+	s++;
+	/* Field 3 (state) is the first after ')': field 22 is the 20th. */
+	for (int field = 3; field < 22; field++) {
+		while (*s == ' ')
+			s++;
+		while (*s && *s != ' ')
+			s++;
+		if (!*s)
+			return tt_err_set(err, TT_ERR_MALFORMED, "%s: too few fields", path);
+	}
+	while (*s == ' ')
+		s++;
+	if (*s < '0' || *s > '9')
+		return tt_err_set(err, TT_ERR_MALFORMED, "%s: bad starttime", path);
+	errno = 0;
+	char *end;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || (*end != ' ' && *end != '\n' && *end != '\0'))
+		return tt_err_set(err, TT_ERR_MALFORMED, "%s: bad starttime", path);
+	*out = v;
+	return 0;
+}

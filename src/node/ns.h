@@ -1,0 +1,79 @@
+/* The `ns` substrate (SPEC §9): one sandbox execution as a tree of processes
+ * in fresh pid, mount, net, uts, ipc, cgroup and user namespaces, rooted in
+ * a tmpfs built under <sandbox_dir>/root, with a seccomp filter, no new
+ * privileges, memory/pids(/cpu) cgroup limits and a loopback-only network.
+ *
+ * The sandbox manager (root on the host) calls ns_sandbox_start() and
+ * ns_sandbox_stop(); both are synchronous and bounded in time. The init of
+ * the sandbox is a direct child of the caller: the caller reaps it (or lets
+ * ns_sandbox_stop() do it) and may poll sb->pidfd for its exit. */
+#ifndef TT_NS_H
+#define TT_NS_H
+
+#include <limits.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "err.h"
+
+/* Defaults used when the corresponding ns_config field is 0. */
+#define NS_DEFAULT_UID_COUNT  65536u
+#define NS_DEFAULT_MEMORY_MAX (512ull << 20)
+#define NS_DEFAULT_PIDS_MAX   512u
+#define NS_DEFAULT_READY_MS   10000u
+/* Path of the guest socket inside the sandbox and of the guest binary. */
+#define NS_GUEST_SOCKET_IN "/run/tether/guest.sock"
+#define NS_GUEST_BIN_IN    "/.tether/tether-guest"
+/* The init always gets its readiness pipe as this descriptor. */
+#define NS_READY_FD 3
+
+struct ns_config {
+	const char *sbx_id;       /* [A-Za-z0-9_-], 1..64 chars: used in paths */
+	uint64_t gen;
+	uint32_t att;
+	const char *sandbox_dir;  /* absolute host dir owned by the manager; we
+	                           * create layer/{home,tmp,workspace}, run/,
+	                           * root/ under it */
+	const char *guest_bin;    /* host path of the static tether-guest;
+	                           * bind-mounted read-only when set */
+	char *const *init_argv;   /* NULL = run the guest (see ns.c); else an
+	                           * argv run as PID 1 with fd 3 = ready pipe */
+	uid_t uid_base;           /* host id range mapped to 0.. inside; must
+	                           * be > 0 (host root is never mapped) */
+	uint32_t uid_count;       /* 0 = NS_DEFAULT_UID_COUNT */
+	uint64_t memory_max;      /* bytes; 0 = NS_DEFAULT_MEMORY_MAX */
+	uint32_t pids_max;        /* 0 = NS_DEFAULT_PIDS_MAX */
+	/* Added beyond the brief (all optional, 0 = default): */
+	uint32_t cpu_millis;      /* CPU bandwidth in millicores; 0 = no limit */
+	uint32_t ready_timeout_ms;/* 0 = NS_DEFAULT_READY_MS */
+	int log_fd;               /* > 2: init's stdout+stderr; else /dev/null */
+};
+
+struct ns_sandbox {
+	pid_t init_pid;                   /* host pid; 0 when not running */
+	int pidfd;                        /* -1 when closed */
+	unsigned long long init_start_time; /* /proc/<pid>/stat field 22 */
+	char guest_socket[PATH_MAX];      /* host path: <sandbox_dir>/run/guest.sock */
+	char cgroup_memory[PATH_MAX];     /* v1 memory cgroup dir (v2: the one dir) */
+	char cgroup_pids[PATH_MAX];       /* v1 pids cgroup dir (v2: same as memory) */
+	char cgroup_cpu[PATH_MAX];        /* v1 cpu cgroup dir, "" when unused */
+	int exit_status;                  /* wait status once reaped, else -1 */
+};
+
+/* ns_sandbox_start: builds and starts one execution; returns 0 once the init
+ * wrote "ready\n" on fd 3, or -1 with a clear error and no process, cgroup
+ * or mount left behind. Must run as root on the host. */
+int ns_sandbox_start(const struct ns_config *cfg, struct ns_sandbox *out,
+                     struct tt_err *err);
+/* ns_sandbox_stop: SIGKILL via pidfd (the whole pid namespace dies with its
+ * init), reap, remove the cgroups, close fds. Idempotent; a zeroed or
+ * already stopped sandbox is fine. */
+int ns_sandbox_stop(struct ns_sandbox *sb, struct tt_err *err);
+/* ns_sandbox_init: puts a sandbox record in the "not running" state (so
+ * ns_sandbox_stop on it is a no-op). */
+void ns_sandbox_init(struct ns_sandbox *sb);
+/* proc_start_time: field 22 (starttime) of /proc/<pid>/stat, parsed after
+ * the LAST ')' so a hostile comm cannot shift fields. */
+int proc_start_time(pid_t pid, unsigned long long *out, struct tt_err *err);
+
+#endif

@@ -1,0 +1,263 @@
+/* cgroup limits for ns sandboxes. Prefers the v1 memory/pids/cpu
+ * controllers (what our workers mount); falls back to a v2 hierarchy that
+ * has the memory and pids controllers. Every limit is verified written:
+ * a sandbox without its limits is refused (fail closed). */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cleanup.h"
+#include "node/ns_int.h"
+
+#define CG_ROOT "/sys/fs/cgroup"
+#define CG_PERIOD_US 100000u
+
+/* cg_write: writes one value to a cgroup control file (whole, one write,
+ * as the kernel parses each write separately). */
+static int cg_write(const char *dir, const char *file, const char *val,
+                    struct tt_err *err)
+{
+	char path[PATH_MAX];
+	if (snprintf(path, sizeof path, "%s/%s", dir, file) >= (int)sizeof path)
+		return tt_err_set(err, TT_ERR_INVALID, "cgroup path too long");
+	_cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "cgroup: open %s", path);
+	size_t n = strlen(val);
+	ssize_t w = write(fd, val, n);
+	if (w < 0 || (size_t)w != n)
+		return tt_err_sys(err, TT_ERR_SYS, "cgroup: write '%s' to %s", val, path);
+	return 0;
+}
+
+/* cg_has: true when a path exists. */
+static int cg_has(const char *path)
+{
+	return access(path, F_OK) == 0;
+}
+
+/* cg_has_file: true when dir/file exists. */
+static int cg_has_file(const char *dir, const char *file)
+{
+	char path[PATH_MAX];
+	if (snprintf(path, sizeof path, "%s/%s", dir, file) >= (int)sizeof path)
+		return 0;
+	return cg_has(path);
+}
+
+/* cg_v2_root: finds a v2 hierarchy offering memory and pids, or NULL. */
+static const char *cg_v2_root(void)
+{
+	static const char *const roots[] = { CG_ROOT, CG_ROOT "/unified" };
+	for (size_t i = 0; i < sizeof roots / sizeof roots[0]; i++) {
+		char path[PATH_MAX], buf[512];
+		snprintf(path, sizeof path, "%s/cgroup.controllers", roots[i]);
+		_cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		ssize_t n = read(fd, buf, sizeof buf - 1);
+		if (n <= 0)
+			continue;
+		buf[n] = '\0';
+		/* Whole-word match: "memory" and "pids" among the controllers. */
+		int mem = 0, pids = 0;
+		for (char *save = NULL, *w = strtok_r(buf, " \n", &save); w;
+		     w = strtok_r(NULL, " \n", &save)) {
+			mem |= strcmp(w, "memory") == 0;
+			pids |= strcmp(w, "pids") == 0;
+		}
+		if (mem && pids)
+			return roots[i];
+	}
+	return NULL;
+}
+
+/* cg_mkdir: creates a cgroup dir; a leftover empty one from a crashed
+ * manager is replaced, a busy one is a conflict. */
+static int cg_mkdir(const char *path, struct tt_err *err)
+{
+	if (mkdir(path, 0755) == 0)
+		return 0;
+	if (errno != EEXIST)
+		return tt_err_sys(err, TT_ERR_SYS, "cgroup: mkdir %s", path);
+	if (rmdir(path) < 0)
+		return tt_err_sys(err, TT_ERR_CONFLICT,
+		                  "cgroup %s exists and cannot be replaced", path);
+	if (mkdir(path, 0755) < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "cgroup: mkdir %s", path);
+	return 0;
+}
+
+/* cg_parent: makes <root>/tether (shared parent of all sandboxes). */
+static int cg_parent(const char *root, struct tt_err *err)
+{
+	char path[PATH_MAX];
+	snprintf(path, sizeof path, "%s/tether", root);
+	if (mkdir(path, 0755) < 0 && errno != EEXIST)
+		return tt_err_sys(err, TT_ERR_SYS, "cgroup: mkdir %s", path);
+	return 0;
+}
+
+/* cg_path: formats <root>/tether/<name> into out. */
+static int cg_path(char out[PATH_MAX], const char *root, const char *name,
+                   struct tt_err *err)
+{
+	if (snprintf(out, PATH_MAX, "%s/tether/%s", root, name) >= PATH_MAX)
+		return tt_err_set(err, TT_ERR_INVALID, "cgroup name too long");
+	return 0;
+}
+
+/* cg_create_v1: one dir per controller, limits written in each. */
+static int cg_create_v1(const char *name, uint64_t memory_max, uint32_t pids_max,
+                        uint32_t cpu_millis, struct ns_sandbox *sb,
+                        struct tt_err *err)
+{
+	char val[64];
+	if (cg_parent(CG_ROOT "/memory", err) < 0 || cg_parent(CG_ROOT "/pids", err) < 0)
+		return -1;
+	if (cg_path(sb->cgroup_memory, CG_ROOT "/memory", name, err) < 0 ||
+	    cg_path(sb->cgroup_pids, CG_ROOT "/pids", name, err) < 0)
+		return -1;
+	char mem[PATH_MAX];
+	memcpy(mem, sb->cgroup_memory, PATH_MAX);
+	sb->cgroup_memory[0] = '\0'; /* recorded only once it exists */
+	if (cg_mkdir(mem, err) < 0)
+		return -1;
+	memcpy(sb->cgroup_memory, mem, PATH_MAX);
+	snprintf(val, sizeof val, "%" PRIu64, memory_max);
+	if (cg_write(mem, "memory.limit_in_bytes", val, err) < 0)
+		return -1;
+	/* Without swap accounting the memsw file is absent: nothing to cap. */
+	if (cg_has_file(mem, "memory.memsw.limit_in_bytes") && cg_write(mem, "memory.memsw.limit_in_bytes", val, err) < 0)
+		return -1;
+
+	char pids[PATH_MAX];
+	memcpy(pids, sb->cgroup_pids, PATH_MAX);
+	sb->cgroup_pids[0] = '\0';
+	if (cg_mkdir(pids, err) < 0)
+		return -1;
+	memcpy(sb->cgroup_pids, pids, PATH_MAX);
+	snprintf(val, sizeof val, "%" PRIu32, pids_max);
+	if (cg_write(pids, "pids.max", val, err) < 0)
+		return -1;
+
+	if (cpu_millis == 0)
+		return 0;
+	if (!cg_has(CG_ROOT "/cpu/cgroup.procs"))
+		return tt_err_set(err, TT_ERR_SYS, "cgroup: cpu limit asked but no cpu controller");
+	if (cg_parent(CG_ROOT "/cpu", err) < 0)
+		return -1;
+	char cpu[PATH_MAX];
+	if (cg_path(cpu, CG_ROOT "/cpu", name, err) < 0 || cg_mkdir(cpu, err) < 0)
+		return -1;
+	memcpy(sb->cgroup_cpu, cpu, PATH_MAX);
+	snprintf(val, sizeof val, "%u", CG_PERIOD_US);
+	if (cg_write(cpu, "cpu.cfs_period_us", val, err) < 0)
+		return -1;
+	snprintf(val, sizeof val, "%" PRIu64, (uint64_t)cpu_millis * CG_PERIOD_US / 1000);
+	return cg_write(cpu, "cpu.cfs_quota_us", val, err);
+}
+
+/* cg_create_v2: one dir with all controllers enabled from the root down. */
+static int cg_create_v2(const char *root, const char *name, uint64_t memory_max,
+                        uint32_t pids_max, uint32_t cpu_millis,
+                        struct ns_sandbox *sb, struct tt_err *err)
+{
+	char val[64], parent[PATH_MAX];
+	const char *ctl = cpu_millis ? "+memory +pids +cpu" : "+memory +pids";
+	if (cg_write(root, "cgroup.subtree_control", ctl, err) < 0 || cg_parent(root, err) < 0)
+		return -1;
+	snprintf(parent, sizeof parent, "%s/tether", root);
+	if (cg_write(parent, "cgroup.subtree_control", ctl, err) < 0)
+		return -1;
+	char dir[PATH_MAX];
+	if (cg_path(dir, root, name, err) < 0 || cg_mkdir(dir, err) < 0)
+		return -1;
+	memcpy(sb->cgroup_memory, dir, PATH_MAX);
+	memcpy(sb->cgroup_pids, dir, PATH_MAX);
+	snprintf(val, sizeof val, "%" PRIu64, memory_max);
+	if (cg_write(dir, "memory.max", val, err) < 0)
+		return -1;
+	if (cg_has_file(dir, "memory.swap.max") && cg_write(dir, "memory.swap.max", "0", err) < 0)
+		return -1;
+	snprintf(val, sizeof val, "%" PRIu32, pids_max);
+	if (cg_write(dir, "pids.max", val, err) < 0)
+		return -1;
+	if (cpu_millis == 0)
+		return 0;
+	snprintf(val, sizeof val, "%" PRIu64 " %u",
+	         (uint64_t)cpu_millis * CG_PERIOD_US / 1000, CG_PERIOD_US);
+	return cg_write(dir, "cpu.max", val, err);
+}
+
+int ns_cgroup_create(const char *name, uint64_t memory_max, uint32_t pids_max,
+                     uint32_t cpu_millis, struct ns_sandbox *sb,
+                     struct tt_err *err)
+{
+	sb->cgroup_memory[0] = sb->cgroup_pids[0] = sb->cgroup_cpu[0] = '\0';
+	int rc;
+	/* Privileged: creating cgroups and writing limits needs host root. */
+	if (cg_has(CG_ROOT "/memory/cgroup.procs") && cg_has(CG_ROOT "/pids/cgroup.procs")) {
+		rc = cg_create_v1(name, memory_max, pids_max, cpu_millis, sb, err);
+	} else {
+		const char *root = cg_v2_root();
+		if (!root)
+			return tt_err_set(err, TT_ERR_SYS,
+			                  "cgroup: no memory+pids controllers (v1 or v2) to apply limits");
+		rc = cg_create_v2(root, name, memory_max, pids_max, cpu_millis, sb, err);
+	}
+	if (rc < 0) {
+		struct tt_err ignored;
+		ns_cgroup_remove(sb, &ignored);
+		return -1;
+	}
+	return 0;
+}
+
+int ns_cgroup_attach(const struct ns_sandbox *sb, pid_t pid, struct tt_err *err)
+{
+	char val[32];
+	snprintf(val, sizeof val, "%d", (int)pid);
+	const char *dirs[] = { sb->cgroup_memory, sb->cgroup_pids, sb->cgroup_cpu };
+	for (size_t i = 0; i < 3; i++) {
+		if (i == 1 && strcmp(dirs[1], dirs[0]) == 0)
+			continue; /* v2: one dir holds every controller */
+		if (dirs[i][0] && cg_write(dirs[i], "cgroup.procs", val, err) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* cg_rmdir: removes one cgroup, retrying while its last tasks finish
+ * exiting (they leave the cgroup slightly after being reaped). */
+static int cg_rmdir(char path[PATH_MAX], struct tt_err *err)
+{
+	if (!path[0])
+		return 0;
+	for (int i = 0; i < 200; i++) {
+		if (rmdir(path) == 0 || errno == ENOENT) {
+			path[0] = '\0';
+			return 0;
+		}
+		if (errno != EBUSY)
+			break;
+		nanosleep(&(struct timespec){ .tv_nsec = 10 * 1000 * 1000 }, NULL);
+	}
+	return tt_err_sys(err, TT_ERR_SYS, "cgroup: rmdir %s", path);
+}
+
+int ns_cgroup_remove(struct ns_sandbox *sb, struct tt_err *err)
+{
+	int rc = 0;
+	if (strcmp(sb->cgroup_pids, sb->cgroup_memory) == 0)
+		sb->cgroup_pids[0] = '\0'; /* v2: same dir, remove once */
+	rc |= cg_rmdir(sb->cgroup_memory, err);
+	rc |= cg_rmdir(sb->cgroup_pids, err);
+	rc |= cg_rmdir(sb->cgroup_cpu, err);
+	return rc ? -1 : 0;
+}

@@ -1,0 +1,33 @@
+/* Internals of the ns substrate shared by ns.c, ns_cgroup.c and
+ * ns_seccomp.c. Not for other modules: use ns.h. */
+#ifndef TT_NS_INT_H
+#define TT_NS_INT_H
+
+#include <linux/filter.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "err.h"
+#include "node/ns.h"
+
+/* ns_cgroup_create: makes the memory/pids(/cpu) cgroups named
+ * tether/<name> (v1 controllers, else a v2 hierarchy with them), applies
+ * the limits and records the paths in sb. Fails closed: any limit that
+ * cannot be written is an error, and what was made is removed. */
+int ns_cgroup_create(const char *name, uint64_t memory_max, uint32_t pids_max,
+                     uint32_t cpu_millis, struct ns_sandbox *sb,
+                     struct tt_err *err);
+/* ns_cgroup_attach: moves pid into every cgroup recorded in sb. */
+int ns_cgroup_attach(const struct ns_sandbox *sb, pid_t pid, struct tt_err *err);
+/* ns_cgroup_remove: removes the cgroups recorded in sb (waiting briefly for
+ * dying tasks to leave) and clears the paths. Idempotent. */
+int ns_cgroup_remove(struct ns_sandbox *sb, struct tt_err *err);
+
+/* ns_seccomp_build: compiles the sandbox filter to classic BPF in the
+ * caller's memory (prog->filter is malloc'd; caller frees with
+ * ns_seccomp_free), so the child only has to load it, no allocation. */
+int ns_seccomp_build(struct sock_fprog *prog, struct tt_err *err);
+/* ns_seccomp_free: releases a program from ns_seccomp_build. */
+void ns_seccomp_free(struct sock_fprog *prog);
+
+#endif

@@ -1,0 +1,200 @@
+#!/bin/bash
+# End-to-end: `tether up` with two workers in a temp HOME, then every CLI
+# verb, node admission (RefreshRoute for the wrong worker, Deny for a forged
+# signature, Allow for the honest request) and sandbox isolation seen
+# through exec. Prints TAP; the cluster is stopped on exit.
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+T=$ROOT/build/tether
+WORK=$(mktemp -d /tmp/tether-cli.XXXXXX)
+export HOME=$WORK/home
+unset TETHER_URL TETHER_API_KEY
+mkdir -p "$HOME"
+BASE=$((17000 + $$ % 1000 * 10))
+[ "$BASE" -gt 26990 ] && BASE=$((BASE - 10000))
+STATE=$WORK/state
+n=0
+fails=0
+UP_PID=
+LISTENER_PID=
+
+# ok NAME / notok NAME [DETAIL]: one TAP line each.
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+notok() {
+	n=$((n + 1)); fails=$((fails + 1)); echo "not ok $n - $1"
+	[ $# -gt 1 ] && printf '%s\n' "$2" | head -n 8 | sed 's/^/#   /'
+	return 0
+}
+# check NAME CMD...: ok when CMD succeeds.
+check() { local name=$1; shift; if "$@" >"$WORK/out" 2>&1; then ok "$name"; else notok "$name" "$(cat "$WORK/out")"; fi; }
+
+cleanup() {
+	[ -n "$LISTENER_PID" ] && kill "$LISTENER_PID" 2>/dev/null
+	if [ -n "$UP_PID" ] && kill -0 "$UP_PID" 2>/dev/null; then
+		kill -TERM "$UP_PID"
+		for _ in $(seq 1 150); do kill -0 "$UP_PID" 2>/dev/null || break; sleep 0.1; done
+		kill -KILL "$UP_PID" 2>/dev/null
+	fi
+	rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+jget() { python3 -c 'import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1]))' "$1"; }
+
+# ---- up ----------------------------------------------------------------------
+"$T" up --workers 2 --state "$STATE" --port "$BASE" >"$WORK/up.out" 2>"$WORK/up.err" &
+UP_PID=$!
+ready=0
+for _ in $(seq 1 600); do
+	grep -q "tether is up" "$WORK/up.out" 2>/dev/null && { ready=1; break; }
+	kill -0 "$UP_PID" 2>/dev/null || break
+	sleep 0.1
+done
+if [ $ready = 1 ]; then ok "tether up: cluster ready"; else
+	notok "tether up: cluster ready" "$(cat "$WORK/up.err"; tail -n 5 "$STATE"/logs/*.log 2>/dev/null)"
+	echo "1..$n"; exit 1
+fi
+cfg=$HOME/.config/tether/config
+if [ "$(stat -c %a "$cfg")" = 600 ] && grep -q "^url=http://127.0.0.1:$((BASE + 1))$" "$cfg"; then
+	ok "up wrote a 0600 config pointing at the edge"
+else notok "up wrote a 0600 config pointing at the edge" "$(ls -l "$cfg")"; fi
+check "welcome names the edge and next commands" grep -q "tether create" "$WORK/up.out"
+
+# ---- lifecycle ---------------------------------------------------------------
+if "$T" workers >"$WORK/w" 2>&1 && grep -q "^w1 .*up" "$WORK/w" && grep -q "^w2 .*up" "$WORK/w"; then
+	ok "workers lists w1 and w2 up"; else notok "workers lists w1 and w2 up" "$(cat "$WORK/w")"; fi
+S1=$("$T" create --worker w1 2>"$WORK/e1")
+S2=$("$T" create --worker w2 2>"$WORK/e2")
+if [[ $S1 =~ ^sbx_[a-z2-7]{26}$ ]]; then ok "create --worker w1 prints an id"; else notok "create --worker w1 prints an id" "$S1 $(cat "$WORK/e1")"; fi
+if [[ $S2 =~ ^sbx_[a-z2-7]{26}$ ]]; then ok "create --worker w2 prints an id"; else notok "create --worker w2 prints an id" "$S2 $(cat "$WORK/e2")"; fi
+S3=$("$T" create 2>"$WORK/e3")
+if [[ $S3 =~ ^sbx_ ]]; then ok "create (placed by the cp)"; else notok "create (placed by the cp)" "$(cat "$WORK/e3")"; fi
+"$T" ls >"$WORK/ls" 2>&1
+if head -n1 "$WORK/ls" | grep -qE '^ID +STATE +GEN +WORKER$' && grep -q "^$S1 .* 1  w1$" "$WORK/ls" &&
+   grep -q "^$S2 .* 1  w2$" "$WORK/ls"; then ok "ls: aligned table with both sandboxes"
+else notok "ls: aligned table with both sandboxes" "$(cat "$WORK/ls")"; fi
+info=$("$T" info "$S1" --json 2>&1)
+if [ "$(echo "$info" | jget 'd["generation"], d["worker"], d["state"]')" = "(1, 'w1', 'running')" ]; then
+	ok "info --json: generation 1, worker w1, running"; else notok "info --json: generation 1, worker w1, running" "$info"; fi
+info2=$("$T" info "$S2" --json 2>&1)
+if [ "$(echo "$info2" | jget 'd["worker"]')" = w2 ]; then ok "info: second sandbox on w2"; else notok "info: second sandbox on w2" "$info2"; fi
+
+# ---- exec --------------------------------------------------------------------
+out=$("$T" exec "$S1" -- sh -c 'echo hi; echo oops >&2; exit 3' 2>"$WORK/err"); rc=$?
+if [ "$out" = hi ] && [ $rc = 3 ] && [ "$(cat "$WORK/err")" = oops ]; then
+	ok "exec: stdout, stderr and exit status 3 propagate"
+else notok "exec: stdout, stderr and exit status 3 propagate" "rc=$rc out=$out err=$(cat "$WORK/err")"; fi
+out=$("$T" exec "$S2" -- echo on-w2 2>&1)
+if [ "$out" = on-w2 ]; then ok "exec on the w2 sandbox"; else notok "exec on the w2 sandbox" "$out"; fi
+
+# ---- cp ----------------------------------------------------------------------
+head -c $((3 * 1024 * 1024 + 17)) /dev/urandom >"$WORK/in.bin"
+check "cp local -> sandbox (3 MiB)" "$T" cp "$WORK/in.bin" "$S1:/tmp/in.bin"
+check "cp sandbox -> local" "$T" cp "$S1:/tmp/in.bin" "$WORK/back.bin"
+check "cp round trip is byte-exact" cmp "$WORK/in.bin" "$WORK/back.bin"
+sz=$("$T" exec "$S1" -- sh -c 'wc -c < /tmp/in.bin' 2>&1)
+if [ "$sz" = $((3 * 1024 * 1024 + 17)) ]; then ok "file in the sandbox has the right size"; else notok "file in the sandbox has the right size" "$sz"; fi
+"$T" cp "$WORK/nope.bin" "$S1:/tmp/x" >"$WORK/o" 2>"$WORK/e"; rc=$?
+if [ $rc = 1 ] && [ "$(wc -l <"$WORK/e")" = 1 ] && grep -q '^tether: ' "$WORK/e"; then
+	ok "cp of a missing local file: exit 1, one line"; else notok "cp of a missing local file: exit 1, one line" "rc=$rc $(cat "$WORK/e")"; fi
+"$T" cp "$S1:/tmp/does-not-exist" "$WORK/x.bin" >"$WORK/o" 2>"$WORK/e"; rc=$?
+if [ $rc = 1 ] && [ "$(wc -l <"$WORK/e")" = 1 ] && [ ! -e "$WORK/x.bin" ] &&
+   [ -z "$(ls -A "$WORK" | grep '^\.x\.bin')" ]; then
+	ok "cp of a missing remote file: exit 1, one line, no partial file"
+else notok "cp of a missing remote file: exit 1, one line, no partial file" "rc=$rc $(cat "$WORK/e")"; fi
+
+# ---- cap + node admission ----------------------------------------------------
+"$T" cap "$S1" >"$WORK/cap.json" 2>&1
+TOK=$(jget 'd["token"]' <"$WORK/cap.json" 2>/dev/null)
+NODE=$(jget 'd["node_url"]' <"$WORK/cap.json" 2>/dev/null)
+if [[ $TOK == v4.public.* ]] && [ "$NODE" = "http://127.0.0.1:$((BASE + 11))" ] &&
+   grep -q expires_at "$WORK/cap.json"; then ok "cap prints token, expires_at, node_url"
+else notok "cap prints token, expires_at, node_url" "$(cat "$WORK/cap.json")"; fi
+if "$T" cap inspect "$TOK" >"$WORK/insp" 2>&1 && grep -q "\"sbx\": \"$S1\"" "$WORK/insp" &&
+   grep -q '"wrk": "w1"' "$WORK/insp"; then ok "cap inspect decodes the token"
+else notok "cap inspect decodes the token" "$(cat "$WORK/insp")"; fi
+
+body='{"cmd":["echo","direct"]}'
+W1=http://127.0.0.1:$((BASE + 11)); W2=http://127.0.0.1:$((BASE + 12))
+code=$(curl -s -o "$WORK/r" -w '%{http_code}' -H "Authorization: Capability $TOK" \
+	-H 'Content-Type: application/json' -d "$body" "$W1/v1/sandboxes/$S1/exec")
+if [ "$code" = 200 ] && grep -q direct "$WORK/r"; then ok "node w1 admits the honest capability"
+else notok "node w1 admits the honest capability" "$code $(cat "$WORK/r")"; fi
+code=$(curl -s -o "$WORK/r" -w '%{http_code}' -H "Authorization: Capability $TOK" \
+	-H 'Content-Type: application/json' -d "$body" "$W2/v1/sandboxes/$S1/exec")
+# w2 never recorded w1's execution (protocol: "not ours: record nothing"), so
+# its reason is not_installed; a receiver holding another route says
+# wrong_worker. Either way: RefreshRoute, nothing forwarded.
+dec=$(jget 'd["decision"] + " " + d["reason"]' <"$WORK/r" 2>/dev/null)
+if [ "$code" = 409 ] && { [ "$dec" = "refresh_route wrong_worker" ] || [ "$dec" = "refresh_route not_installed" ]; }; then
+	ok "node w2 answers 409 refresh_route ($dec) to w1's capability"
+else notok "node w2 answers 409 refresh_route to w1's capability" "$code $(cat "$WORK/r")"; fi
+# tamper one character of the signature (the last char of the payload part)
+FORGED=$(python3 -c '
+import sys
+t = sys.argv[1]; head, payload, footer = t[:10], t[10:].split(".")[0], t[10:].split(".")[1:]
+i = len(payload) - 10
+c = "A" if payload[i] != "A" else "B"
+print(head + payload[:i] + c + payload[i + 1:] + "".join("." + f for f in footer))' "$TOK")
+code=$(curl -s -o "$WORK/r" -w '%{http_code}' -H "Authorization: Capability $FORGED" \
+	-H 'Content-Type: application/json' -d "$body" "$W1/v1/sandboxes/$S1/exec")
+if [ "$code" = 403 ] && [ "$(jget 'd["decision"]' <"$WORK/r")" = deny ] &&
+   ! grep -q installed_generation "$WORK/r"; then ok "forged signature: 403 deny, no identity leaked"
+else notok "forged signature: 403 deny, no identity leaked" "$code $(cat "$WORK/r")"; fi
+code=$(curl -s -o "$WORK/r" -w '%{http_code}' -d "$body" "http://127.0.0.1:$((BASE + 1))/v1/sandboxes/$S1/exec")
+if [ "$code" = 401 ]; then ok "edge: operation without an API key is 401"; else notok "edge: operation without an API key is 401" "$code"; fi
+code=$(curl -s -o "$WORK/r" -w '%{http_code}' -H "Authorization: Bearer wrong-key" -d "$body" \
+	"http://127.0.0.1:$((BASE + 1))/v1/sandboxes/$S1/exec")
+if [ "$code" = 401 ]; then ok "edge: operation with a wrong API key is 401 (cp decides)"; else notok "edge: operation with a wrong API key is 401 (cp decides)" "$code $(cat "$WORK/r")"; fi
+
+# ---- isolation through exec ---------------------------------------------------
+pids=$("$T" exec "$S1" -- sh -c 'ls /proc | grep -E "^[0-9]+$"' 2>&1); rc=$?
+if [ $rc = 0 ] && [ -n "$pids" ] && ! echo "$pids" | grep -qvE '^[0-9]+$' &&
+   [ "$(echo "$pids" | wc -l)" -le 8 ] && ! echo "$pids" | grep -qx "$UP_PID"; then
+	ok "ls /proc in the sandbox shows only its own pids"
+else notok "ls /proc in the sandbox shows only its own pids" "$pids"; fi
+"$T" exec "$S1" -- sh -c 'echo x > /usr/x' >/dev/null 2>&1; rc=$?
+"$T" exec "$S1" -- sh -c 'echo x > /tmp/x && cat /tmp/x' >"$WORK/o" 2>&1; rc2=$?
+if [ $rc != 0 ] && [ $rc2 = 0 ] && [ "$(cat "$WORK/o")" = x ]; then ok "writing /usr/x fails (while /tmp works)"
+else notok "writing /usr/x fails (while /tmp works)" "rc=$rc rc2=$rc2 $(cat "$WORK/o")"; fi
+LPORT=$((BASE + 9))
+python3 -c '
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(8)
+while True:
+    c, _ = s.accept(); c.sendall(b"host-secret\n"); c.close()' "$LPORT" &
+LISTENER_PID=$!
+host_got=
+for _ in $(seq 1 50); do
+	host_got=$(timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$LPORT && cat <&3" 2>&1)
+	[ "$host_got" = host-secret ] && break
+	sleep 0.1
+done
+"$T" exec "$S1" -- bash -c "exec 3<>/dev/tcp/127.0.0.1/$LPORT && cat <&3" >"$WORK/o" 2>&1; rc=$?
+if [ "$host_got" = host-secret ] && [ $rc != 0 ] && ! grep -q host-secret "$WORK/o"; then
+	ok "a host listener on 127.0.0.1 is unreachable from the sandbox"
+else notok "a host listener on 127.0.0.1 is unreachable from the sandbox" "host=$host_got rc=$rc $(cat "$WORK/o")"; fi
+
+# ---- rm ----------------------------------------------------------------------
+check "rm" "$T" rm "$S1"
+"$T" info "$S1" >"$WORK/o" 2>"$WORK/e"; rc=$?
+if [ $rc = 1 ] && [ "$(wc -l <"$WORK/e")" = 1 ]; then ok "info after rm: exit 1, one line"
+else notok "info after rm: exit 1, one line" "rc=$rc $(cat "$WORK/o" "$WORK/e")"; fi
+"$T" exec "$S1" -- true >"$WORK/o" 2>"$WORK/e"; rc=$?
+if [ $rc = 1 ]; then ok "exec after rm fails"; else notok "exec after rm fails" "rc=$rc $(cat "$WORK/e")"; fi
+"$T" rm "$S2" >/dev/null 2>&1; "$T" rm "$S3" >/dev/null 2>&1
+
+# ---- shutdown ----------------------------------------------------------------
+kill -TERM "$UP_PID"
+stopped=0
+for _ in $(seq 1 150); do kill -0 "$UP_PID" 2>/dev/null || { stopped=1; break; }; sleep 0.1; done
+wait "$UP_PID" 2>/dev/null; rc=$?
+left=$(pgrep -f "tetherd .*127.0.0.1:$BASE" | wc -l)
+if [ $stopped = 1 ] && [ $rc = 0 ] && [ "$left" = 0 ]; then ok "SIGTERM stops the whole cluster (exit 0, no strays)"
+else notok "SIGTERM stops the whole cluster (exit 0, no strays)" "stopped=$stopped rc=$rc left=$left"; fi
+UP_PID=
+
+echo "1..$n"
+[ $fails = 0 ]

@@ -1,0 +1,787 @@
+/* tether-guest end to end: starts the real static agent (TETHER_GUEST_BIN,
+ * default build/tether-guest) on a temp root and drives every operation over
+ * its unix socket with the wire protocol. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "wire.h"
+#include "wire_json.h"
+
+#define GEN 7
+
+static char root_dir[] = "/tmp/tt-guest-root.XXXXXX";
+static char sock_dir[] = "/tmp/tt-guest-sock.XXXXXX";
+static char sock_path[256];
+static pid_t guest_pid = -1;
+static uint8_t rbuf[WIRE_PAYLOAD_MAX + 1];
+
+/* What one operation produced. */
+struct op_out {
+	char *out, *err;        /* malloc'd, NUL-terminated */
+	size_t out_len, err_len;
+	uint8_t end_type;       /* WIRE_RESULT, WIRE_ERROR, or 0 on EOF */
+	json_t *end;            /* the final JSON */
+};
+
+/* now_ms: monotonic milliseconds. */
+static double now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* rpath: a host path inside the guest root. */
+static const char *rpath(const char *rel)
+{
+	static char buf[4][512];
+	static int i;
+
+	i = (i + 1) % 4;
+	snprintf(buf[i], sizeof(buf[i]), "%s%s", root_dir, rel);
+	return buf[i];
+}
+
+/* write_file: creates a host file with content. */
+static void write_file(const char *path, const char *content)
+{
+	FILE *f = fopen(path, "w");
+
+	assert_non_null(f);
+	fputs(content, f);
+	fclose(f);
+}
+
+static int group_setup(void **state)
+{
+	const char *bin = getenv("TETHER_GUEST_BIN");
+	char fdarg[16], line[16] = { 0 };
+	int p[2];
+
+	(void)state;
+	if (bin == NULL)
+		bin = "build/tether-guest";
+	if (mkdtemp(root_dir) == NULL || mkdtemp(sock_dir) == NULL)
+		return -1;
+	snprintf(sock_path, sizeof(sock_path), "%s/guest.sock", sock_dir);
+	/* A host variable that must not leak into exec'd commands. */
+	setenv("TT_LEAK_CHECK", "leaked", 1);
+	if (pipe(p) < 0)
+		return -1;
+	guest_pid = fork();
+	if (guest_pid < 0)
+		return -1;
+	if (guest_pid == 0) {
+		close(p[0]);
+		snprintf(fdarg, sizeof(fdarg), "%d", p[1]);
+		execl(bin, bin, "--listen", sock_path, "--sbx",
+		      "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa", "--gen", "7", "--att", "1",
+		      "--root", root_dir, "--ready-fd", fdarg, (char *)NULL);
+		fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));
+		_exit(127);
+	}
+	close(p[1]);
+	struct pollfd pf = { .fd = p[0], .events = POLLIN };
+	if (poll(&pf, 1, 5000) != 1 || read(p[0], line, sizeof(line) - 1) != 6 ||
+	    strcmp(line, "ready\n") != 0) {
+		fprintf(stderr, "guest did not become ready\n");
+		return -1;
+	}
+	close(p[0]);
+	return 0;
+}
+
+static int group_teardown(void **state)
+{
+	char cmd[600];
+	int status;
+
+	(void)state;
+	if (guest_pid > 0) {
+		kill(guest_pid, SIGTERM);
+		waitpid(guest_pid, &status, 0);
+	}
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", root_dir, sock_dir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+/* g_connect: a new connection to the guest. */
+static int g_connect(void)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	assert_true(fd >= 0);
+	strcpy(sa.sun_path, sock_path);
+	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	return fd;
+}
+
+/* append: grows a malloc'd buffer by n bytes. */
+static void append(char **buf, size_t *len, const uint8_t *p, size_t n)
+{
+	*buf = realloc(*buf, *len + n + 1);
+	assert_non_null(*buf);
+	memcpy(*buf + *len, p, n);
+	*len += n;
+	(*buf)[*len] = '\0';
+}
+
+/* op_collect: reads frames until RESULT, ERROR or EOF. */
+static void op_collect(int fd, struct op_out *o)
+{
+	struct tt_err err = { 0 };
+	struct wire_frame f;
+
+	memset(o, 0, sizeof(*o));
+	append(&o->out, &o->out_len, (const uint8_t *)"", 0);
+	append(&o->err, &o->err_len, (const uint8_t *)"", 0);
+	for (;;) {
+		int rc = wire_recv(fd, &f, rbuf, sizeof(rbuf), &err);
+
+		if (rc <= 0)
+			return;
+		if (f.type == WIRE_DATA_OUT)
+			append(&o->out, &o->out_len, f.payload, f.len);
+		else if (f.type == WIRE_STDERR)
+			append(&o->err, &o->err_len, f.payload, f.len);
+		else if (f.type == WIRE_RESULT || f.type == WIRE_ERROR) {
+			o->end_type = f.type;
+			o->end = wire_frame_json(&f, &err);
+			assert_non_null(o->end);
+			return;
+		} else
+			fail_msg("unexpected frame %s", wire_type_name(f.type));
+	}
+}
+
+/* op_run: one operation: REQUEST (raw JSON text), optional input as
+ * DATA_IN frames, optional EOF_IN, then the answer. */
+static void op_run(const char *req, const void *in, size_t in_len, int eof,
+                   struct op_out *o)
+{
+	int fd = g_connect(), sent_ok = 1;
+	struct tt_err err = { 0 };
+
+	assert_int_equal(wire_send(fd, WIRE_REQUEST, req, (uint32_t)strlen(req), &err), 0);
+	/* The guest may answer ERROR and close before taking the input (e.g.
+	 * a write to a directory): then sending fails and the answer is read. */
+	for (size_t off = 0; off < in_len && sent_ok;) {
+		size_t n = in_len - off > WIRE_PAYLOAD_MAX ? WIRE_PAYLOAD_MAX : in_len - off;
+
+		sent_ok = wire_send(fd, WIRE_DATA_IN, (const uint8_t *)in + off,
+		                    (uint32_t)n, &err) == 0;
+		off += n;
+	}
+	if (eof && sent_ok)
+		sent_ok = wire_send(fd, WIRE_EOF_IN, NULL, 0, &err) == 0;
+	op_collect(fd, o);
+	if (!sent_ok)
+		assert_int_equal(o->end_type, WIRE_ERROR);
+	close(fd);
+}
+
+/* opf: op_run with a printf-formatted request and no input. */
+static void opf(struct op_out *o, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static void opf(struct op_out *o, const char *fmt, ...)
+{
+	char req[8192];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(req, sizeof(req), fmt, ap);
+	va_end(ap);
+	op_run(req, NULL, 0, 0, o);
+}
+
+/* op_free: releases an op_out. */
+static void op_free(struct op_out *o)
+{
+	free(o->out);
+	free(o->err);
+	json_decref(o->end);
+	memset(o, 0, sizeof(*o));
+}
+
+/* jint: integer member of the final JSON. */
+static long long jint(const struct op_out *o, const char *key)
+{
+	json_t *v = json_object_get(o->end, key);
+
+	assert_true(json_is_integer(v));
+	return json_integer_value(v);
+}
+
+/* expect_result: the op ended with RESULT carrying our generation. */
+static void expect_result(const struct op_out *o)
+{
+	if (o->end_type != WIRE_RESULT) {
+		char *s = o->end ? json_dumps(o->end, 0) : NULL;
+
+		fail_msg("expected RESULT, got %s", s ? s : "EOF");
+	}
+	assert_int_equal(jint(o, "generation"), GEN);
+}
+
+/* expect_error: the op ended with ERROR code. */
+static void expect_error(const struct op_out *o, const char *code)
+{
+	assert_int_equal(o->end_type, WIRE_ERROR);
+	assert_string_equal(json_string_value(json_object_get(o->end, "error")), code);
+	assert_true(json_is_string(json_object_get(o->end, "message")));
+}
+
+static void test_exec_basic(void **state)
+{
+	struct op_out o;
+
+	(void)state;
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"sh\",\"-c\",\"echo hi; echo err >&2; exit 3\"]}");
+	expect_result(&o);
+	assert_string_equal(o.out, "hi\n");
+	assert_string_equal(o.err, "err\n");
+	assert_int_equal(jint(&o, "exit_code"), 3);
+	assert_null(json_object_get(o.end, "signal"));
+	op_free(&o);
+
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"sh\",\"-c\",\"kill -9 $$\"]}");
+	expect_result(&o);
+	assert_int_equal(jint(&o, "exit_code"), 137);
+	assert_int_equal(jint(&o, "signal"), 9);
+	op_free(&o);
+
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"/no/such/command\"]}");
+	expect_result(&o);
+	assert_int_equal(jint(&o, "exit_code"), 127);
+	assert_non_null(strstr(o.err, "/no/such/command"));
+	op_free(&o);
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"no-such-command-tt\"]}");
+	expect_result(&o);
+	assert_int_equal(jint(&o, "exit_code"), 127);
+	op_free(&o);
+}
+
+static void test_exec_stdin(void **state)
+{
+	static const char in[] = "hello stdin\nsecond line\n";
+	struct op_out o;
+
+	(void)state;
+	op_run("{\"op\":\"exec\",\"cmd\":[\"cat\"],\"stdin\":true}", in,
+	       strlen(in), 1, &o);
+	expect_result(&o);
+	assert_string_equal(o.out, in);
+	assert_int_equal(jint(&o, "exit_code"), 0);
+	op_free(&o);
+	/* Without "stdin", the command reads EOF at once. */
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"wc\",\"-c\"]}");
+	expect_result(&o);
+	assert_string_equal(o.out, "0\n");
+	op_free(&o);
+}
+
+static void test_exec_env_cwd(void **state)
+{
+	char expect[1024];
+	struct op_out o;
+
+	(void)state;
+	assert_int_equal(mkdir(rpath("/sub"), 0755), 0);
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"sh\",\"-c\",\"echo \\\"$FOO|$HOME|$LANG|$TT_LEAK_CHECK|$PATH\\\"; pwd\"],"
+	        "\"env\":{\"FOO\":\"bar\"},\"cwd\":\"/sub\"}");
+	expect_result(&o);
+	snprintf(expect, sizeof(expect),
+	         "bar|/home|C.UTF-8||/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n%s/sub\n",
+	         root_dir);
+	assert_string_equal(o.out, expect);
+	op_free(&o);
+	/* Default cwd: /workspace once it exists, else the root. */
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"pwd\"]}");
+	snprintf(expect, sizeof(expect), "%s\n", root_dir);
+	assert_string_equal(o.out, expect);
+	op_free(&o);
+	assert_int_equal(mkdir(rpath("/workspace"), 0755), 0);
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"pwd\"]}");
+	snprintf(expect, sizeof(expect), "%s/workspace\n", root_dir);
+	assert_string_equal(o.out, expect);
+	op_free(&o);
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"pwd\"],\"cwd\":\"/missing\"}");
+	expect_error(&o, "not_found");
+	op_free(&o);
+}
+
+static void test_exec_background(void **state)
+{
+	struct op_out o;
+	double t0 = now_ms();
+	char proc[64];
+	pid_t bg;
+
+	(void)state;
+	/* sleep keeps stdout/stderr open: RESULT must not wait for EOF. */
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"sh\",\"-c\",\"sleep 30 & echo $!\"]}");
+	expect_result(&o);
+	assert_true(now_ms() - t0 < 3000);
+	assert_int_equal(jint(&o, "exit_code"), 0);
+	bg = (pid_t)atoi(o.out);
+	assert_true(bg > 1);
+	op_free(&o);
+	usleep(200 * 1000);
+	assert_int_equal(kill(bg, 0), 0); /* still running after exec returned */
+	snprintf(proc, sizeof(proc), "/proc/%d/stat", (int)bg);
+	FILE *f = fopen(proc, "r");
+	assert_non_null(f);
+	char st = 0;
+	assert_int_equal(fscanf(f, "%*d (%*[^)]) %c", &st), 1);
+	fclose(f);
+	assert_true(st == 'S' || st == 'R');
+	/* Once it ends, the agent (its reaper) collects it. */
+	kill(bg, SIGKILL);
+	for (int i = 0; i < 100 && access(proc, F_OK) == 0; i++)
+		usleep(20 * 1000);
+	assert_int_not_equal(access(proc, F_OK), 0);
+}
+
+/* proc_gone: waits up to 3 s for /proc/PID to disappear (exited and reaped). */
+static int proc_gone(pid_t pid)
+{
+	char proc[64];
+
+	snprintf(proc, sizeof(proc), "/proc/%d", (int)pid);
+	for (int i = 0; i < 150 && access(proc, F_OK) == 0; i++)
+		usleep(20 * 1000);
+	return access(proc, F_OK) != 0;
+}
+
+static void test_exec_background_output(void **state)
+{
+	struct op_out o;
+	pid_t bg;
+
+	(void)state;
+	/* A background process that writes after exec returned must not die
+	 * of SIGPIPE: its output is discarded, it keeps running. */
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"sh\",\"-c\","
+	        "\"(sleep 0.3; echo late; echo late >&2; exec sleep 30) & echo $!\"]}");
+	expect_result(&o);
+	bg = (pid_t)atoi(o.out);
+	assert_true(bg > 1);
+	op_free(&o);
+	usleep(700 * 1000);
+	assert_int_equal(kill(bg, 0), 0);
+	kill(bg, SIGKILL);
+	assert_true(proc_gone(bg));
+}
+
+static void test_exec_hangup(void **state)
+{
+	static const char req[] =
+		"{\"op\":\"exec\",\"cmd\":[\"sh\",\"-c\",\"echo $$; exec sleep 30\"]}";
+	struct tt_err err = { 0 };
+	struct wire_frame f;
+	int fd = g_connect();
+	pid_t child;
+
+	(void)state;
+	assert_int_equal(wire_send(fd, WIRE_REQUEST, req, sizeof(req) - 1, &err), 0);
+	assert_int_equal(wire_recv(fd, &f, rbuf, sizeof(rbuf), &err), 1);
+	assert_int_equal(f.type, WIRE_DATA_OUT);
+	child = (pid_t)atoi((char *)f.payload);
+	assert_true(child > 1);
+	assert_int_equal(kill(child, 0), 0);
+	/* The caller goes away: the operation's command is stopped. */
+	close(fd);
+	assert_true(proc_gone(child));
+}
+
+static void test_exec_bad_requests(void **state)
+{
+	static const char *bad[] = {
+		"{\"op\":\"exec\"}",
+		"{\"op\":\"exec\",\"cmd\":[]}",
+		"{\"op\":\"exec\",\"cmd\":\"ls\"}",
+		"{\"op\":\"exec\",\"cmd\":[1]}",
+		"{\"op\":\"exec\",\"cmd\":[\"\"]}",
+		"{\"op\":\"exec\",\"cmd\":[\"ls\"],\"stdin\":\"yes\"}",
+		"{\"op\":\"exec\",\"cmd\":[\"ls\"],\"env\":{\"A=B\":\"c\"}}",
+		"{\"op\":\"exec\",\"cmd\":[\"ls\"],\"env\":{\"A\":1}}",
+	};
+	char big[4096];
+	size_t n = 0;
+	struct op_out o;
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		op_run(bad[i], NULL, 0, 0, &o);
+		expect_error(&o, "bad_request");
+		op_free(&o);
+	}
+	/* 257 arguments is one too many; 256 is fine. */
+	n = (size_t)snprintf(big, sizeof(big), "{\"op\":\"exec\",\"cmd\":[\"true\"");
+	for (int i = 1; i < 257; i++)
+		n += (size_t)snprintf(big + n, sizeof(big) - n, ",\"a\"");
+	snprintf(big + n, sizeof(big) - n, "]}");
+	op_run(big, NULL, 0, 0, &o);
+	expect_error(&o, "bad_request");
+	op_free(&o);
+	snprintf(big + n - 4, sizeof(big) - n + 4, "]}");
+	op_run(big, NULL, 0, 0, &o);
+	expect_result(&o);
+	assert_int_equal(jint(&o, "exit_code"), 0);
+	op_free(&o);
+}
+
+static void test_fs_large_roundtrip(void **state)
+{
+	const size_t size = 5 * 1024 * 1024 + 123;
+	uint8_t *data = malloc(size);
+	struct op_out o;
+	uint64_t x = 88172645463325252ull;
+	struct stat st;
+
+	(void)state;
+	assert_non_null(data);
+	for (size_t i = 0; i < size; i++) { /* xorshift: incompressible */
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		data[i] = (uint8_t)x;
+	}
+	op_run("{\"op\":\"fs.write\",\"path\":\"/big.bin\",\"mode\":384}", data,
+	       size, 1, &o);
+	expect_result(&o);
+	assert_int_equal(jint(&o, "bytes"), (long long)size);
+	op_free(&o);
+	assert_int_equal(stat(rpath("/big.bin"), &st), 0);
+	assert_int_equal(st.st_size, (off_t)size);
+	assert_int_equal(st.st_mode & 07777, 0600);
+	opf(&o, "{\"op\":\"fs.read\",\"path\":\"/big.bin\"}");
+	expect_result(&o);
+	assert_int_equal(jint(&o, "size"), (long long)size);
+	assert_int_equal(o.out_len, size);
+	assert_memory_equal(o.out, data, size);
+	op_free(&o);
+	free(data);
+}
+
+/* tmp_count: how many .tether-*.tmp files are in the root. */
+static int tmp_count(void)
+{
+	DIR *d = opendir(root_dir);
+	struct dirent *de;
+	int n = 0;
+
+	assert_non_null(d);
+	while ((de = readdir(d)) != NULL)
+		n += strncmp(de->d_name, ".tether-", 8) == 0;
+	closedir(d);
+	return n;
+}
+
+static void test_fs_write_aborted(void **state)
+{
+	static const char req[] = "{\"op\":\"fs.write\",\"path\":\"/keep.txt\"}";
+	struct tt_err err = { 0 };
+	struct op_out o;
+	char buf[64] = { 0 };
+	int fd, i;
+
+	(void)state;
+	op_run(req, "original", 8, 1, &o);
+	expect_result(&o);
+	assert_int_equal(jint(&o, "bytes"), 8);
+	op_free(&o);
+	/* Start a replacement, send part of it, then drop the connection. */
+	fd = g_connect();
+	assert_int_equal(wire_send(fd, WIRE_REQUEST, req, sizeof(req) - 1, &err), 0);
+	assert_int_equal(wire_send(fd, WIRE_DATA_IN, "partial new cont", 16, &err), 0);
+	for (i = 0; i < 100 && tmp_count() == 0; i++)
+		usleep(10 * 1000);
+	assert_int_equal(tmp_count(), 1); /* the write was under way */
+	close(fd);
+	for (i = 0; i < 200 && tmp_count() != 0; i++)
+		usleep(10 * 1000);
+	assert_int_equal(tmp_count(), 0);
+	int hf = open(rpath("/keep.txt"), O_RDONLY);
+	assert_true(hf >= 0);
+	assert_int_equal(read(hf, buf, sizeof(buf)), 8);
+	close(hf);
+	assert_string_equal(buf, "original");
+	/* A protocol violation mid-write also leaves the target alone. */
+	fd = g_connect();
+	assert_int_equal(wire_send(fd, WIRE_REQUEST, req, sizeof(req) - 1, &err), 0);
+	assert_int_equal(wire_send(fd, WIRE_DATA_IN, "xx", 2, &err), 0);
+	assert_int_equal(wire_send(fd, WIRE_RESULT, "{}", 2, &err), 0);
+	op_collect(fd, &o);
+	close(fd);
+	expect_error(&o, "bad_request");
+	op_free(&o);
+	opf(&o, "{\"op\":\"fs.read\",\"path\":\"/keep.txt\"}");
+	assert_string_equal(o.out, "original");
+	op_free(&o);
+	assert_int_equal(tmp_count(), 0);
+}
+
+/* entry_names: "a,b,c" from a fs.list RESULT. */
+static void entry_names(const struct op_out *o, char *out, size_t cap)
+{
+	json_t *arr = json_object_get(o->end, "entries"), *e;
+	size_t i;
+
+	out[0] = '\0';
+	json_array_foreach(arr, i, e) {
+		if (i > 0)
+			strncat(out, ",", cap - strlen(out) - 1);
+		strncat(out, json_string_value(json_object_get(e, "name")),
+		        cap - strlen(out) - 1);
+	}
+}
+
+static void test_fs_ops(void **state)
+{
+	struct op_out o;
+	char names[256];
+
+	(void)state;
+	opf(&o, "{\"op\":\"fs.mkdir\",\"path\":\"/d/e/f\",\"parents\":true}");
+	expect_result(&o);
+	assert_true(json_is_true(json_object_get(o.end, "ok")));
+	op_free(&o);
+	opf(&o, "{\"op\":\"fs.mkdir\",\"path\":\"/d/e/f\",\"parents\":true}");
+	expect_result(&o); /* mkdir -p is idempotent */
+	op_free(&o);
+	opf(&o, "{\"op\":\"fs.mkdir\",\"path\":\"/d\"}");
+	expect_error(&o, "exists");
+	op_free(&o);
+	opf(&o, "{\"op\":\"fs.mkdir\",\"path\":\"/x/y\"}");
+	expect_error(&o, "not_found");
+	op_free(&o);
+	op_run("{\"op\":\"fs.write\",\"path\":\"/d/file\"}", "abc", 3, 1, &o);
+	expect_result(&o);
+	op_free(&o);
+	opf(&o, "{\"op\":\"fs.mkdir\",\"path\":\"/d/file/sub\",\"parents\":true}");
+	expect_error(&o, "not_dir");
+	op_free(&o);
+	assert_int_equal(symlink("file", rpath("/d/link")), 0);
+
+	opf(&o, "{\"op\":\"fs.stat\",\"path\":\"/d\"}");
+	expect_result(&o);
+	assert_string_equal(json_string_value(json_object_get(o.end, "type")), "dir");
+	assert_string_equal(json_string_value(json_object_get(o.end, "path")), "/d");
+	op_free(&o);
+	opf(&o, "{\"op\":\"fs.stat\",\"path\":\"/d/file\"}");
+	expect_result(&o);
+	assert_string_equal(json_string_value(json_object_get(o.end, "type")), "file");
+	assert_int_equal(jint(&o, "size"), 3);
+	assert_int_equal(jint(&o, "mode"), 0644);
+	assert_true(llabs(jint(&o, "mtime") - (long long)time(NULL)) < 60);
+	op_free(&o);
+	opf(&o, "{\"op\":\"fs.stat\",\"path\":\"/d/link\"}");
+	expect_result(&o);
+	assert_string_equal(json_string_value(json_object_get(o.end, "type")), "symlink");
+	op_free(&o);
+	opf(&o, "{\"op\":\"fs.stat\",\"path\":\"/d/nope\"}");
+	expect_error(&o, "not_found");
+	op_free(&o);
+
+	opf(&o, "{\"op\":\"fs.list\",\"path\":\"/d\"}");
+	expect_result(&o);
+	entry_names(&o, names, sizeof(names));
+	assert_string_equal(names, "e,file,link");
+	op_free(&o);
+	opf(&o, "{\"op\":\"fs.list\",\"path\":\"/d/file\"}");
+	expect_error(&o, "not_dir");
+	op_free(&o);
+	opf(&o, "{\"op\":\"fs.read\",\"path\":\"/d\"}");
+	expect_error(&o, "is_dir");
+	op_free(&o);
+	op_run("{\"op\":\"fs.write\",\"path\":\"/d/e\"}", "x", 1, 1, &o);
+	expect_error(&o, "is_dir");
+	op_free(&o);
+
+	opf(&o, "{\"op\":\"fs.remove\",\"path\":\"/d\"}");
+	expect_error(&o, "exists"); /* not empty */
+	op_free(&o);
+	opf(&o, "{\"op\":\"fs.remove\",\"path\":\"/d/link\"}");
+	expect_result(&o);
+	op_free(&o);
+	opf(&o, "{\"op\":\"fs.stat\",\"path\":\"/d/file\"}");
+	expect_result(&o); /* removing the link left its target */
+	op_free(&o);
+	opf(&o, "{\"op\":\"fs.remove\",\"path\":\"/d\",\"recursive\":true}");
+	expect_result(&o);
+	op_free(&o);
+	assert_int_not_equal(access(rpath("/d"), F_OK), 0);
+	opf(&o, "{\"op\":\"fs.remove\",\"path\":\"/d\"}");
+	expect_error(&o, "not_found");
+	op_free(&o);
+	opf(&o, "{\"op\":\"fs.remove\",\"path\":\"/\",\"recursive\":true}");
+	expect_error(&o, "path_invalid");
+	op_free(&o);
+	assert_int_equal(access(rpath("/keep.txt"), F_OK), 0);
+}
+
+static void test_path_escapes(void **state)
+{
+	struct op_out o;
+	static const char *invalid[] = {
+		"{\"op\":\"fs.read\",\"path\":\"/../../../../etc/hostname\"}",
+		"{\"op\":\"fs.read\",\"path\":\"/a/../../etc/hostname\"}",
+		"{\"op\":\"fs.read\",\"path\":\"etc/hostname\"}",
+		"{\"op\":\"fs.read\",\"path\":\"\"}",
+		"{\"op\":\"fs.stat\",\"path\":\"/..\"}",
+		"{\"op\":\"fs.write\",\"path\":\"/x/..\"}",
+		"{\"op\":\"exec\",\"cmd\":[\"true\"],\"cwd\":\"/..\"}",
+	};
+
+	(void)state;
+	/* The host file exists; the root has no /etc yet. */
+	assert_int_equal(access("/etc/hostname", R_OK), 0);
+	for (size_t i = 0; i < sizeof(invalid) / sizeof(invalid[0]); i++) {
+		op_run(invalid[i], NULL, 0, 0, &o);
+		expect_error(&o, "path_invalid");
+		op_free(&o);
+	}
+	/* Symlinks to absolute host paths and upward chains resolve inside. */
+	assert_int_equal(symlink("/etc/hostname", rpath("/esc")), 0);
+	assert_int_equal(symlink("../../../../../../etc", rpath("/up")), 0);
+	opf(&o, "{\"op\":\"fs.read\",\"path\":\"/esc\"}");
+	expect_error(&o, "not_found");
+	assert_int_equal(o.out_len, 0);
+	op_free(&o);
+	opf(&o, "{\"op\":\"fs.read\",\"path\":\"/up/hostname\"}");
+	expect_error(&o, "not_found");
+	op_free(&o);
+	opf(&o, "{\"op\":\"fs.list\",\"path\":\"/up\"}");
+	expect_error(&o, "not_found");
+	op_free(&o);
+	op_run("{\"op\":\"fs.write\",\"path\":\"/up/tt-escape-probe\"}", "x", 1, 1, &o);
+	expect_error(&o, "not_found");
+	op_free(&o);
+	assert_int_not_equal(access("/etc/tt-escape-probe", F_OK), 0);
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"pwd\"],\"cwd\":\"/up\"}");
+	expect_error(&o, "not_found");
+	op_free(&o);
+	/* The honest request: with an /etc inside the root, the same links
+	 * lead there. */
+	assert_int_equal(mkdir(rpath("/etc"), 0755), 0);
+	write_file(rpath("/etc/hostname"), "inside-the-root\n");
+	opf(&o, "{\"op\":\"fs.read\",\"path\":\"/esc\"}");
+	expect_result(&o);
+	assert_string_equal(o.out, "inside-the-root\n");
+	op_free(&o);
+	opf(&o, "{\"op\":\"fs.read\",\"path\":\"/up/hostname\"}");
+	expect_result(&o);
+	assert_string_equal(o.out, "inside-the-root\n");
+	op_free(&o);
+	opf(&o, "{\"op\":\"fs.stat\",\"path\":\"/esc\"}");
+	expect_result(&o);
+	assert_string_equal(json_string_value(json_object_get(o.end, "type")), "symlink");
+	op_free(&o);
+}
+
+/* raw_exchange: writes raw bytes, expects an ERROR with code, then EOF. */
+static void raw_exchange(const void *raw, size_t n, const char *code)
+{
+	struct tt_err err = { 0 };
+	struct wire_frame f;
+	struct op_out o;
+	int fd = g_connect();
+
+	assert_int_equal(write(fd, raw, n), (ssize_t)n);
+	op_collect(fd, &o);
+	expect_error(&o, code);
+	op_free(&o);
+	/* Closed: EOF, or a reset when our unread bytes were discarded. */
+	assert_true(wire_recv(fd, &f, rbuf, sizeof(rbuf), &err) <= 0);
+	close(fd);
+}
+
+static void test_garbage(void **state)
+{
+	uint8_t h[WIRE_HDR_LEN + 32];
+	struct op_out o;
+	int fd;
+
+	(void)state;
+	memcpy(h, "GET / HTTP/1.1\r\n\r\n", 18);
+	raw_exchange(h, 18, "bad_request");
+	wire_hdr_encode(h, WIRE_REQUEST, WIRE_PAYLOAD_MAX + 1);
+	raw_exchange(h, WIRE_HDR_LEN, "too_large");
+	wire_hdr_encode(h, WIRE_REQUEST, 8);
+	memcpy(h + WIRE_HDR_LEN, "not json", 8);
+	raw_exchange(h, WIRE_HDR_LEN + 8, "bad_request");
+	wire_hdr_encode(h, WIRE_REQUEST, 26);
+	memcpy(h + WIRE_HDR_LEN, "{\"op\":\"exec\",\"op\":\"exec\"}", 26);
+	raw_exchange(h, WIRE_HDR_LEN + 26, "bad_request");
+	wire_hdr_encode(h, WIRE_DATA_IN, 3);
+	memcpy(h + WIRE_HDR_LEN, "abc", 3);
+	raw_exchange(h, WIRE_HDR_LEN + 3, "bad_request");
+	opf(&o, "{\"op\":\"fs.format\",\"path\":\"/\"}");
+	expect_error(&o, "bad_request");
+	op_free(&o);
+	opf(&o, "[\"op\",\"exec\"]");
+	expect_error(&o, "bad_request");
+	op_free(&o);
+	/* Connect and hang up at once; half a header then hang up. */
+	fd = g_connect();
+	close(fd);
+	fd = g_connect();
+	assert_int_equal(write(fd, h, 5), 5);
+	close(fd);
+	/* The agent still serves honest requests. */
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"echo\",\"still here\"]}");
+	expect_result(&o);
+	assert_string_equal(o.out, "still here\n");
+	op_free(&o);
+	assert_int_equal(kill(guest_pid, 0), 0);
+}
+
+static void test_socket_mode(void **state)
+{
+	struct stat st;
+
+	(void)state;
+	assert_int_equal(lstat(sock_path, &st), 0);
+	assert_true(S_ISSOCK(st.st_mode));
+	assert_int_equal(st.st_mode & 0777, 0600);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_socket_mode),
+		cmocka_unit_test(test_exec_basic),
+		cmocka_unit_test(test_exec_stdin),
+		cmocka_unit_test(test_exec_env_cwd),
+		cmocka_unit_test(test_exec_background),
+		cmocka_unit_test(test_exec_background_output),
+		cmocka_unit_test(test_exec_hangup),
+		cmocka_unit_test(test_exec_bad_requests),
+		cmocka_unit_test(test_fs_large_roundtrip),
+		cmocka_unit_test(test_fs_write_aborted),
+		cmocka_unit_test(test_fs_ops),
+		cmocka_unit_test(test_path_escapes),
+		cmocka_unit_test(test_garbage),
+	};
+
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -1,0 +1,401 @@
+/* lib/http.c against itself: a real lws server and a real libcurl multi
+ * client on one libuv loop, in one process, over a real TCP socket. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "http.h"
+#include "metrics.h"
+
+/* Per-connection state of the test server (lws allocates it). */
+struct tsess {
+	struct http_body body;
+	char path[128];
+	int too_large;
+};
+
+/* The deferred (long-poll style) reply waiting for its timer. */
+static struct lws *slow_wsi;
+static uv_timer_t slow_timer;
+
+/* slow_fire: asks lws for a writable callback, the only place to reply. */
+static void slow_fire(uv_timer_t *t)
+{
+	(void)t;
+	if (slow_wsi != NULL)
+		lws_callback_on_writable(slow_wsi);
+}
+
+/* tserver_cb: echo JSON, errors, a deferred reply and a size limit. */
+static int tserver_cb(struct lws *wsi, enum lws_callback_reasons reason,
+                      void *user, void *in, size_t len)
+{
+	struct tsess *s = user;
+	struct tt_err err = { 0 };
+	char q[64];
+
+	switch (reason) {
+	case LWS_CALLBACK_HTTP:
+		snprintf(s->path, sizeof(s->path), "%s", (const char *)in);
+		memset(&s->body, 0, sizeof(s->body));
+		s->body.max = 1024;
+		s->too_large = 0;
+		if (lws_hdr_total_length(wsi, WSI_TOKEN_POST_URI) > 0)
+			return 0; /* wait for the body */
+		if (strcmp(s->path, "/hello") == 0) {
+			int n = http_query(wsi, "name", q, sizeof(q));
+			return http_reply_json(wsi, 200, json_pack("{s:s%}",
+			        "hello", n >= 0 ? q : "", (size_t)(n >= 0 ? n : 0)));
+		}
+		if (strcmp(s->path, "/slow") == 0) {
+			slow_wsi = wsi;
+			uv_timer_start(&slow_timer, slow_fire, 50, 0);
+			return 0;
+		}
+		return http_reply_error(wsi, 404, "not_found", "no route %s",
+		                        s->path);
+	case LWS_CALLBACK_HTTP_WRITEABLE:
+		if (wsi == slow_wsi) {
+			slow_wsi = NULL;
+			return http_reply_json(wsi, 200, json_pack("{s:b}",
+			                                           "late", 1));
+		}
+		return 0;
+	case LWS_CALLBACK_HTTP_BODY:
+		if (!s->too_large &&
+		    http_body_append(&s->body, in, len, &err) < 0)
+			s->too_large = 1;
+		return 0;
+	case LWS_CALLBACK_HTTP_BODY_COMPLETION: {
+		json_t *obj;
+
+		if (s->too_large) {
+			http_body_free(&s->body);
+			return http_reply_error(wsi, 413, "too_large",
+			                        "body over 1024 bytes");
+		}
+		obj = http_body_json(&s->body, &err);
+		http_body_free(&s->body);
+		if (obj == NULL)
+			return http_reply_error(wsi, 400, "bad_request", "%s",
+			                        err.msg);
+		return http_reply_json(wsi, 201, json_pack("{s:o}", "echo", obj));
+	}
+	case LWS_CALLBACK_CLOSED_HTTP:
+		if (wsi == slow_wsi)
+			slow_wsi = NULL;
+		http_body_free(&s->body);
+		return 0;
+	default:
+		break;
+	}
+	return lws_callback_http_dummy(wsi, reason, user, in, len);
+}
+
+static const struct lws_protocols tprotos[] = {
+	{ "http", tserver_cb, sizeof(struct tsess), 0, 0, NULL, 0 },
+	{ NULL, NULL, 0, 0, 0, NULL, 0 }
+};
+
+/* One client request and what came back. */
+struct treq {
+	CURL *easy;
+	struct curl_slist *hdrs;
+	char *resp;
+	size_t resp_len;
+	long status;
+	CURLcode rc;
+	int done;
+	int *remaining; /* for the sequential chain, else NULL */
+};
+
+struct tfix {
+	uv_loop_t loop;
+	struct lws_context *ctx;
+	struct httpc *hc;
+	int port;
+};
+
+/* treq_write: collects the response body. */
+static size_t treq_write(char *p, size_t sz, size_t n, void *arg)
+{
+	struct treq *r = arg;
+	char *nb = realloc(r->resp, r->resp_len + sz * n + 1);
+
+	if (nb == NULL)
+		return 0;
+	r->resp = nb;
+	memcpy(r->resp + r->resp_len, p, sz * n);
+	r->resp_len += sz * n;
+	r->resp[r->resp_len] = '\0';
+	return sz * n;
+}
+
+/* treq_done: httpc done callback; records the outcome. */
+static void treq_done(CURL *easy, CURLcode rc, void *arg)
+{
+	struct treq *r = arg;
+
+	r->rc = rc;
+	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &r->status);
+	r->done = 1;
+}
+
+/* treq_setup: an easy handle for METHOD path [body]. */
+static void treq_setup(struct tfix *f, struct treq *r, const char *path,
+                       const char *body, size_t body_len)
+{
+	char url[256];
+
+	memset(r, 0, sizeof(*r));
+	snprintf(url, sizeof(url), "http://127.0.0.1:%d%s", f->port, path);
+	r->easy = curl_easy_init();
+	assert_non_null(r->easy);
+	curl_easy_setopt(r->easy, CURLOPT_URL, url);
+	curl_easy_setopt(r->easy, CURLOPT_WRITEFUNCTION, treq_write);
+	curl_easy_setopt(r->easy, CURLOPT_WRITEDATA, r);
+	curl_easy_setopt(r->easy, CURLOPT_TIMEOUT_MS, 5000L);
+	if (body != NULL) {
+		r->hdrs = curl_slist_append(NULL,
+		                            "Content-Type: application/json");
+		curl_easy_setopt(r->easy, CURLOPT_HTTPHEADER, r->hdrs);
+		curl_easy_setopt(r->easy, CURLOPT_POSTFIELDSIZE, (long)body_len);
+		curl_easy_setopt(r->easy, CURLOPT_COPYPOSTFIELDS, body);
+	}
+}
+
+/* treq_clean: releases what treq_setup made. */
+static void treq_clean(struct treq *r)
+{
+	curl_easy_cleanup(r->easy);
+	curl_slist_free_all(r->hdrs);
+	free(r->resp);
+	memset(r, 0, sizeof(*r));
+}
+
+/* treq_run: starts r and spins the loop until it is done. */
+static void treq_run(struct tfix *f, struct treq *r)
+{
+	struct tt_err err = { 0 };
+
+	assert_int_equal(httpc_start(f->hc, r->easy, treq_done, r, &err), 0);
+	while (!r->done)
+		uv_run(&f->loop, UV_RUN_ONCE);
+}
+
+/* setup: loop + server on an ephemeral port + client. */
+static int setup(void **state)
+{
+	struct tfix *f = calloc(1, sizeof(*f));
+	struct tt_err err = { 0 };
+
+	assert_non_null(f);
+	assert_int_equal(uv_loop_init(&f->loop), 0);
+	uv_timer_init(&f->loop, &slow_timer);
+	f->ctx = http_server_new(&f->loop, "127.0.0.1", 0, tprotos, NULL, &err);
+	assert_non_null(f->ctx);
+	f->port = lws_get_vhost_listen_port(
+	        lws_get_vhost_by_name(f->ctx, "default"));
+	assert_true(f->port > 0);
+	f->hc = httpc_new(&f->loop, &err);
+	assert_non_null(f->hc);
+	*state = f;
+	return 0;
+}
+
+/* teardown: everything closes and the loop ends empty. */
+static int teardown(void **state)
+{
+	struct tfix *f = *state;
+
+	httpc_free(f->hc);
+	lws_context_destroy(f->ctx);
+	uv_close((uv_handle_t *)&slow_timer, NULL);
+	uv_run(&f->loop, UV_RUN_DEFAULT);
+	assert_int_equal(uv_loop_close(&f->loop), 0);
+	free(f);
+	return 0;
+}
+
+/* GET with a URL-decoded query parameter, and a similar-named one that
+ * must not be confused with it. */
+static void test_get_json(void **state)
+{
+	struct tfix *f = *state;
+	struct treq r;
+
+	treq_setup(f, &r, "/hello?names=no&name=w%20x", NULL, 0);
+	treq_run(f, &r);
+	assert_int_equal(r.rc, CURLE_OK);
+	assert_int_equal(r.status, 200);
+	assert_string_equal(r.resp, "{\"hello\":\"w x\"}");
+	treq_clean(&r);
+
+	treq_setup(f, &r, "/nope", NULL, 0);
+	treq_run(f, &r);
+	assert_int_equal(r.status, 404);
+	assert_non_null(strstr(r.resp, "\"error\":\"not_found\""));
+	treq_clean(&r);
+}
+
+/* POST JSON echoed back; malformed and duplicate-key JSON refused. */
+static void test_post_json(void **state)
+{
+	struct tfix *f = *state;
+	struct treq r;
+	const char *ok = "{\"a\":[1,2],\"b\":\"c\"}";
+	const char *dup = "{\"a\":1,\"a\":2}";
+
+	treq_setup(f, &r, "/echo", ok, strlen(ok));
+	treq_run(f, &r);
+	assert_int_equal(r.status, 201);
+	assert_string_equal(r.resp, "{\"echo\":{\"a\":[1,2],\"b\":\"c\"}}");
+	treq_clean(&r);
+
+	treq_setup(f, &r, "/echo", "{\"a\":", 5);
+	treq_run(f, &r);
+	assert_int_equal(r.status, 400);
+	assert_non_null(strstr(r.resp, "bad_request"));
+	treq_clean(&r);
+
+	treq_setup(f, &r, "/echo", dup, strlen(dup));
+	treq_run(f, &r);
+	assert_int_equal(r.status, 400);
+	treq_clean(&r);
+
+	treq_setup(f, &r, "/echo", "[1]", 3);
+	treq_run(f, &r);
+	assert_int_equal(r.status, 400);
+	treq_clean(&r);
+}
+
+/* A body over the bound is refused with 413, and the server still
+ * answers afterwards. */
+static void test_oversized(void **state)
+{
+	struct tfix *f = *state;
+	struct treq r;
+	char big[4096];
+
+	memset(big, ' ', sizeof(big));
+	big[0] = '{';
+	big[sizeof(big) - 1] = '}';
+	treq_setup(f, &r, "/echo", big, sizeof(big));
+	treq_run(f, &r);
+	assert_int_equal(r.status, 413);
+	assert_non_null(strstr(r.resp, "too_large"));
+	treq_clean(&r);
+
+	treq_setup(f, &r, "/echo", "{}", 2);
+	treq_run(f, &r);
+	assert_int_equal(r.status, 201);
+	treq_clean(&r);
+}
+
+/* A reply written later from the loop (long-poll pattern). */
+static void test_deferred(void **state)
+{
+	struct tfix *f = *state;
+	struct treq r;
+
+	treq_setup(f, &r, "/slow", NULL, 0);
+	treq_run(f, &r);
+	assert_int_equal(r.status, 200);
+	assert_string_equal(r.resp, "{\"late\":true}");
+	treq_clean(&r);
+}
+
+/* 100 sequential requests (same easy handle reused: keep-alive). */
+static void test_sequential(void **state)
+{
+	struct tfix *f = *state;
+	struct treq r;
+
+	treq_setup(f, &r, "/hello?name=x", NULL, 0);
+	for (int i = 0; i < 100; i++) {
+		free(r.resp);
+		r.resp = NULL;
+		r.resp_len = 0;
+		r.done = 0;
+		treq_run(f, &r);
+		assert_int_equal(r.rc, CURLE_OK);
+		assert_int_equal(r.status, 200);
+		assert_string_equal(r.resp, "{\"hello\":\"x\"}");
+	}
+	treq_clean(&r);
+}
+
+/* Connection refused surfaces as a curl error, not a hang. */
+static void test_refused(void **state)
+{
+	struct tfix *f = *state;
+	struct treq r;
+	int port = f->port;
+
+	f->port = 1; /* nothing listens on port 1 here */
+	treq_setup(f, &r, "/x", NULL, 0);
+	f->port = port;
+	treq_run(f, &r);
+	assert_int_equal(r.rc, CURLE_COULDNT_CONNECT);
+	treq_clean(&r);
+}
+
+/* Metrics: counters and latency buckets render as Prometheus text. */
+static void test_metrics(void **state)
+{
+	char *txt;
+
+	(void)state;
+	metrics_inc("tt_test_total", "decision=\"deny\"");
+	metrics_add("tt_test_total", "decision=\"deny\"", 2);
+	metrics_inc("tt_test_total", NULL);
+	metrics_observe_us("tt_test_seconds", NULL, 50);
+	metrics_observe_us("tt_test_seconds", NULL, 5000);
+	metrics_observe_us("tt_test_seconds", NULL, 5000000);
+	txt = metrics_render();
+	assert_non_null(txt);
+	assert_non_null(strstr(txt, "# TYPE tt_test_total counter\n"));
+	assert_non_null(strstr(txt, "tt_test_total{decision=\"deny\"} 3\n"));
+	assert_non_null(strstr(txt, "\ntt_test_total 1\n"));
+	assert_non_null(strstr(txt,
+	        "tt_test_seconds_bucket{le=\"0.0001\"} 1\n"));
+	assert_non_null(strstr(txt, "tt_test_seconds_bucket{le=\"0.01\"} 2\n"));
+	assert_non_null(strstr(txt, "tt_test_seconds_bucket{le=\"1\"} 2\n"));
+	assert_non_null(strstr(txt, "tt_test_seconds_bucket{le=\"+Inf\"} 3\n"));
+	assert_non_null(strstr(txt, "tt_test_seconds_sum 5.005050\n"));
+	assert_non_null(strstr(txt, "tt_test_seconds_count 3\n"));
+	free(txt);
+	/* The registry is bounded: extra series are dropped and counted. */
+	for (int i = 0; i < 300; i++) {
+		char l[32];
+
+		snprintf(l, sizeof(l), "i=\"%d\"", i);
+		metrics_inc("tt_flood_total", l);
+	}
+	txt = metrics_render();
+	assert_non_null(txt);
+	assert_null(strstr(txt, "tt_flood_total{i=\"299\"}"));
+	assert_null(strstr(txt, "tether_metrics_dropped_total 0\n"));
+	free(txt);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_get_json, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_post_json, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_oversized, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_deferred, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sequential, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_refused, setup, teardown),
+		cmocka_unit_test(test_metrics),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

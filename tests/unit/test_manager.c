@@ -1,0 +1,558 @@
+/* sbx-manager end to end, with real processes: this test is the node-api
+ * peer (its own pid and uid are passed to the manager), the manager is
+ * build/tetherd spawned as a child, sandboxes are real ns sandboxes running
+ * build/tether-guest behind real bridges. Tokens come from a freshly
+ * generated key pair via cap_mint. Needs root (namespaces, cgroups). */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "capcache.h"
+#include "claims.h"
+#include "keyring.h"
+#include "paserk.h"
+#include "paseto.h"
+#include "timefmt.h"
+#include "wire.h"
+#include "wire_json.h"
+
+#define SBX "sbx_abcdefghijklmnopqrstuvwxyz"
+
+static char state_dir[64], sock_path[96];
+static pid_t mgr_pid;
+static uint8_t sk[PASETO_SK_BYTES], pk[PASETO_PK_BYTES];
+static uint8_t forged_sk[PASETO_SK_BYTES];
+static char kid[PASERK_K4_PID_LEN + 1];
+static uint8_t rbuf[WIRE_PAYLOAD_MAX + 1];
+
+/* One operation's answer, as node-api would see it. */
+struct answer {
+	json_t *decision;  /* DECISION frame, if any */
+	json_t *result;    /* RESULT */
+	json_t *error;     /* ERROR */
+	char out[4096];    /* DATA_OUT concatenated */
+	size_t out_len;
+	int frames;        /* frames after the decision */
+	bool closed;       /* connection ended (EOF or reset) */
+};
+
+/* answer_free: drops the JSON members. */
+static void answer_free(struct answer *a)
+{
+	json_decref(a->decision);
+	json_decref(a->result);
+	json_decref(a->error);
+	memset(a, 0, sizeof(*a));
+}
+
+/* connect_mgr: a blocking connection to the manager socket. */
+static int connect_mgr(void)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock_path);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* read_answer: frames until the manager closes. */
+static void read_answer(int fd, struct answer *a)
+{
+	struct timeval tv = { .tv_sec = 20 };
+	struct wire_frame f;
+
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	for (;;) {
+		int rc = wire_recv(fd, &f, rbuf, sizeof(rbuf), NULL);
+
+		if (rc <= 0) {
+			a->closed = true;
+			return;
+		}
+		switch (f.type) {
+		case WIRE_DECISION:
+			a->decision = wire_frame_json(&f, NULL);
+			continue;
+		case WIRE_DATA_OUT:
+			if (a->out_len + f.len < sizeof(a->out)) {
+				memcpy(a->out + a->out_len, f.payload, f.len);
+				a->out_len += f.len;
+				a->out[a->out_len] = '\0';
+			}
+			break;
+		case WIRE_RESULT:
+			a->result = wire_frame_json(&f, NULL);
+			break;
+		case WIRE_ERROR:
+			a->error = wire_frame_json(&f, NULL);
+			break;
+		default:
+			break;
+		}
+		a->frames++;
+	}
+}
+
+/* call: one REQUEST (req is stolen), the whole answer. */
+static void call(json_t *req, struct answer *a)
+{
+	int fd = connect_mgr();
+
+	memset(a, 0, sizeof(*a));
+	assert_true(fd >= 0);
+	assert_int_equal(wire_send_json(fd, WIRE_REQUEST, req, NULL), 0);
+	json_decref(req);
+	read_answer(fd, a);
+	close(fd);
+}
+
+/* mint: a control capability for SBX at gen on wrk with ops. */
+static char *mint(const uint8_t *key, uint64_t gen, const char *wrk, uint32_t ops)
+{
+	struct tt_claims c = { 0 };
+	struct tt_err err = { 0 };
+	char *tok = NULL;
+
+	snprintf(c.iss, sizeof(c.iss), "test");
+	snprintf(c.sub, sizeof(c.sub), "tester");
+	snprintf(c.jti, sizeof(c.jti), "j%u", randombytes_random());
+	c.iat = tt_now();
+	c.exp = c.iat + TT_CAP_LIFETIME;
+	c.aud = TT_AUD_NODE;
+	snprintf(c.id.sbx, sizeof(c.id.sbx), "%s", SBX);
+	c.id.gen = gen;
+	snprintf(c.id.wrk, sizeof(c.id.wrk), "%s", wrk);
+	snprintf(c.id.sst, sizeof(c.id.sst), "ns");
+	c.id.att = 1;
+	c.pur = TT_PUR_CONTROL;
+	c.ops = ops;
+	if (key == sk) {
+		assert_int_equal(cap_mint(sk, &c, &tok, &err), 0);
+	} else {
+		/* Forgery: signed by another key, but naming the real kid. */
+		char footer[128];
+		char *payload = claims_to_json(&c, &err);
+
+		snprintf(footer, sizeof(footer), "{\"kid\":\"%s\"}", kid);
+		assert_non_null(payload);
+		assert_int_equal(paseto_v4_sign(key, (uint8_t *)payload, strlen(payload),
+		                                (uint8_t *)footer, strlen(footer), NULL, 0,
+		                                &tok, &err), 0);
+		free(payload);
+	}
+	return tok;
+}
+
+/* exec_req: {"token","sbx","op":"exec","cmd":["sh","-c",script]}. */
+static json_t *exec_req(const char *token, const char *script)
+{
+	return json_pack("{s:s,s:s,s:s,s:[s,s,s]}", "token", token, "sbx", SBX, "op",
+	                 "exec", "cmd", "sh", "-c", script);
+}
+
+/* feed: one feed.apply with a single update; returns the result ok flag. */
+static bool feed(json_t *update)
+{
+	struct answer a;
+	json_t *res;
+	bool ok;
+
+	call(json_pack("{s:s,s:[o]}", "op", "feed.apply", "updates", update), &a);
+	assert_non_null(a.result);
+	res = json_array_get(json_object_get(a.result, "results"), 0);
+	ok = json_is_true(json_object_get(res, "ok"));
+	if (!ok)
+		print_message("# update failed: %s\n",
+		              json_string_value(json_object_get(res, "error")));
+	answer_free(&a);
+	return ok;
+}
+
+/* install: an install update for SBX. */
+static json_t *install(uint64_t rev, uint64_t gen, const char *wrk)
+{
+	return json_pack("{s:I,s:s,s:s,s:s,s:I,s:s,s:s,s:i}", "rev", (json_int_t)rev,
+	                 "kind", "install", "worker", wrk, "sandbox", SBX, "generation",
+	                 (json_int_t)gen, "substrate", "ns", "pod", "", "activation", 1);
+}
+
+/* expect_decision: the DECISION frame's decision and reason. */
+static void expect_decision(const struct answer *a, const char *decision,
+                            const char *reason)
+{
+	assert_non_null(a->decision);
+	assert_string_equal(json_string_value(json_object_get(a->decision, "decision")),
+	                    decision);
+	assert_string_equal(json_string_value(json_object_get(a->decision, "reason")),
+	                    reason);
+}
+
+/* start_manager: spawns build/tetherd manager with us as its peer. */
+static void start_manager(void)
+{
+	char ppid[16];
+	int fd = -1;
+
+	snprintf(ppid, sizeof(ppid), "%d", (int)getpid());
+	mgr_pid = fork();
+	assert_true(mgr_pid >= 0);
+	if (mgr_pid == 0) {
+		const char *bin = getenv("TETHERD_BIN") ? getenv("TETHERD_BIN") : "build/tetherd";
+		const char *guest = getenv("TETHER_GUEST_BIN") ? getenv("TETHER_GUEST_BIN")
+		                                               : "build/tether-guest";
+		char guest_abs[PATH_MAX];
+
+		if (realpath(guest, guest_abs) == NULL)
+			_exit(126);
+		execl(bin, "tetherd", "manager", "--state", state_dir, "--socket", sock_path,
+		      "--worker-id", "w1", "--peer-pid", ppid, "--peer-uid", "0",
+		      "--guest-bin", guest_abs, (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; i < 500 && fd < 0; i++) {
+		fd = connect_mgr();
+		if (fd < 0)
+			usleep(10000);
+	}
+	assert_true(fd >= 0);
+	close(fd); /* the manager drops a connection that sends nothing */
+}
+
+/* stop_manager: SIGTERM and reap. */
+static void stop_manager(void)
+{
+	int st;
+
+	kill(mgr_pid, SIGTERM);
+	assert_int_equal(waitpid(mgr_pid, &st, 0), mgr_pid);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+/* group_setup: state dir, keys, manager. */
+static int group_setup(void **state)
+{
+	uint8_t other_pk[PASETO_PK_BYTES];
+
+	(void)state;
+	if (geteuid() != 0 || sodium_init() < 0)
+		return -1;
+	snprintf(state_dir, sizeof(state_dir), "/tmp/tt-mgr.XXXXXX");
+	if (mkdtemp(state_dir) == NULL)
+		return -1;
+	snprintf(sock_path, sizeof(sock_path), "%s/manager.sock", state_dir);
+	crypto_sign_keypair(pk, sk);
+	crypto_sign_keypair(other_pk, forged_sk);
+	paserk_k4_pid(pk, kid);
+	return 0;
+}
+
+/* group_teardown: the manager stops its sandboxes; remove the state. */
+static int group_teardown(void **state)
+{
+	char cmd[128];
+
+	(void)state;
+	if (mgr_pid > 0) {
+		kill(mgr_pid, SIGTERM);
+		waitpid(mgr_pid, NULL, 0);
+	}
+	sodium_memzero(sk, sizeof(sk));
+	sodium_memzero(forged_sk, sizeof(forged_sk));
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", state_dir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+/* test_install_and_exec: keys + install via the feed, then an honest exec
+ * returns output and exit code through admission, bridge and guest. */
+static void test_install_and_exec(void **state)
+{
+	struct tt_keyring kr = { 0 };
+	struct tt_err err = { 0 };
+	char *bundle;
+	json_t *keys;
+	struct answer a;
+	char *tok;
+
+	(void)state;
+	start_manager();
+	assert_int_equal(keyring_add(&kr, pk, tt_now() - 60, 0, &err), 0);
+	bundle = keyring_to_json(&kr, &err);
+	assert_non_null(bundle);
+	keys = json_loads(bundle, JSON_REJECT_DUPLICATES, NULL);
+	free(bundle);
+	json_object_set_new(keys, "rev", json_integer(1));
+	json_object_set_new(keys, "kind", json_string("keys"));
+	json_object_set_new(keys, "worker", json_null());
+	assert_true(feed(keys));
+	assert_true(feed(install(2, 1, "w1")));
+
+	tok = mint(sk, 1, "w1", TT_OP_EXEC | TT_OP_FS_READ);
+	call(exec_req(tok, "echo hello from $(hostname); exit 3"), &a);
+	expect_decision(&a, "allow", "ok");
+	assert_non_null(a.result);
+	assert_int_equal(json_integer_value(json_object_get(a.result, "exit_code")), 3);
+	assert_non_null(strstr(a.out, "hello from"));
+	answer_free(&a);
+	free(tok);
+}
+
+/* test_refusals: wrong worker, forged signature, op not permitted: each is
+ * refused with the right body and nothing reaches the sandbox. */
+static void test_refusals(void **state)
+{
+	struct answer a;
+	char *tok;
+
+	(void)state;
+	tok = mint(sk, 1, "w2", TT_OP_EXEC);
+	call(exec_req(tok, "touch /tmp/leaked"), &a);
+	expect_decision(&a, "refresh_route", "wrong_worker");
+	assert_int_equal(json_integer_value(json_object_get(a.decision,
+	                                                    "installed_generation")), 1);
+	assert_int_equal(a.frames, 0);
+	assert_true(a.closed);
+	answer_free(&a);
+	free(tok);
+
+	tok = mint(forged_sk, 1, "w1", TT_OP_EXEC);
+	call(exec_req(tok, "touch /tmp/leaked"), &a);
+	expect_decision(&a, "deny", "bad_signature");
+	assert_null(json_object_get(a.decision, "installed_generation"));
+	assert_int_equal(a.frames, 0);
+	answer_free(&a);
+	free(tok);
+
+	tok = mint(sk, 1, "w1", TT_OP_FS_READ);
+	call(exec_req(tok, "touch /tmp/leaked"), &a);
+	expect_decision(&a, "deny", "op_not_permitted");
+	answer_free(&a);
+
+	/* fs.stat is a read: allowed with the same token. The refused execs
+	 * above never ran: the file does not exist. */
+	call(json_pack("{s:s,s:s,s:s,s:s}", "token", tok, "sbx", SBX, "op", "fs.stat",
+	               "path", "/tmp/leaked"), &a);
+	expect_decision(&a, "allow", "ok");
+	assert_non_null(a.error);
+	assert_string_equal(json_string_value(json_object_get(a.error, "error")), "not_found");
+	answer_free(&a);
+	free(tok);
+}
+
+/* try_as: in a child, optionally drop to uid, connect and send a REQUEST;
+ * exit 0 if the manager closed without answering anything. */
+static void try_as(uid_t uid, const char *token)
+{
+	int st;
+	pid_t pid = fork();
+
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		struct answer a = { 0 };
+		int fd;
+
+		if (uid != 0 && setresuid(uid, uid, uid) < 0)
+			_exit(2);
+		fd = connect_mgr();
+		if (fd < 0)
+			_exit(3);
+		wire_send_json(fd, WIRE_REQUEST, exec_req(token, "true"), NULL);
+		read_answer(fd, &a);
+		_exit(a.decision == NULL && a.frames == 0 && a.closed ? 0 : 1);
+	}
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+/* test_peer_refused: another process (same uid, other pid) and another uid
+ * (socket opened up on purpose so only SO_PEERCRED stands in the way) are
+ * refused; the honest peer still works afterwards. */
+static void test_peer_refused(void **state)
+{
+	char *tok = mint(sk, 1, "w1", TT_OP_EXEC);
+	struct answer a;
+
+	(void)state;
+	try_as(0, tok);
+	assert_int_equal(chmod(state_dir, 0711), 0);
+	assert_int_equal(chmod(sock_path, 0666), 0);
+	try_as(65534, tok);
+	assert_int_equal(chmod(sock_path, 0600), 0);
+	assert_int_equal(chmod(state_dir, 0700), 0);
+	call(exec_req(tok, "echo still here"), &a);
+	expect_decision(&a, "allow", "ok");
+	assert_string_equal(a.out, "still here\n");
+	answer_free(&a);
+	free(tok);
+}
+
+/* test_garbage: non-frames and wrong first frames close the connection;
+ * the manager stays up. */
+static void test_garbage(void **state)
+{
+	char *tok = mint(sk, 1, "w1", TT_OP_EXEC);
+	struct answer a = { 0 };
+	uint8_t hdr[WIRE_HDR_LEN];
+	int fd;
+
+	(void)state;
+	fd = connect_mgr();
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, "GET / HTTP/1.1\r\n\r\n", 18), 18);
+	read_answer(fd, &a);
+	assert_true(a.closed && a.decision == NULL);
+	close(fd);
+
+	fd = connect_mgr();
+	wire_hdr_encode(hdr, WIRE_REQUEST, WIRE_PAYLOAD_MAX + 1); /* oversized */
+	hdr[11] = 0x01;
+	assert_int_equal(write(fd, hdr, sizeof(hdr)), (ssize_t)sizeof(hdr));
+	memset(&a, 0, sizeof(a));
+	read_answer(fd, &a);
+	assert_true(a.closed && a.decision == NULL);
+	close(fd);
+
+	fd = connect_mgr();
+	assert_int_equal(wire_send(fd, WIRE_REQUEST, "{\"op\":1,\"op\":2}", 15, NULL), 0);
+	memset(&a, 0, sizeof(a));
+	read_answer(fd, &a);
+	assert_null(a.decision);
+	close(fd);
+	answer_free(&a);
+
+	assert_int_equal(waitpid(mgr_pid, NULL, WNOHANG), 0);
+	call(exec_req(tok, "echo alive"), &a);
+	expect_decision(&a, "allow", "ok");
+	assert_string_equal(a.out, "alive\n");
+	answer_free(&a);
+	free(tok);
+}
+
+/* test_retire_and_replace: after retire, the gen-1 token gets RefreshRoute
+ * (retired); after installing gen 2, gen-1 gets stale_execution and a
+ * gen-2 token works. Across a manager restart the records come back. */
+static void test_retire_and_replace(void **state)
+{
+	char *tok1 = mint(sk, 1, "w1", TT_OP_EXEC);
+	char *tok2 = mint(sk, 2, "w1", TT_OP_EXEC);
+	struct answer a;
+	char dir[256];
+	struct stat st;
+
+	(void)state;
+	/* A running operation holds a lease on the epoch: retiring the
+	 * execution cancels it and tells the opener to refresh the route. */
+	{
+		int fd = connect_mgr();
+		json_t *req = exec_req(tok1, "echo started; sleep 30");
+		struct timespec t0, t1;
+
+		assert_true(fd >= 0);
+		assert_int_equal(wire_send_json(fd, WIRE_REQUEST, req, NULL), 0);
+		json_decref(req);
+		usleep(200 * 1000);
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		assert_true(feed(json_pack("{s:I,s:s,s:s,s:s,s:I}", "rev", (json_int_t)3,
+		                           "kind", "retire", "worker", "w1", "sandbox", SBX,
+		                           "generation", (json_int_t)1)));
+		memset(&a, 0, sizeof(a));
+		read_answer(fd, &a);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		close(fd);
+		expect_decision(&a, "allow", "ok");
+		assert_string_equal(a.out, "started\n");
+		assert_non_null(a.error);
+		assert_string_equal(json_string_value(json_object_get(a.error, "error")),
+		                    "refresh_route");
+		assert_null(a.result);
+		assert_true(t1.tv_sec - t0.tv_sec < 10);
+		answer_free(&a);
+	}
+	assert_true(feed(json_pack("{s:I,s:s,s:s,s:s,s:I}", "rev", (json_int_t)3, "kind",
+	                           "retire", "worker", "w1", "sandbox", SBX,
+	                           "generation", (json_int_t)1)));
+	call(exec_req(tok1, "true"), &a);
+	expect_decision(&a, "refresh_route", "retired");
+	answer_free(&a);
+
+	assert_true(feed(install(4, 2, "w1")));
+	call(exec_req(tok1, "true"), &a);
+	expect_decision(&a, "refresh_route", "stale_execution");
+	assert_int_equal(json_integer_value(json_object_get(a.decision,
+	                                                    "installed_generation")), 2);
+	answer_free(&a);
+	call(exec_req(tok2, "echo gen2"), &a);
+	expect_decision(&a, "allow", "ok");
+	assert_string_equal(a.out, "gen2\n");
+	answer_free(&a);
+
+	/* A replayed older update is acknowledged without effect. */
+	assert_true(feed(install(2, 1, "w1")));
+	call(exec_req(tok2, "echo gen2"), &a);
+	expect_decision(&a, "allow", "ok");
+	answer_free(&a);
+
+	/* Restart: the store remembers rev 4 and gen 2; the sandbox was
+	 * stopped with the manager, so it is lost -> RefreshRoute. */
+	stop_manager();
+	start_manager();
+	call(json_pack("{s:s}", "op", "status"), &a);
+	assert_non_null(a.result);
+	assert_int_equal(json_integer_value(json_object_get(a.result, "applied_rev")), 4);
+	assert_int_equal(json_integer_value(json_object_get(
+		json_array_get(json_object_get(a.result, "executions"), 0), "generation")), 2);
+	assert_string_equal(json_string_value(json_object_get(
+		json_array_get(json_object_get(a.result, "executions"), 0), "state")), "lost");
+	answer_free(&a);
+	call(exec_req(tok2, "true"), &a);
+	expect_decision(&a, "refresh_route", "retired");
+	answer_free(&a);
+
+	/* destroy removes the record and the sandbox directory. */
+	assert_true(feed(json_pack("{s:I,s:s,s:s,s:s}", "rev", (json_int_t)5, "kind",
+	                           "destroy", "worker", "w1", "sandbox", SBX)));
+	snprintf(dir, sizeof(dir), "%s/sandboxes/%s", state_dir, SBX);
+	assert_int_equal(stat(dir, &st), -1);
+	call(exec_req(tok2, "true"), &a);
+	expect_decision(&a, "refresh_route", "not_installed");
+	answer_free(&a);
+	free(tok1);
+	free(tok2);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_install_and_exec),
+		cmocka_unit_test(test_refusals),
+		cmocka_unit_test(test_peer_refused),
+		cmocka_unit_test(test_garbage),
+		cmocka_unit_test(test_retire_and_replace),
+	};
+
+	signal(SIGPIPE, SIG_IGN);
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -1,13 +1,15 @@
-/* libFuzzer target: PASETO v4.public parsing and strict base64url on
- * arbitrary bytes. Nothing may crash, leak or read out of bounds; a token
- * that verifies under the fixed key must decode to the same bytes through
- * every entry point. */
+/* libFuzzer target: PASETO v4.public parsing, strict base64url and the
+ * receiver's admission path (footer kid, key ring, cache) on arbitrary
+ * bytes. Nothing may crash, leak or read out of bounds; a token that
+ * verifies under the fixed key must decode to the same bytes through every
+ * entry point, and admission must give the same answer on a cache hit. */
 #include <sodium.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "b64url.h"
+#include "capcache.h"
 #include "paseto.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -29,6 +31,32 @@ static const uint8_t *fixed_key(void)
 		ready = 1;
 	}
 	return pk;
+}
+
+/* admit_twice: cap_admit through a small cache, twice (miss, then hit if
+ * it verified): the answers must agree. The ring holds the fixed key. */
+static void admit_twice(const char *tok, size_t size)
+{
+	static struct capcache *cache;
+	static struct tt_keyring kr;
+	static const struct tt_request req = {
+		.receiver = TT_RCV_NODE, .sbx = "sbx_abcdefghijklmnopqrstuvwxyz",
+		.op = TT_OP_EXEC, .new_open = true,
+	};
+	struct tt_decision a, b;
+	struct tt_err err;
+
+	if (cache == NULL) {
+		cache = capcache_new(8);
+		if (cache == NULL || keyring_add(&kr, fixed_key(), 0, 0, &err) < 0)
+			abort();
+	}
+	/* now = 0 so the fixed corpus never expires: only the key window and
+	 * the claims' own times matter. */
+	a = cap_admit(cache, &kr, tok, size, NULL, 0, &req, NULL, 0, NULL);
+	b = cap_admit(cache, &kr, tok, size, NULL, 0, &req, NULL, 0, NULL);
+	if (a.verdict != b.verdict || a.reason != b.reason)
+		abort();
 }
 
 /* LLVMFuzzerTestOneInput: one input through every decoder. The data is
@@ -59,6 +87,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	paseto_msg_free(&v);
 	paseto_msg_free(&f);
 	paseto_msg_free(&u);
+	admit_twice(tok, size);
 	/* strict base64url: whatever decodes must re-encode to the input */
 	if (b64url_decode(tok, size, out, sizeof(out), &n, &err) == 0) {
 		char *re = malloc(B64URL_ENCODED_LEN(n) + 1);

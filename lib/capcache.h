@@ -3,7 +3,10 @@
  * expiry (+ skew). A hit skips only the signature check and claim parsing;
  * every identity and permission check of decision_decide still runs, and
  * the kid must still be in the key ring. Implementation: lib/capcache.c.
- * Not thread-safe: one cache per event loop. */
+ * Not thread-safe: one cache per event loop. Memory is bounded by the
+ * capacity: per entry ~0.7 KiB plus one copy of the token and implicit
+ * assertion (at most PASETO_TOKEN_MAX + 1 KiB); only verified tokens are
+ * ever inserted. */
 #ifndef TT_CAPCACHE_H
 #define TT_CAPCACHE_H
 
@@ -42,6 +45,12 @@ struct tt_decision cap_admit(struct capcache *cache,
 int cap_verify(const struct tt_keyring *kr, const char *token, size_t token_len,
                const uint8_t *implicit, size_t implicit_len,
                struct tt_claims *out, struct tt_err *err);
+
+/* cap_token_kid: the kid the token's footer names ({"kid":"k4.pid.…"});
+ * unverified, so it may only be used to pick the key. TT_ERR_MALFORMED
+ * when the token or footer is malformed or names no valid kid. */
+int cap_token_kid(const char *token, size_t token_len,
+                  char kid[PASERK_K4_PID_LEN + 1], struct tt_err *err);
 
 /* cap_mint: signs claims with sk under kid (footer {"kid":…}); caller frees
  * *token_out. Used by the signer and by tests. */

@@ -159,8 +159,10 @@ void sbx_id_new(char out[TT_SBX_ID_LEN + 1])
 }
 
 /* charset_ok: every byte of s is in the class; empty allowed if allow_empty.
- * cls: 's' substrate [a-z0-9_-], 'w' name [A-Za-z0-9._-], 'p' printable
- * (no ASCII control bytes; UTF-8 already validated by jansson). */
+ * cls: 's' substrate [a-z0-9_-], 'w' name [A-Za-z0-9._-], 'p' printable:
+ * no C0 or C1 control characters (UTF-8 already validated by jansson; C1
+ * U+0080..U+009F is 0xC2 0x80..0x9F), so no claim can carry terminal
+ * escapes into a log or "tether cap inspect". */
 static bool charset_ok(const char *s, size_t n, char cls, bool allow_empty)
 {
 	if (n == 0)
@@ -180,7 +182,10 @@ static bool charset_ok(const char *s, size_t n, char cls, bool allow_empty)
 			     c == '-';
 			break;
 		default:
-			ok = c >= 0x20 && c != 0x7f;
+			ok = c >= 0x20 && c != 0x7f &&
+			     !(c == 0xc2 && i + 1 < n &&
+			       (unsigned char)s[i + 1] >= 0x80 &&
+			       (unsigned char)s[i + 1] <= 0x9f);
 			break;
 		}
 		if (!ok)
@@ -189,21 +194,37 @@ static bool charset_ok(const char *s, size_t n, char cls, bool allow_empty)
 	return true;
 }
 
+/* claim_get: the claim name of JSON type want, or NULL with the error
+ * ("missing" or "is not a …") set. */
+static json_t *claim_get(json_t *root, const char *name, json_type want,
+                         struct tt_err *err)
+{
+	json_t *v = json_object_get(root, name);
+
+	if (v == NULL) {
+		tt_err_set(err, TT_ERR_MALFORMED, "claims: missing '%s'", name);
+		return NULL;
+	}
+	if (json_typeof(v) != want) {
+		tt_err_set(err, TT_ERR_MALFORMED, "claims: '%s' is not %s", name,
+		           want == JSON_STRING ? "a string" :
+		           want == JSON_INTEGER ? "an integer" : "an array");
+		return NULL;
+	}
+	return v;
+}
+
 /* str_claim: copies the string claim name into dst (cap bytes incl. NUL)
  * after type, length and character checks. */
 static int str_claim(json_t *root, const char *name, char *dst, size_t cap,
                      char cls, bool allow_empty, struct tt_err *err)
 {
-	json_t *v = json_object_get(root, name);
+	json_t *v = claim_get(root, name, JSON_STRING, err);
 	const char *s;
 	size_t n;
 
 	if (v == NULL)
-		return tt_err_set(err, TT_ERR_MALFORMED, "claims: missing '%s'",
-		                  name);
-	if (!json_is_string(v))
-		return tt_err_set(err, TT_ERR_MALFORMED,
-		                  "claims: '%s' is not a string", name);
+		return -1;
 	s = json_string_value(v);
 	n = json_string_length(v);
 	if (n >= cap)
@@ -223,14 +244,10 @@ static int str_claim(json_t *root, const char *name, char *dst, size_t cap,
 static int int_claim(json_t *root, const char *name, json_int_t min,
                      json_int_t max, json_int_t *out, struct tt_err *err)
 {
-	json_t *v = json_object_get(root, name);
+	json_t *v = claim_get(root, name, JSON_INTEGER, err);
 
 	if (v == NULL)
-		return tt_err_set(err, TT_ERR_MALFORMED, "claims: missing '%s'",
-		                  name);
-	if (!json_is_integer(v))
-		return tt_err_set(err, TT_ERR_MALFORMED,
-		                  "claims: '%s' is not an integer", name);
+		return -1;
 	*out = json_integer_value(v);
 	if (*out < min || *out > max)
 		return tt_err_set(err, TT_ERR_MALFORMED,
@@ -242,15 +259,11 @@ static int int_claim(json_t *root, const char *name, json_int_t min,
 static int time_claim(json_t *root, const char *name, int64_t *out,
                       struct tt_err *err)
 {
-	json_t *v = json_object_get(root, name);
+	json_t *v = claim_get(root, name, JSON_STRING, err);
 	struct tt_err terr;
 
 	if (v == NULL)
-		return tt_err_set(err, TT_ERR_MALFORMED, "claims: missing '%s'",
-		                  name);
-	if (!json_is_string(v))
-		return tt_err_set(err, TT_ERR_MALFORMED,
-		                  "claims: '%s' is not a string", name);
+		return -1;
 	if (rfc3339_parse(json_string_value(v), json_string_length(v), out,
 	                  &terr) < 0)
 		return tt_err_set(err, TT_ERR_MALFORMED, "claims: '%s': %s",
@@ -264,14 +277,10 @@ static int enum_claim(json_t *root, const char *name,
                       const char *const *names, size_t n, size_t *idx,
                       struct tt_err *err)
 {
-	json_t *v = json_object_get(root, name);
+	json_t *v = claim_get(root, name, JSON_STRING, err);
 
 	if (v == NULL)
-		return tt_err_set(err, TT_ERR_MALFORMED, "claims: missing '%s'",
-		                  name);
-	if (!json_is_string(v))
-		return tt_err_set(err, TT_ERR_MALFORMED,
-		                  "claims: '%s' is not a string", name);
+		return -1;
 	for (size_t i = 0; i < n; i++) {
 		if (strcmp(json_string_value(v), names[i]) == 0 &&
 		    strlen(names[i]) == json_string_length(v)) {
@@ -287,16 +296,13 @@ static int enum_claim(json_t *root, const char *name,
  * unknown names grant nothing. */
 static int ops_claim(json_t *root, uint32_t *ops, struct tt_err *err)
 {
-	json_t *v = json_object_get(root, "ops");
+	json_t *v = claim_get(root, "ops", JSON_ARRAY, err);
 	json_t *item;
 	size_t i;
 
 	*ops = 0;
 	if (v == NULL)
-		return tt_err_set(err, TT_ERR_MALFORMED, "claims: missing 'ops'");
-	if (!json_is_array(v))
-		return tt_err_set(err, TT_ERR_MALFORMED,
-		                  "claims: 'ops' is not an array");
+		return -1;
 	if (json_array_size(v) > OPS_MAX_ENTRIES)
 		return tt_err_set(err, TT_ERR_MALFORMED,
 		                  "claims: 'ops' has more than %d entries",

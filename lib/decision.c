@@ -22,6 +22,13 @@ static struct tt_decision refresh(enum tt_reason r, uint64_t gen)
 	                             .installed_generation = gen };
 }
 
+/* beyond: whether a > b + slack, without overflow for any int64 values
+ * (now is the caller's clock, the claims may be hand-built). */
+static bool beyond(int64_t a, int64_t b, int64_t slack)
+{
+	return a > b && (uint64_t)a - (uint64_t)b > (uint64_t)slack;
+}
+
 /* decision_decide: checks 2..7 of the SPEC §4 table, in order. */
 struct tt_decision decision_decide(const struct tt_claims *claims,
                                    const struct tt_request *req,
@@ -33,11 +40,11 @@ struct tt_decision decision_decide(const struct tt_claims *claims,
 		return deny(TT_R_MALFORMED);
 	cid = &claims->id;
 
-	/* 2: lifetime, with the allowed skew on both ends (written so that
-	 * only the receiver's own clock is offset: no overflow on odd claims). */
-	if (now - TT_CAP_SKEW > claims->exp)
+	/* 2: lifetime, with the allowed skew on both ends: exp + 15 is the
+	 * last second accepted, iat may be at most 15 s ahead of our clock. */
+	if (beyond(now, claims->exp, TT_CAP_SKEW))
 		return deny(TT_R_EXPIRED);
-	if (claims->iat > now + TT_CAP_SKEW)
+	if (beyond(claims->iat, now, TT_CAP_SKEW))
 		return deny(TT_R_NOT_YET_VALID);
 
 	/* 3: audience. The bridge sits behind node admission and accepts node

@@ -175,18 +175,24 @@ int paserk_secret_file_write(const char *path,
 	 * never readable by anyone else, even for a moment. */
 	fd = mkostemp(tmp, O_CLOEXEC);
 	if (fd < 0)
-		return tt_err_sys(err, TT_ERR_IO, "key file: create %s", tmp);
+		return tt_err_sys(err, TT_ERR_IO, "key file: cannot create %s",
+		                  path);
 	if (paserk_k4_secret_encode(sk, line) < 0) {
 		tt_err_set(err, TT_ERR_INVALID, "key file: encoding failed");
 		goto out;
 	}
 	line[PASERK_K4_SECRET_LEN] = '\n';
 	if (write_all(fd, line, PASERK_K4_SECRET_LEN + 1) < 0 || fsync(fd) < 0) {
-		tt_err_sys(err, TT_ERR_IO, "key file: write %s", tmp);
+		tt_err_sys(err, TT_ERR_IO, "key file: cannot write %s", path);
 		goto out;
 	}
 	if (overwrite ? rename(tmp, path) : link(tmp, path)) {
-		tt_err_sys(err, TT_ERR_IO, "key file: %s", path);
+		if (errno == EEXIST)
+			tt_err_set(err, TT_ERR_CONFLICT,
+			           "key file: %s already exists", path);
+		else
+			tt_err_sys(err, TT_ERR_IO, "key file: cannot create %s",
+			           path);
 		goto out;
 	}
 	if (overwrite)
@@ -220,6 +226,11 @@ int paserk_secret_file_read(const char *path, uint8_t sk[PASETO_SK_BYTES],
 	if (!S_ISREG(st.st_mode))
 		return tt_err_set(err, TT_ERR_INVALID,
 		                  "key file: %s is not a regular file", path);
+	/* Like ssh: a key someone else owns could be swapped under us. */
+	if (st.st_uid != geteuid())
+		return tt_err_set(err, TT_ERR_DENIED,
+		                  "key file: %s is owned by uid %u, not by us (%u)",
+		                  path, (unsigned)st.st_uid, (unsigned)geteuid());
 	if ((st.st_mode & 077) != 0)
 		return tt_err_set(err, TT_ERR_DENIED,
 		                  "key file: %s is accessible by group or others "

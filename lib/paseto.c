@@ -136,6 +136,19 @@ static uint8_t *dup_nul(const uint8_t *src, size_t len)
 	return p;
 }
 
+/* decode_section: b64url_decode of one section of the token, the error
+ * naming the section ("token: footer: base64url: …"). */
+static int decode_section(const char *what, const char *in, size_t in_len,
+                          uint8_t *out, size_t cap, size_t *out_len,
+                          struct tt_err *err)
+{
+	struct tt_err e = { 0 };
+
+	if (b64url_decode(in, in_len, out, cap, out_len, &e) < 0)
+		return tt_err_set(err, e.code, "token: %s: %s", what, e.msg);
+	return 0;
+}
+
 /* decode_footer: the footer bytes of a split token into f (FOOTER_MAX). */
 static int decode_footer(const struct paseto_parts *p,
                          uint8_t f[PASETO_FOOTER_MAX], size_t *f_len,
@@ -144,8 +157,8 @@ static int decode_footer(const struct paseto_parts *p,
 	*f_len = 0;
 	if (p->footer == NULL)
 		return 0;
-	return b64url_decode(p->footer, p->footer_len, f, PASETO_FOOTER_MAX,
-	                     f_len, err);
+	return decode_section("footer", p->footer, p->footer_len, f,
+	                      PASETO_FOOTER_MAX, f_len, err);
 }
 
 /* fill_msg: copies payload (may be NULL) and footer into out. */
@@ -187,8 +200,8 @@ static int paseto_decode(const uint8_t *pk, const char *token,
 		                  PASETO_IMPLICIT_MAX);
 	if (paseto_split(token, token_len, &p, err) < 0)
 		return -1;
-	if (b64url_decode(p.body, p.body_len, body, sizeof(body), &body_len,
-	                  err) < 0)
+	if (decode_section("body", p.body, p.body_len, body, sizeof(body),
+	                   &body_len, err) < 0)
 		return -1;
 	/* paseto_split bounded the encoded length; a canonical encoding of at
 	 * least 86 chars decodes to at least 64 bytes. */

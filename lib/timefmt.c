@@ -6,8 +6,9 @@
  * them and the signature, not the spelling, is what makes a token trusted.
  * A space separator (an RFC 3339 "may" for readability, not ISO 8601) is
  * refused, as are missing seconds, out-of-range fields and trailing bytes.
- * A leap second (ss = 60) is accepted only at hh:mm = 23:59 local time and
- * counts as the next second, as POSIX time does. Arithmetic is done here
+ * A leap second (ss = 60) is accepted only where it can occur, at 23:59 UTC
+ * (so at 15:59:60-08:00, RFC 3339 §5.7), and counts as the next second, as
+ * POSIX time does. Arithmetic is done here
  * (proleptic Gregorian calendar), never through the process time zone. */
 #include "timefmt.h"
 
@@ -101,7 +102,7 @@ int rfc3339_parse(const char *s, size_t len, int64_t *out, struct tt_err *err)
 		return tt_err_set(err, TT_ERR_MALFORMED,
 		                  "time: expected YYYY-MM-DDThh:mm:ss");
 	if (mon < 1 || mon > 12 || day < 1 || day > days_in_month(year, mon) ||
-	    hh > 23 || mm > 59 || ss > 60 || (ss == 60 && (hh != 23 || mm != 59)))
+	    hh > 23 || mm > 59 || ss > 60)
 		return tt_err_set(err, TT_ERR_MALFORMED, "time: field out of range");
 
 	i = 19;
@@ -136,6 +137,10 @@ int rfc3339_parse(const char *s, size_t len, int64_t *out, struct tt_err *err)
 	}
 	if (i != len)
 		return tt_err_set(err, TT_ERR_MALFORMED, "time: trailing bytes");
+	/* Minutes of the day in UTC must be 23:59 for a leap second. */
+	if (ss == 60 && ((hh * 60 + mm - off / 60) % 1440 + 1440) % 1440 != 1439)
+		return tt_err_set(err, TT_ERR_MALFORMED,
+		                  "time: leap second outside 23:59 UTC");
 
 	/* Local time minus its offset is UTC. */
 	*out = days_from_civil(year, mon, day) * 86400 +

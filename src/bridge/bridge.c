@@ -1,9 +1,16 @@
 /* Host bridge: one process per execution, spawned by the sbx-manager.
  * Accepts only the manager (SO_PEERCRED uid and pid), and for every
  * operation opens a fresh connection to the guest socket, verifies that its
- * listener is the sandbox init recorded at spawn (pid + start time, SPEC §5),
- * then relays frames. No reconnect: a dropped guest connection fails the
- * operation. Exits when the sandbox init dies or on SIGTERM. */
+ * listener is the sandbox init recorded at spawn (pid + start time, SPEC §5)
+ * and that the agent proves this activation in the handshake of
+ * guest/hello.h (per-activation secret from the manager on --secret-fd,
+ * fresh challenge per connection), and only then forwards the REQUEST and
+ * relays frames. No reconnect: a dropped guest connection fails the
+ * operation (ERROR transport); the next operation opens a new connection,
+ * verified in full again. Refusals are logged with their reason and counted
+ * in tether_bridge_refusals_total{reason} (in-process only for now: the
+ * bridge serves no /metrics). Exits when the sandbox init dies or on
+ * SIGTERM. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -14,6 +21,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sodium.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -21,7 +30,9 @@
 #include <uv.h>
 
 #include "claims.h"
+#include "guest/hello.h"
 #include "log.h"
+#include "metrics.h"
 #include "node/ns.h"
 #include "relay.h"
 #include "tetherd/roles.h"
@@ -38,6 +49,8 @@ struct bridge {
 	pid_t init_pid;
 	unsigned long long init_start;
 	pid_t manager_pid;
+	int secret_fd;
+	uint8_t secret[HELLO_SECRET_LEN]; /* memory only; zeroed at exit */
 	int init_pidfd;
 	uv_pipe_t server;
 	uv_poll_t init_poll;
@@ -57,11 +70,33 @@ struct bconn {
 	uint8_t *pending;         /* bytes after the REQUEST (owned) */
 	size_t pending_len;
 	uv_connect_t connect;
+	/* Handshake phase: the challenge sent, the guest's answer being read
+	 * into hbuf, and its deadline (heap, freed by its close callback). */
+	uint8_t challenge[HELLO_CHALLENGE_LEN];
+	struct wire_reader hrd;
+	uint8_t hbuf[WIRE_PAYLOAD_MAX + WIRE_HDR_LEN];
+	uv_timer_t *htimer;
 };
+
+/* timer_free_cb: the handshake timer is closed: free it. */
+static void timer_free_cb(uv_handle_t *h)
+{
+	free(h);
+}
+
+/* htimer_close: stops and releases the handshake deadline, if any. */
+static void htimer_close(struct bconn *c)
+{
+	if (c->htimer == NULL)
+		return;
+	uv_close((uv_handle_t *)c->htimer, timer_free_cb);
+	c->htimer = NULL;
+}
 
 /* bconn_free: releases what the operation still owns. */
 static void bconn_free(struct bconn *c)
 {
+	htimer_close(c);
 	if (c->conn)
 		relay_close_free((uv_stream_t *)c->conn);
 	if (c->guest)
@@ -76,6 +111,22 @@ static void bconn_fail(struct bconn *c, const char *code, const char *msg)
 {
 	log_warn("operation failed: %s: %s", code, msg);
 	relay_write_error((uv_stream_t *)c->conn, code, msg);
+	relay_close_after_writes((uv_stream_t *)c->conn);
+	c->conn = NULL;
+	bconn_free(c);
+}
+
+/* bconn_refuse: a verification refusal: specific log line, counted by
+ * reason, ERROR verify_failed to the manager; nothing was forwarded. */
+static void bconn_refuse(struct bconn *c, const char *reason, const char *msg)
+{
+	char labels[64];
+
+	snprintf(labels, sizeof(labels), "reason=\"%s\"", reason);
+	metrics_inc("tether_bridge_refusals_total", labels);
+	log_warn("refused guest of %s generation %" PRIu64 " activation %" PRIu32
+	         " (%s): %s", c->b->sbx, c->b->gen, c->b->att, reason, msg);
+	relay_write_error((uv_stream_t *)c->conn, "verify_failed", msg);
 	relay_close_after_writes((uv_stream_t *)c->conn);
 	c->conn = NULL;
 	bconn_free(c);
@@ -117,26 +168,12 @@ static int guest_verify(const struct bridge *b, int fd, char *why, size_t cap)
 	return 0;
 }
 
-/* guest_connected: verify, forward the REQUEST, relay. */
-static void guest_connected(uv_connect_t *req, int status)
+/* forward_and_relay: the guest is verified: send the REQUEST, relay. */
+static void forward_and_relay(struct bconn *c)
 {
-	struct bconn *c = req->data;
 	struct tt_err err = { 0 };
-	uv_os_fd_t fd;
-	char why[160], msg[224];
 	struct relay *r;
 
-	if (status < 0) {
-		snprintf(msg, sizeof(msg), "cannot reach the guest: %s", uv_strerror(status));
-		bconn_fail(c, "transport", msg);
-		return;
-	}
-	if (uv_fileno((uv_handle_t *)c->guest, &fd) < 0 ||
-	    guest_verify(c->b, fd, why, sizeof(why)) < 0) {
-		snprintf(msg, sizeof(msg), "guest listener verification failed: %s", why);
-		bconn_fail(c, "transport", msg);
-		return;
-	}
 	if (relay_write_frame((uv_stream_t *)c->guest, WIRE_REQUEST, c->req, c->req_len,
 	                      &err) < 0) {
 		bconn_fail(c, "transport", err.msg);
@@ -150,6 +187,167 @@ static void guest_connected(uv_connect_t *req, int status)
 	}
 	c->conn = NULL;
 	c->guest = NULL;
+}
+
+/* hello_check: judges the guest's first frame. 0 = valid proof; else -1
+ * with the refusal reason (metric label) and a message. */
+static int hello_check(struct bconn *c, const struct wire_frame *f, const char **reason,
+                       char *msg, size_t cap)
+{
+	const struct bridge *b = c->b;
+	uint8_t got[HELLO_PROOF_LEN], want[HELLO_PROOF_LEN];
+	struct tt_err err = { 0 };
+	json_t *o = wire_frame_json(f, &err);
+	const char *code;
+	int rc = -1;
+
+	*reason = "handshake_malformed";
+	if (o == NULL) {
+		snprintf(msg, cap, "guest handshake: %.160s", err.msg);
+		return -1;
+	}
+	if (f->type == WIRE_ERROR) {
+		/* e.g. wrong_activation: an agent of another execution or
+		 * activation behind this socket. */
+		code = json_string_value(json_object_get(o, "error"));
+		*reason = code && strcmp(code, "wrong_activation") == 0 ? "wrong_activation"
+		                                                          : "guest_refused";
+		snprintf(msg, cap, "guest handshake: guest refused: %.64s",
+		         code ? code : "?");
+	} else if (f->type != WIRE_HELLO) {
+		snprintf(msg, cap, "guest handshake: expected HELLO, got %s",
+		         wire_type_name(f->type));
+	} else if (json_object_size(o) != 1 ||
+	           hello_b64_decode(json_string_value(json_object_get(o, "proof")), got) < 0) {
+		snprintf(msg, cap, "guest handshake: malformed proof");
+	} else {
+		hello_proof(b->secret, b->sbx, b->gen, b->att, c->challenge, want);
+		if (sodium_memcmp(got, want, HELLO_PROOF_LEN) == 0) {
+			rc = 0;
+		} else {
+			*reason = "bad_proof";
+			snprintf(msg, cap, "guest handshake: wrong proof for this activation");
+		}
+		sodium_memzero(want, sizeof(want));
+	}
+	json_decref(o);
+	return rc;
+}
+
+/* hello_alloc_cb: the guest's answer lands in the handshake buffer. */
+static void hello_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+	struct bconn *c = h->data;
+
+	(void)suggested;
+	*buf = uv_buf_init((char *)c->hbuf, sizeof(c->hbuf));
+}
+
+/* hello_read_cb: exactly one frame, the HELLO with the proof, and nothing
+ * after it (the guest waits for the REQUEST). */
+static void hello_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+	struct bconn *c = s->data;
+	struct tt_err err = { 0 };
+	struct wire_frame f;
+	const char *reason;
+	char msg[200];
+	size_t used = 0;
+	int rc;
+
+	(void)buf;
+	if (nread == 0)
+		return;
+	if (nread < 0) {
+		uv_read_stop(s);
+		snprintf(msg, sizeof(msg), "guest handshake: connection closed (%s)",
+		         uv_strerror((int)nread));
+		bconn_refuse(c, "handshake_closed", msg);
+		return;
+	}
+	rc = wire_reader_feed(&c->hrd, c->hbuf, (size_t)nread, &used, &f, &err);
+	if (rc == 0)
+		return;
+	uv_read_stop(s);
+	if (rc < 0) {
+		snprintf(msg, sizeof(msg), "guest handshake: %.160s", err.msg);
+		bconn_refuse(c, "handshake_malformed", msg);
+		return;
+	}
+	if ((size_t)nread > used) {
+		bconn_refuse(c, "handshake_malformed", "guest handshake: bytes after HELLO");
+		return;
+	}
+	if (hello_check(c, &f, &reason, msg, sizeof(msg)) < 0) {
+		bconn_refuse(c, reason, msg);
+		return;
+	}
+	htimer_close(c);
+	forward_and_relay(c);
+}
+
+/* hello_timeout_cb: the guest did not answer the challenge in time. */
+static void hello_timeout_cb(uv_timer_t *t)
+{
+	struct bconn *c = t->data;
+
+	uv_read_stop((uv_stream_t *)c->guest);
+	bconn_refuse(c, "handshake_timeout", "guest handshake: no answer within 2 s");
+}
+
+/* hello_start: sends the HELLO with a fresh challenge and waits (bounded)
+ * for the proof. */
+static void hello_start(struct bconn *c)
+{
+	const struct bridge *b = c->b;
+	char chal[HELLO_B64_LEN + 1];
+	struct tt_err err = { 0 };
+	json_t *hello;
+	int rc;
+
+	randombytes_buf(c->challenge, sizeof(c->challenge));
+	hello_b64_encode(c->challenge, chal);
+	hello = json_pack("{s:i,s:s,s:s,s:I,s:I}", "v", HELLO_VERSION, "challenge", chal,
+	                  "sbx", b->sbx, "generation", (json_int_t)b->gen, "activation",
+	                  (json_int_t)b->att);
+	rc = hello ? relay_write_json((uv_stream_t *)c->guest, WIRE_HELLO, hello, &err) : -1;
+	json_decref(hello);
+	if (rc < 0) {
+		bconn_fail(c, "transport", hello ? err.msg : "out of memory");
+		return;
+	}
+	c->htimer = malloc(sizeof(*c->htimer));
+	if (c->htimer == NULL) {
+		bconn_fail(c, "internal", "out of memory");
+		return;
+	}
+	uv_timer_init(b->loop, c->htimer);
+	c->htimer->data = c;
+	uv_timer_start(c->htimer, hello_timeout_cb, HELLO_TIMEOUT_MS, 0);
+	wire_reader_init(&c->hrd);
+	c->guest->data = c;
+	uv_read_start((uv_stream_t *)c->guest, hello_alloc_cb, hello_read_cb);
+}
+
+/* guest_connected: verify the listener, then the handshake. */
+static void guest_connected(uv_connect_t *req, int status)
+{
+	struct bconn *c = req->data;
+	uv_os_fd_t fd;
+	char why[160], msg[224];
+
+	if (status < 0) {
+		snprintf(msg, sizeof(msg), "cannot reach the guest: %s", uv_strerror(status));
+		bconn_fail(c, "transport", msg);
+		return;
+	}
+	if (uv_fileno((uv_handle_t *)c->guest, &fd) < 0 ||
+	    guest_verify(c->b, fd, why, sizeof(why)) < 0) {
+		snprintf(msg, sizeof(msg), "guest listener: %s", why);
+		bconn_refuse(c, "listener", msg);
+		return;
+	}
+	hello_start(c);
 }
 
 /* handle_request: checks the REQUEST and opens the guest connection. */
@@ -258,6 +456,7 @@ static void on_connection(uv_stream_t *server, int status)
 	    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0 ||
 	    cr.pid != b->manager_pid || cr.uid != geteuid()) {
 		log_warn("peer refused: pid %d uid %u", (int)cr.pid, (unsigned)cr.uid);
+		metrics_inc("tether_bridge_refusals_total", "reason=\"peer\"");
 		relay_close_free((uv_stream_t *)p);
 		return;
 	}
@@ -314,10 +513,12 @@ static int parse_args(struct bridge *b, int argc, char **argv)
 		{ "init-pid", required_argument, NULL, 'p' },
 		{ "init-start", required_argument, NULL, 't' },
 		{ "manager-pid", required_argument, NULL, 'm' },
+		{ "secret-fd", required_argument, NULL, 'S' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int o;
 
+	b->secret_fd = -1;
 	optind = 1;
 	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (o) {
@@ -329,15 +530,16 @@ static int parse_args(struct bridge *b, int argc, char **argv)
 		case 'p': b->init_pid = (pid_t)atoi(optarg); break;
 		case 't': b->init_start = strtoull(optarg, NULL, 10); break;
 		case 'm': b->manager_pid = (pid_t)atoi(optarg); break;
+		case 'S': b->secret_fd = atoi(optarg); break;
 		default: return -1;
 		}
 	}
 	if (!sbx_id_valid(b->sbx) || b->gen == 0 || !b->listen_path[0] ||
 	    !b->guest_socket[0] || b->init_pid <= 0 || b->init_start == 0 ||
-	    b->manager_pid <= 0) {
+	    b->manager_pid <= 0 || b->secret_fd < 3) {
 		fprintf(stderr, "usage: tetherd bridge --sbx ID --gen N --att N --listen PATH"
 		                " --guest-socket PATH --init-pid PID --init-start T"
-		                " --manager-pid PID\n");
+		                " --manager-pid PID --secret-fd FD\n");
 		return -1;
 	}
 	return 0;
@@ -356,13 +558,21 @@ int bridge_main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	if (parse_args(b, argc, argv) < 0)
 		return 1;
+	/* The activation secret: not dumpable, so no other process of our
+	 * uid can read it from /proc/<pid>/mem. */
+	prctl(PR_SET_DUMPABLE, 0);
+	if (sodium_init() < 0 || hello_read_secret(b->secret_fd, b->secret, 5000) < 0) {
+		log_error("reading the activation secret from fd %d: %s", b->secret_fd,
+		          strerror(errno));
+		return 1;
+	}
 	b->loop = uv_default_loop();
 	/* Hold the init by pidfd first, then check it is the recorded one. */
 	b->init_pidfd = (int)syscall(SYS_pidfd_open, b->init_pid, 0);
 	if (b->init_pidfd < 0 || proc_start_time(b->init_pid, &start, NULL) < 0 ||
 	    start != b->init_start) {
 		log_error("sandbox init %d is not the recorded process", (int)b->init_pid);
-		return 1;
+		goto fail;
 	}
 	unlink(b->listen_path);
 	uv_pipe_init(b->loop, &b->server, 0);
@@ -376,7 +586,7 @@ int bridge_main(int argc, char **argv)
 		rc = uv_listen((uv_stream_t *)&b->server, 64, on_connection);
 	if (rc < 0) {
 		log_error("listen on %s: %s", b->listen_path, uv_strerror(rc));
-		return 1;
+		goto fail;
 	}
 	uv_poll_init(b->loop, &b->init_poll, b->init_pidfd);
 	b->init_poll.data = b;
@@ -392,7 +602,11 @@ int bridge_main(int argc, char **argv)
 	uv_run(b->loop, UV_RUN_DEFAULT);
 	if (!b->stopping)
 		bridge_stop(b, "loop ended");
+	sodium_memzero(b->secret, sizeof(b->secret));
 	/* The process ends here: open handles and in-flight operations go
 	 * with it, and their peers see the connections drop. */
 	return 0;
+fail:
+	sodium_memzero(b->secret, sizeof(b->secret));
+	return 1;
 }

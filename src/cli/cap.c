@@ -1,5 +1,5 @@
-/* tether cap inspect TOKEN [--key k4.public…] [--implicit STR]: decodes a
- * capability and, given the key, verifies it. Other "tether cap" forms ask
+/* tether cap inspect TOKEN|- [--key k4.public…] [--implicit STR]: decodes
+ * a capability and, given the key, verifies it. Other "tether cap" forms ask
  * the edge for a capability (cli_cap_issue, in another file). */
 #include <jansson.h>
 #include <sodium.h>
@@ -11,6 +11,7 @@
 #include "keyring.h"
 #include "paserk.h"
 #include "paseto.h"
+#include "timefmt.h"
 
 #pragma weak cli_cap_issue
 
@@ -24,7 +25,7 @@ static int inspect_fail(enum tt_errc code, const char *msg)
 /* inspect_usage: bad arguments. */
 static int inspect_usage(void)
 {
-	fprintf(stderr, "usage: tether cap inspect TOKEN [--key k4.public...] "
+	fprintf(stderr, "usage: tether cap inspect TOKEN|- [--key k4.public...] "
 	                "[--implicit STR]\n");
 	return 1;
 }
@@ -43,44 +44,37 @@ static int print_payload(const struct paseto_msg *m)
 		snprintf(msg, sizeof(msg), "payload is not JSON: %s", jerr.text);
 		return inspect_fail(TT_ERR_MALFORMED, msg);
 	}
-	rc = json_dumpf(root, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+	/* ENSURE_ASCII: an unverified payload is anyone's text; escaped, it
+	 * cannot drive the terminal. */
+	rc = json_dumpf(root, stdout,
+	                JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_ENSURE_ASCII);
 	json_decref(root);
 	if (rc < 0 || fputc('\n', stdout) == EOF || fflush(stdout) != 0)
 		return inspect_fail(TT_ERR_IO, "cannot write to stdout");
 	return 0;
 }
 
-/* footer_kid: the "kid" string of the token's (unverified) footer into out;
- * the footer only selects the key, the signature covers it. */
-static int footer_kid(const char *token, size_t len,
-                      char out[PASERK_K4_PID_LEN + 1], struct tt_err *err)
+/* validity_note: how the token's lifetime looks from this clock, by the
+ * receivers' rule (accepted until exp + skew, iat at most skew ahead). */
+static void validity_note(const struct tt_claims *c, char *out, size_t cap)
 {
-	struct paseto_msg m;
-	json_error_t jerr;
-	json_t *root, *kid;
-	int rc = -1;
+	int64_t now = tt_now();
 
-	if (paseto_v4_footer(token, len, &m, err) < 0)
-		return -1;
-	root = json_loadb((const char *)m.footer, m.footer_len,
-	                  JSON_REJECT_DUPLICATES, &jerr);
-	kid = json_object_get(root, "kid");
-	if (m.footer_len == 0 || root == NULL)
-		tt_err_set(err, TT_ERR_UNKNOWN_KEY, "token footer has no kid");
-	else if (!json_is_string(kid) ||
-	         json_string_length(kid) != PASERK_K4_PID_LEN ||
-	         strlen(json_string_value(kid)) != PASERK_K4_PID_LEN)
-		tt_err_set(err, TT_ERR_UNKNOWN_KEY, "token footer has no valid kid");
-	else {
-		memcpy(out, json_string_value(kid), PASERK_K4_PID_LEN + 1);
-		rc = 0;
-	}
-	json_decref(root);
-	paseto_msg_free(&m);
-	return rc;
+	if (now > c->exp + TT_CAP_SKEW)
+		snprintf(out, cap, "EXPIRED %lld s ago, receivers refuse it",
+		         (long long)(now - c->exp));
+	else if (c->iat > now + TT_CAP_SKEW)
+		snprintf(out, cap, "NOT YET VALID: issued %lld s in the future",
+		         (long long)(c->iat - now));
+	else if (now > c->exp)
+		snprintf(out, cap, "expired %lld s ago, within the %d s skew",
+		         (long long)(now - c->exp), TT_CAP_SKEW);
+	else
+		snprintf(out, cap, "expires in %lld s", (long long)(c->exp - now));
 }
 
-/* inspect_verified: kid check, cap_verify (signature + claims), print. */
+/* inspect_verified: kid check, cap_verify (signature + claims, the same
+ * check 1 receivers run), print. */
 static int inspect_verified(const char *token, size_t len, const char *key,
                             const char *implicit)
 {
@@ -91,16 +85,16 @@ static int inspect_verified(const char *token, size_t len, const char *key,
 	struct paseto_msg m;
 	struct tt_err err = { 0 };
 	size_t ilen = implicit != NULL ? strlen(implicit) : 0;
-	char line[PASERK_K4_PID_LEN * 2 + 64];
+	char line[PASERK_K4_PID_LEN * 2 + 64], note[96];
 	int rc;
 
 	if (paserk_k4_public_decode(key, pk, &err) < 0 ||
 	    paserk_k4_pid(pk, kid) < 0)
 		return inspect_fail(TT_ERR_INVALID, "--key is not a k4.public key");
-	if (footer_kid(token, len, tkid, &err) < 0)
+	if (cap_token_kid(token, len, tkid, &err) < 0)
 		return inspect_fail(err.code, err.msg);
 	if (strcmp(tkid, kid) != 0) {
-		snprintf(line, sizeof(line), "token kid %s is not the key's kid %s",
+		snprintf(line, sizeof(line), "token is for kid %s, --key is %s",
 		         tkid, kid);
 		return inspect_fail(TT_ERR_UNKNOWN_KEY, line);
 	}
@@ -108,14 +102,14 @@ static int inspect_verified(const char *token, size_t len, const char *key,
 	    cap_verify(&kr, token, len, (const uint8_t *)implicit, ilen, &claims,
 	               &err) < 0)
 		return inspect_fail(err.code, err.msg);
-	/* cap_verify accepted it; decode again (verified) for the raw payload */
-	if (paseto_v4_verify(pk, token, len, (const uint8_t *)implicit, ilen, &m,
-	                     &err) < 0)
+	/* The same bytes just verified: decoding them again needs no key. */
+	if (paseto_v4_decode_unverified(token, len, &m, &err) < 0)
 		return inspect_fail(err.code, err.msg);
 	rc = print_payload(&m);
 	paseto_msg_free(&m);
+	validity_note(&claims, note, sizeof(note));
 	if (rc == 0)
-		fprintf(stderr, "signature: valid (kid %s)\n", kid);
+		fprintf(stderr, "signature: valid (kid %s); %s\n", kid, note);
 	return rc;
 }
 
@@ -135,30 +129,57 @@ static int inspect_unverified(const char *token, size_t len)
 	return rc;
 }
 
+/* token_from_stdin: TOKEN "-" reads it from stdin (a bearer token in argv
+ * is visible to every local user in /proc/PID/cmdline). Bounded: one byte
+ * over PASETO_TOKEN_MAX plus a line end is enough to refuse it. */
+static int token_from_stdin(char *buf, size_t cap, size_t *len)
+{
+	size_t n = fread(buf, 1, cap - 1, stdin);
+
+	if (ferror(stdin))
+		return inspect_fail(TT_ERR_IO, "cannot read the token from stdin");
+	if (n > 0 && buf[n - 1] == '\n')
+		n--;
+	if (n > 0 && buf[n - 1] == '\r')
+		n--;
+	buf[n] = '\0';
+	*len = n;
+	return 0;
+}
+
 /* cap_inspect: argv[0] is "inspect". */
 static int cap_inspect(int argc, char **argv)
 {
 	const char *token = NULL, *key = NULL, *implicit = NULL;
+	char buf[PASETO_TOKEN_MAX + 4];
+	size_t len;
 
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--key") == 0 && i + 1 < argc)
 			key = argv[++i];
 		else if (strcmp(argv[i], "--implicit") == 0 && i + 1 < argc)
 			implicit = argv[++i];
-		else if (argv[i][0] == '-' || token != NULL)
+		else if ((argv[i][0] == '-' && strcmp(argv[i], "-") != 0) ||
+		         token != NULL)
 			return inspect_usage();
 		else
 			token = argv[i];
 	}
 	if (token == NULL)
 		return inspect_usage();
+	if (implicit != NULL && key == NULL)
+		return inspect_fail(TT_ERR_INVALID, "--implicit needs --key");
 	if (sodium_init() < 0)
 		return inspect_fail(TT_ERR_SYS, "libsodium failed to initialise");
+	len = strlen(token);
+	if (strcmp(token, "-") == 0) {
+		if (token_from_stdin(buf, sizeof(buf), &len) != 0)
+			return 1;
+		token = buf;
+	}
 	if (key != NULL)
-		return inspect_verified(token, strlen(token), key, implicit);
-	if (implicit != NULL)
-		return inspect_fail(TT_ERR_INVALID, "--implicit needs --key");
-	return inspect_unverified(token, strlen(token));
+		return inspect_verified(token, len, key, implicit);
+	return inspect_unverified(token, len);
 }
 
 /* cli_cap: "cap inspect …" here; every other form issues a capability. */

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,20 @@ static json_t *cp_time(int64_t t)
 	return json_string(buf);
 }
 
+/* cp_snapshot_json: the latest complete snapshot of sbx, or null. */
+static json_t *cp_snapshot_json(struct cp *cp, const char *sbx)
+{
+	struct tt_err err = { 0 };
+	struct cp_snapshot sn;
+
+	if (cpdb_snapshot_latest(cp->db, sbx, &sn, &err) != 1)
+		return json_null();
+	return json_pack("{s:I,s:s,s:I,s:s,s:o}", "generation",
+	                 (json_int_t)sn.generation, "key", sn.key, "size",
+	                 (json_int_t)sn.size, "checksum", sn.checksum,
+	                 "created_at", cp_time(sn.created_at));
+}
+
 /* cp_sandbox_json: the sandbox object of docs/API.md. */
 json_t *cp_sandbox_json(struct cp *cp, const struct cp_sandbox *s)
 {
@@ -66,15 +81,24 @@ json_t *cp_sandbox_json(struct cp *cp, const struct cp_sandbox *s)
 	              "pod", s->pod, "activation", (json_int_t)s->activation,
 	              "node_url", w.node_url, "created_at",
 	              cp_time(s->created_at));
-	if (o != NULL && s->error[0] != '\0')
+	if (o == NULL)
+		return NULL;
+	if (s->error[0] != '\0')
 		json_object_set_new(o, "error", json_string(s->error));
+	json_object_set_new(o, "snapshot", cp_snapshot_json(cp, s->id));
+	if (strcmp(s->state, "pausing") == 0)
+		json_object_set_new(o, "progress", json_pack("{s:I,s:o}", "bytes",
+		        (json_int_t)(s->progress_bytes < 0 ? 0 : s->progress_bytes),
+		        "total", s->progress_total < 0 ? json_null() :
+		        json_integer(s->progress_total)));
 	return o;
 }
 
-/* cp_worker_up: liveness rule shared by placement and listing. */
-static int cp_worker_up(const struct cp_worker *w, int64_t now)
+/* cp_worker_up: liveness rule shared by placement, listing, lifecycle. */
+int cp_worker_up(struct cp *cp, const struct cp_worker *w, int64_t now)
 {
-	return now - w->last_seen <= CP_WORKER_UP_SECS;
+	return now - w->last_seen <= cp->worker_timeout ||
+	       feed_polling(cp, w->id);
 }
 
 /* ---- authentication -------------------------------------------------- */
@@ -139,7 +163,7 @@ static void cp_pick_one(const struct cp_worker *w, void *arg)
 	struct tt_err err = { 0 };
 	int64_t load;
 
-	if (!cp_worker_up(w, pk->now) ||
+	if (!cp_worker_up(pk->cp, w, pk->now) ||
 	    cpdb_worker_load(pk->cp->db, w->id, &load, &err) < 0)
 		return;
 	if (pk->best[0] == '\0' || load < pk->best_load) {
@@ -174,7 +198,7 @@ static int cp_create(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 		if (rc == 0)
 			return http_reply_error(wsi, 404, "not_found",
 			                        "no worker %s", wid);
-		if (!cp_worker_up(&w, pk.now))
+		if (!cp_worker_up(cp, &w, pk.now))
 			return http_reply_error(wsi, 409, "conflict",
 			                        "worker %s is down", wid);
 		snprintf(pk.best, sizeof(pk.best), "%s", wid);
@@ -191,7 +215,9 @@ static int cp_create(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	         pk.best, (long long)rev, s->caller);
 	metrics_inc("tether_cp_sandboxes_created_total", NULL);
 	feed_wake(cp, pk.best);
-	return feed_wait_ack(cp, s, wsi, pk.best, rev, id, 0);
+	return feed_wait_ack(cp, s, wsi, &(struct cp_waitspec){
+	        .what = CP_WAIT_CREATE, .worker = pk.best, .rev = rev,
+	        .sbx = id, .gen = 1 });
 }
 
 /* What cp_list_one appends to. */
@@ -255,7 +281,9 @@ static int cp_delete(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	log_info("sandbox %s: destroy on %s (rev %lld) for %s", sb->id,
 	         sb->worker, (long long)rev, s->caller);
 	feed_wake(cp, sb->worker);
-	return feed_wait_ack(cp, s, wsi, sb->worker, rev, sb->id, 1);
+	return feed_wait_ack(cp, s, wsi, &(struct cp_waitspec){
+	        .what = CP_WAIT_DELETE, .worker = sb->worker, .rev = rev,
+	        .sbx = sb->id });
 }
 
 /* cp_cap_claims: validates the request body and builds the claims the
@@ -364,12 +392,14 @@ static int cp_capability(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	        (json_int_t)sb->activation, "node_url", w.node_url));
 }
 
-/* cp_workers_one: appends one worker to the array in arg. */
+/* cp_workers_one: appends one worker to the listing in arg. */
 static void cp_workers_one(const struct cp_worker *w, void *arg)
 {
-	json_array_append_new(arg, json_pack("{s:s,s:s,s:s,s:o,s:I}",
+	struct cp_listing *l = arg;
+
+	json_array_append_new(l->arr, json_pack("{s:s,s:s,s:s,s:o,s:I}",
 	        "id", w->id, "node_url", w->node_url, "state",
-	        cp_worker_up(w, tt_now()) ? "up" : "down", "last_seen",
+	        cp_worker_up(l->cp, w, tt_now()) ? "up" : "down", "last_seen",
 	        cp_time(w->last_seen), "acked_rev", (json_int_t)w->acked_rev));
 }
 
@@ -377,14 +407,14 @@ static void cp_workers_one(const struct cp_worker *w, void *arg)
 static int cp_workers(struct cp *cp, struct lws *wsi)
 {
 	struct tt_err err = { 0 };
-	json_t *arr = json_array();
+	struct cp_listing l = { cp, json_array() };
 
-	if (arr == NULL || cpdb_workers_each(cp->db, cp_workers_one, arr,
-	                                     &err) < 0) {
-		json_decref(arr);
+	if (l.arr == NULL || cpdb_workers_each(cp->db, cp_workers_one, &l,
+	                                       &err) < 0) {
+		json_decref(l.arr);
 		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
 	}
-	return http_reply_json(wsi, 200, json_pack("{s:o}", "workers", arr));
+	return http_reply_json(wsi, 200, json_pack("{s:o}", "workers", l.arr));
 }
 
 /* cp_name_ok: worker ids are short [A-Za-z0-9._-] names. */
@@ -462,6 +492,479 @@ static int cp_feed(struct cp *cp, struct cp_sess *s, struct lws *wsi)
 	return feed_poll(cp, s, wsi, worker, after, (int)wait);
 }
 
+/* ---- lifecycle: pause, resume, migrate (docs/API.md) ----------------- */
+
+/* cp_refuse: fills why; returns -1. */
+static int cp_refuse(struct cp_refusal *why, unsigned status,
+                     const char *code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static int cp_refuse(struct cp_refusal *why, unsigned status,
+                     const char *code, const char *fmt, ...)
+{
+	va_list ap;
+
+	why->status = status;
+	why->code = code;
+	va_start(ap, fmt);
+	vsnprintf(why->msg, sizeof(why->msg), fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+/* cp_reply_refusal: the error reply for a refusal. */
+static int cp_reply_refusal(struct lws *wsi, const struct cp_refusal *why)
+{
+	return http_reply_error(wsi, why->status, why->code, "%s", why->msg);
+}
+
+/* cp_op_fail: the pending pause/install of sb cannot finish: CAS to failed
+ * and retire that generation on its worker (it refuses the generation as
+ * soon as it hears), then answer whoever waits. */
+static void cp_op_fail(struct cp *cp, const struct cp_sandbox *sb,
+                       const char *why)
+{
+	struct tt_err err = { 0 };
+	int64_t rrev = 0;
+	int rc = cpdb_sandbox_cas(cp->db, sb->id, sb->state, sb->generation,
+	                          sb->op_rev, "failed", why, sb->worker,
+	                          tt_now(), &rrev, &err);
+
+	if (rc < 0) {
+		log_error("sandbox %s: cannot record failure: %s", sb->id, err.msg);
+		return;
+	}
+	if (rc == 0)
+		return; /* moved on meanwhile */
+	log_warn("sandbox %s: gen %llu %s failed on %s: %s; retire at rev %lld",
+	         sb->id, (unsigned long long)sb->generation,
+	         strcmp(sb->state, "pausing") == 0 ? "pause" : "resume",
+	         sb->worker, why, (long long)rrev);
+	metrics_inc("tether_cp_lifecycle_failed_total", NULL);
+	feed_wake(cp, sb->worker);
+	feed_settled(cp, sb->id);
+}
+
+/* cp_op_pending: pausing or resuming (an ack is awaited). */
+static int cp_op_pending(const struct cp_sandbox *sb)
+{
+	return strcmp(sb->state, "pausing") == 0 ||
+	       strcmp(sb->state, "resuming") == 0;
+}
+
+/* cp_op_expire: a parked caller's ack wait ran out. */
+void cp_op_expire(struct cp *cp, const char *sbx, int64_t rev)
+{
+	struct tt_err err = { 0 };
+	struct cp_sandbox sb;
+
+	if (cpdb_sandbox_get(cp->db, sbx, &sb, &err) == 1 &&
+	    cp_op_pending(&sb) && sb.op_rev == rev)
+		cp_op_fail(cp, &sb, "worker did not acknowledge in time");
+}
+
+/* What the sweep collects (it must not write while listing). */
+struct cp_sweep_list {
+	struct cp_sandbox *v;
+	size_t n, cap;
+};
+
+/* cp_sweep_one: keeps sandboxes with a pending pause/install. */
+static void cp_sweep_one(const struct cp_sandbox *sb, void *arg)
+{
+	struct cp_sweep_list *l = arg;
+	struct cp_sandbox *nv;
+
+	if (!cp_op_pending(sb))
+		return;
+	if (l->n == l->cap) {
+		nv = reallocarray(l->v, l->cap ? l->cap * 2 : 8, sizeof(*nv));
+		if (nv == NULL)
+			return;
+		l->v = nv;
+		l->cap = l->cap ? l->cap * 2 : 8;
+	}
+	l->v[l->n++] = *sb;
+}
+
+/* cp_sweep: every CP_SWEEP_MS, fails pauses/resumes whose worker is down
+ * or that waited CP_ACK_WAIT_SECS (also those a restarted cp inherited). */
+static void cp_sweep(uv_timer_t *t)
+{
+	struct cp *cp = t->data;
+	struct tt_err err = { 0 };
+	struct cp_sweep_list l = { 0 };
+	_cleanup_free_ struct cp_sandbox *owned = NULL;
+	struct cp_worker w;
+	char why[CPDB_ERR_MAX];
+	int64_t now = tt_now();
+
+	if (cpdb_sandboxes_each(cp->db, cp_sweep_one, &l, &err) < 0)
+		log_error("sweep: %s", err.msg);
+	owned = l.v; /* owner of the collected copies */
+	for (size_t i = 0; i < l.n; i++) {
+		const struct cp_sandbox *sb = &l.v[i];
+		int known = cpdb_worker_get(cp->db, sb->worker, &w, &err) == 1;
+
+		if (!known || !cp_worker_up(cp, &w, now))
+			snprintf(why, sizeof(why), "worker %s went down during the "
+			         "%s", sb->worker, strcmp(sb->state, "pausing") == 0 ?
+			         "pause" : "resume");
+		else if (now - sb->op_at > CP_ACK_WAIT_SECS)
+			snprintf(why, sizeof(why), "worker %s did not acknowledge "
+			         "within %d s", sb->worker, CP_ACK_WAIT_SECS);
+		else
+			continue;
+		cp_op_fail(cp, sb, why);
+	}
+}
+
+/* cp_worker_check: the named worker exists (404) and is up (409). */
+static int cp_worker_check(struct cp *cp, const char *id, int64_t now,
+                           struct cp_refusal *why)
+{
+	struct tt_err err = { 0 };
+	struct cp_worker w;
+	int rc = cpdb_worker_get(cp->db, id, &w, &err);
+
+	if (rc < 0)
+		return cp_refuse(why, 500, "internal", "%s", err.msg);
+	if (rc == 0)
+		return cp_refuse(why, 404, "not_found", "no worker %s", id);
+	if (!cp_worker_up(cp, &w, now))
+		return cp_refuse(why, 409, "conflict", "worker %s is down", id);
+	return 0;
+}
+
+/* cp_active: a state in which an execution is (or may be) live. */
+static int cp_active(const char *state)
+{
+	return strcmp(state, "starting") == 0 || strcmp(state, "running") == 0 ||
+	       strcmp(state, "pausing") == 0 || strcmp(state, "resuming") == 0;
+}
+
+/* cp_resume_begin: checks, then the resume CAS (see cp.h). */
+int cp_resume_begin(struct cp *cp, const struct cp_sandbox *sb,
+                    const char *worker, int force, struct cp_resumed *out,
+                    struct cp_refusal *why)
+{
+	struct tt_err err = { 0 };
+	struct cp_pick pk = { .cp = cp, .now = tt_now() };
+	struct cp_worker old;
+	struct cp_snapshot snap;
+	int64_t retire_rev = 0;
+	int old_up, has_snap, forced, rc;
+
+	memset(out, 0, sizeof(*out));
+	if (!cp_active(sb->state) && strcmp(sb->state, "paused") != 0 &&
+	    strcmp(sb->state, "failed") != 0)
+		return cp_refuse(why, 409, "conflict", "sandbox %s is %s", sb->id,
+		                 sb->state);
+	rc = cpdb_worker_get(cp->db, sb->worker, &old, &err);
+	has_snap = rc < 0 ? -1 : cpdb_snapshot_latest(cp->db, sb->id, &snap,
+	                                               &err);
+	if (rc < 0 || has_snap < 0)
+		return cp_refuse(why, 500, "internal", "%s", err.msg);
+	old_up = rc == 1 && cp_worker_up(cp, &old, pk.now);
+	if (cp_active(sb->state) && old_up)
+		return cp_refuse(why, 409, "conflict", "sandbox %s is %s on %s",
+		                 sb->id, sb->state, sb->worker);
+	/* a live (or possibly live) execution on a down worker: failover only
+	 * on request, since the old worker may still serve until it hears */
+	forced = strcmp(sb->state, "paused") != 0 && !old_up;
+	if (forced && !force)
+		return has_snap
+		       ? cp_refuse(why, 409, "conflict", "worker %s is down; use "
+		                   "--force to resume from the last complete "
+		                   "snapshot (generation %llu)", sb->worker,
+		                   (unsigned long long)snap.generation)
+		       : cp_refuse(why, 409, "conflict", "worker %s is down and "
+		                   "sandbox %s has no complete snapshot",
+		                   sb->worker, sb->id);
+	if (!has_snap)
+		return cp_refuse(why, 409, "conflict", "sandbox %s has no complete"
+		                 " snapshot to resume from", sb->id);
+	if (worker != NULL && worker[0] != '\0') {
+		if (cp_worker_check(cp, worker, pk.now, why) < 0)
+			return -1;
+		snprintf(pk.best, sizeof(pk.best), "%s", worker);
+	} else if (cpdb_workers_each(cp->db, cp_pick_one, &pk, &err) < 0) {
+		return cp_refuse(why, 500, "internal", "%s", err.msg);
+	} else if (pk.best[0] == '\0') {
+		return cp_refuse(why, 503, "unavailable", "no worker is up");
+	}
+	rc = cpdb_sandbox_resume(cp->db, sb->id, &(struct cpdb_resume){
+	        .from = sb->state, .gen = sb->generation, .worker = pk.best,
+	        .snapshot_key = snap.key,
+	        .retire_worker = forced ? sb->worker : NULL },
+	        pk.now, &out->generation, &out->rev, &retire_rev, &err);
+	if (rc < 0)
+		return cp_refuse(why, 500, "internal", "%s", err.msg);
+	if (rc == 0)
+		return cp_refuse(why, 409, "conflict", "sandbox %s changed "
+		                 "concurrently; nothing was done", sb->id);
+	snprintf(out->worker, sizeof(out->worker), "%s", pk.best);
+	out->forced = forced;
+	out->resumed_from = snap.generation;
+	if (forced) {
+		log_warn("sandbox %s: forced resume: retire gen %llu on %s "
+		         "(rev %lld)", sb->id, (unsigned long long)sb->generation,
+		         sb->worker, (long long)retire_rev);
+		metrics_inc("tether_cp_forced_resumes_total", NULL);
+		feed_wake(cp, sb->worker);
+	}
+	log_info("sandbox %s: install gen %llu on %s from snapshot %s (rev %lld)",
+	         sb->id, (unsigned long long)out->generation, pk.best, snap.key,
+	         (long long)out->rev);
+	metrics_inc("tether_cp_resumes_total", NULL);
+	feed_wake(cp, pk.best);
+	return 0;
+}
+
+/* cp_pause_begin: state and worker checks, then the pause CAS. */
+static int cp_pause_begin(struct cp *cp, const struct cp_sandbox *sb,
+                          int64_t *rev, struct cp_refusal *why)
+{
+	struct tt_err err = { 0 };
+	struct cp_worker w;
+	int rc;
+
+	if (strcmp(sb->state, "running") != 0)
+		return cp_refuse(why, 409, "conflict", "sandbox %s is %s", sb->id,
+		                 sb->state);
+	rc = cpdb_worker_get(cp->db, sb->worker, &w, &err);
+	if (rc < 0)
+		return cp_refuse(why, 500, "internal", "%s", err.msg);
+	if (rc == 0 || !cp_worker_up(cp, &w, tt_now()))
+		return cp_refuse(why, 409, "conflict", "worker %s is down; use "
+		                 "resume --force to resume from the last complete "
+		                 "snapshot", sb->worker);
+	rc = cpdb_sandbox_pause(cp->db, sb, tt_now(), rev, &err);
+	if (rc < 0)
+		return cp_refuse(why, 500, "internal", "%s", err.msg);
+	if (rc == 0)
+		return cp_refuse(why, 409, "conflict", "sandbox %s changed "
+		                 "concurrently; nothing was done", sb->id);
+	log_info("sandbox %s: pause gen %llu on %s (rev %lld)", sb->id,
+	         (unsigned long long)sb->generation, sb->worker, (long long)*rev);
+	metrics_inc("tether_cp_pauses_total", NULL);
+	feed_wake(cp, sb->worker);
+	return 0;
+}
+
+/* cp_pause: POST /v1/sandboxes/{id}/pause[?wait=0]. */
+static int cp_pause(struct cp *cp, struct cp_sess *s, struct lws *wsi,
+                    const struct cp_sandbox *sb)
+{
+	struct tt_err err = { 0 };
+	struct cp_refusal why = { 0 };
+	struct cp_sandbox now;
+	int64_t wait, rev;
+
+	if (cp_query_int(wsi, "wait", 0, 1, 1, &wait) < 0)
+		return http_reply_error(wsi, 400, "bad_request", "wait must be 0 or 1");
+	if (cp_pause_begin(cp, sb, &rev, &why) < 0)
+		return cp_reply_refusal(wsi, &why);
+	if (wait == 0) {
+		if (cpdb_sandbox_get(cp->db, sb->id, &now, &err) != 1)
+			return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+		return http_reply_json(wsi, 202, cp_sandbox_json(cp, &now));
+	}
+	return feed_wait_ack(cp, s, wsi, &(struct cp_waitspec){
+	        .what = CP_WAIT_PAUSE, .worker = sb->worker, .rev = rev,
+	        .sbx = sb->id, .gen = sb->generation });
+}
+
+/* cp_body_worker: optional "worker" (string or null) of a lifecycle body;
+ * -1 on a bad type. */
+static int cp_body_worker(json_t *body, const char **worker)
+{
+	json_t *jw = body ? json_object_get(body, "worker") : NULL;
+
+	*worker = NULL;
+	if (jw == NULL || json_is_null(jw))
+		return 0;
+	*worker = json_string_value(jw);
+	return cp_name_ok(*worker) ? 0 : -1;
+}
+
+/* cp_resume: POST /v1/sandboxes/{id}/resume {"worker"?,"force"?}. */
+static int cp_resume(struct cp *cp, struct cp_sess *s, struct lws *wsi,
+                     const struct cp_sandbox *sb, json_t *body)
+{
+	struct cp_refusal why = { 0 };
+	json_t *jf = body ? json_object_get(body, "force") : NULL;
+	const char *worker;
+	struct cp_resumed r;
+
+	if (cp_body_worker(body, &worker) < 0 ||
+	    (jf != NULL && !json_is_boolean(jf)))
+		return http_reply_error(wsi, 400, "bad_request", "resume takes "
+		                        "\"worker\" (a worker id) and \"force\" "
+		                        "(boolean), both optional");
+	if (cp_resume_begin(cp, sb, worker, jf != NULL && json_is_true(jf), &r,
+	                    &why) < 0)
+		return cp_reply_refusal(wsi, &why);
+	feed_settled(cp, sb->id); /* waiters of an overtaken pause */
+	return feed_wait_ack(cp, s, wsi, &(struct cp_waitspec){
+	        .what = CP_WAIT_RESUME, .worker = r.worker, .rev = r.rev,
+	        .sbx = sb->id, .gen = r.generation, .forced = r.forced,
+	        .resumed_from = r.resumed_from });
+}
+
+/* cp_migrate: POST /v1/sandboxes/{id}/migrate {"worker"}: the target is
+ * checked before anything changes, then pause, then resume there. */
+static int cp_migrate(struct cp *cp, struct cp_sess *s, struct lws *wsi,
+                      const struct cp_sandbox *sb, json_t *body)
+{
+	struct cp_refusal why = { 0 };
+	const char *worker;
+	int64_t rev;
+
+	if (cp_body_worker(body, &worker) < 0 || worker == NULL)
+		return http_reply_error(wsi, 400, "bad_request",
+		                        "migrate needs \"worker\": a worker id");
+	if (cp_worker_check(cp, worker, tt_now(), &why) < 0)
+		return cp_reply_refusal(wsi, &why);
+	if (strcmp(worker, sb->worker) == 0)
+		return http_reply_error(wsi, 409, "conflict", "sandbox %s is "
+		                        "already on %s", sb->id, worker);
+	if (cp_pause_begin(cp, sb, &rev, &why) < 0)
+		return cp_reply_refusal(wsi, &why);
+	log_info("sandbox %s: migrate %s -> %s", sb->id, sb->worker, worker);
+	return feed_wait_ack(cp, s, wsi, &(struct cp_waitspec){
+	        .what = CP_WAIT_MIGRATE, .worker = sb->worker, .rev = rev,
+	        .sbx = sb->id, .gen = sb->generation, .target = worker });
+}
+
+/* cp_progress: POST /v1/feed/progress (Node): snapshot progress of the
+ * pause under rev; a report for anything else is refused (409). */
+static int cp_progress(struct cp *cp, struct lws *wsi, json_t *body)
+{
+	struct tt_err err = { 0 };
+	const char *worker = json_string_value(json_object_get(body, "worker"));
+	const char *sbx = json_string_value(json_object_get(body, "sandbox"));
+	json_t *jrev = json_object_get(body, "rev");
+	json_t *jb = json_object_get(body, "bytes");
+	json_t *jt = json_object_get(body, "total");
+	struct cp_sandbox sb;
+	int rc;
+
+	if (!cp_name_ok(worker) || sbx == NULL || !sbx_id_valid(sbx) ||
+	    !json_is_integer(jrev) || json_integer_value(jrev) <= 0 ||
+	    !json_is_integer(jb) || json_integer_value(jb) < 0 ||
+	    (jt != NULL && !json_is_null(jt) &&
+	     (!json_is_integer(jt) || json_integer_value(jt) < 0)))
+		return http_reply_error(wsi, 400, "bad_request", "progress needs "
+		                        "worker, rev > 0, sandbox, bytes >= 0 and "
+		                        "total >= 0 or null");
+	if (cpdb_worker_seen(cp->db, worker, tt_now(), &err) < 0)
+		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+	rc = cpdb_sandbox_get(cp->db, sbx, &sb, &err);
+	if (rc < 0)
+		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+	if (rc == 1 && strcmp(sb.worker, worker) == 0)
+		rc = cpdb_sandbox_progress(cp->db, sbx, json_integer_value(jrev),
+		                           json_integer_value(jb),
+		                           json_is_integer(jt) ?
+		                           json_integer_value(jt) : -1, &err);
+	else
+		rc = 0;
+	if (rc < 0)
+		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+	if (rc == 0)
+		return http_reply_error(wsi, 409, "conflict", "no pause of %s "
+		                        "under rev %lld on %s", sbx,
+		                        (long long)json_integer_value(jrev), worker);
+	return http_reply_json(wsi, 200, json_pack("{s:b}", "ok", 1));
+}
+
+/* cp_snapshot_from_ack: the snapshot a pause ack describes, validated
+ * against the key the pause asked for; -1 when absent or malformed. */
+static int cp_snapshot_from_ack(const struct cp_sandbox *sb, json_t *res,
+                                struct cp_snapshot *sn)
+{
+	json_t *o = res ? json_object_get(res, "snapshot") : NULL;
+	const char *key = json_string_value(json_object_get(o, "key"));
+	const char *sum = json_string_value(json_object_get(o, "checksum"));
+	json_t *jg = json_object_get(o, "generation");
+	json_t *jsz = json_object_get(o, "size");
+	char want[CPDB_SNAPKEY_MAX];
+	size_t hex;
+
+	snprintf(want, sizeof(want), "%s/%llu", sb->id,
+	         (unsigned long long)sb->generation);
+	if (!json_is_object(o) || key == NULL || strcmp(key, want) != 0 ||
+	    !json_is_integer(jg) ||
+	    (uint64_t)json_integer_value(jg) != sb->generation ||
+	    !json_is_integer(jsz) || json_integer_value(jsz) < 0 ||
+	    sum == NULL || strncmp(sum, "blake2b:", 8) != 0 ||
+	    strlen(sum) >= CPDB_CHECKSUM_MAX)
+		return -1;
+	hex = strlen(sum + 8);
+	if (hex == 0 || strspn(sum + 8, "0123456789abcdef") != hex)
+		return -1;
+	memset(sn, 0, sizeof(*sn));
+	snprintf(sn->sandbox, sizeof(sn->sandbox), "%s", sb->id);
+	sn->generation = sb->generation;
+	snprintf(sn->key, sizeof(sn->key), "%s", key);
+	sn->size = json_integer_value(jsz);
+	snprintf(sn->checksum, sizeof(sn->checksum), "%s", sum);
+	sn->created_at = tt_now();
+	return 0;
+}
+
+/* cp_pause_acked: the worker's answer to our pending pause. Only a
+ * complete snapshot (ok, key as asked, checksum) is recorded; anything
+ * else fails the sandbox and retires the generation. */
+static void cp_pause_acked(struct cp *cp, const struct cp_sandbox *sb,
+                           int ok, const char *emsg, json_t *res)
+{
+	struct tt_err err = { 0 };
+	struct cp_snapshot sn;
+	char why[CPDB_ERR_MAX];
+	int rc;
+
+	if (!ok) {
+		snprintf(why, sizeof(why), "pause failed on %s: %s", sb->worker,
+		         emsg ? emsg : "no reason given");
+		cp_op_fail(cp, sb, why);
+		return;
+	}
+	if (cp_snapshot_from_ack(sb, res, &sn) < 0) {
+		snprintf(why, sizeof(why), "pause on %s acknowledged without a "
+		         "valid snapshot", sb->worker);
+		cp_op_fail(cp, sb, why);
+		return;
+	}
+	rc = cpdb_sandbox_paused(cp->db, sb->id, sb->generation, sb->op_rev,
+	                         &sn, &err);
+	if (rc < 0)
+		log_error("sandbox %s: cannot record pause: %s", sb->id, err.msg);
+	else if (rc == 1)
+		log_info("sandbox %s: paused gen %llu, snapshot %s (%lld bytes)",
+		         sb->id, (unsigned long long)sb->generation, sn.key,
+		         (long long)sn.size);
+}
+
+/* cp_install_acked: the worker's answer to a resume's install. */
+static void cp_install_acked(struct cp *cp, const struct cp_sandbox *sb,
+                             int ok, const char *emsg)
+{
+	struct tt_err err = { 0 };
+	char why[CPDB_ERR_MAX];
+
+	if (!ok) {
+		snprintf(why, sizeof(why), "install failed on %s: %s", sb->worker,
+		         emsg ? emsg : "no reason given");
+		cp_op_fail(cp, sb, why);
+		return;
+	}
+	if (cpdb_sandbox_cas(cp->db, sb->id, "resuming", sb->generation,
+	                     sb->op_rev, "running", NULL, NULL, tt_now(), NULL,
+	                     &err) < 0)
+		log_error("sandbox %s: cannot record resume: %s", sb->id, err.msg);
+}
+
 /* cp_ack_result: the result entry for rev in results, or NULL. */
 static json_t *cp_ack_result(json_t *results, int64_t rev)
 {
@@ -476,8 +979,10 @@ static json_t *cp_ack_result(json_t *results, int64_t rev)
 }
 
 /* cp_ack_apply: state changes for one acknowledged update: install ok ->
- * running, install failed -> failed, destroy ok -> deleted. An update the
- * worker acknowledged without a result entry counts as ok. */
+ * running, install failed -> failed, destroy ok -> deleted, pause ok with
+ * a snapshot -> paused, pause failed -> failed (+ retire). Lifecycle acks
+ * count only for the operation pending now (op_rev). An update the worker
+ * acknowledged without a result entry counts as ok. */
 static void cp_ack_apply(struct cp *cp, const char *worker, json_t *up,
                          json_t *res)
 {
@@ -488,6 +993,9 @@ static void cp_ack_apply(struct cp *cp, const char *worker, json_t *up,
 	int ok = okv == NULL || json_is_true(okv);
 	const char *emsg = res ? json_string_value(json_object_get(res, "error"))
 	                       : NULL;
+	int64_t rev = json_integer_value(json_object_get(up, "rev"));
+	uint64_t gen = (uint64_t)json_integer_value(json_object_get(up,
+	                                                            "generation"));
 	struct cp_sandbox sb;
 
 	if (kind == NULL || sbx == NULL ||
@@ -495,14 +1003,21 @@ static void cp_ack_apply(struct cp *cp, const char *worker, json_t *up,
 	    strcmp(sb.worker, worker) != 0)
 		return;
 	if (strcmp(kind, "install") == 0 && strcmp(sb.state, "starting") == 0 &&
-	    (uint64_t)json_integer_value(json_object_get(up, "generation")) ==
-	    sb.generation) {
+	    gen == sb.generation) {
 		if (!ok)
 			log_warn("sandbox %s: install failed on %s: %s", sbx, worker,
 			         emsg ? emsg : "?");
 		cpdb_sandbox_set_state(cp->db, sbx, ok ? "running" : "failed",
 		                       ok ? NULL : (emsg ? emsg : "install failed"),
 		                       &err);
+	} else if (strcmp(kind, "install") == 0 &&
+	           strcmp(sb.state, "resuming") == 0 && gen == sb.generation &&
+	           sb.op_rev == rev) {
+		cp_install_acked(cp, &sb, ok, emsg);
+	} else if (strcmp(kind, "pause") == 0 &&
+	           strcmp(sb.state, "pausing") == 0 && gen == sb.generation &&
+	           sb.op_rev == rev) {
+		cp_pause_acked(cp, &sb, ok, emsg, res);
 	} else if (strcmp(kind, "destroy") == 0 &&
 	           strcmp(sb.state, "deleting") == 0) {
 		cpdb_sandbox_set_state(cp->db, sbx, ok ? "deleted" : "deleting",
@@ -590,6 +1105,10 @@ static int cp_route(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 			return cp_feed(cp, s, wsi);
 		if (strcmp(p, "/v1/feed/ack") == 0 && !strcmp(m, "POST"))
 			return cp_ack(cp, wsi, body);
+		if (strcmp(p, "/v1/feed/progress") == 0 && !strcmp(m, "POST"))
+			return body ? cp_progress(cp, wsi, body)
+			            : http_reply_error(wsi, 400, "bad_request",
+			                               "JSON body expected");
 		return http_reply_error(wsi, 404, "not_found", "no route %s %s", m,
 		                        p);
 	}
@@ -623,6 +1142,14 @@ static int cp_route(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 		if (rest != NULL && strcmp(rest, "/capabilities") == 0 &&
 		    !strcmp(m, "POST"))
 			return cp_capability(cp, s, wsi, &sb, body);
+		if (rest != NULL && strcmp(rest, "/pause") == 0 && !strcmp(m, "POST"))
+			return cp_pause(cp, s, wsi, &sb);
+		if (rest != NULL && strcmp(rest, "/resume") == 0 &&
+		    !strcmp(m, "POST"))
+			return cp_resume(cp, s, wsi, &sb, body);
+		if (rest != NULL && strcmp(rest, "/migrate") == 0 &&
+		    !strcmp(m, "POST"))
+			return cp_migrate(cp, s, wsi, &sb, body);
 	}
 	return http_reply_error(wsi, 404, "not_found", "no route %s %s", m, p);
 }
@@ -871,7 +1398,12 @@ static void cp_close_walk(uv_handle_t *h, void *arg)
 		uv_close(h, NULL);
 }
 
-/* cp_main: "tetherd cp --state DIR --listen HOST:PORT". */
+#define CP_USAGE "usage: tetherd cp --state DIR [--listen 127.0.0.1:PORT]" \
+                 " [--worker-timeout SECONDS]\n"
+
+/* cp_main: "tetherd cp --state DIR --listen HOST:PORT
+ * [--worker-timeout S]" (S: seconds without a feed poll before a worker
+ * counts as down; default 60). */
 int cp_main(int argc, char **argv)
 {
 	struct cp *cp = &cp_global;
@@ -883,21 +1415,30 @@ int cp_main(int argc, char **argv)
 	int port, rc = 1;
 
 	tt_log_init("cp", TT_LOG_INFO);
+	cp->worker_timeout = CP_WORKER_UP_SECS;
 	for (int i = 1; i < argc; i++) {
+		char *end;
+
 		if (strcmp(argv[i], "--state") == 0 && i + 1 < argc)
 			state = argv[++i];
 		else if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc)
 			listen = argv[++i];
-		else {
-			fprintf(stderr, "usage: tetherd cp --state DIR "
-			                "[--listen 127.0.0.1:PORT]\n");
+		else if (strcmp(argv[i], "--worker-timeout") == 0 && i + 1 < argc) {
+			errno = 0;
+			cp->worker_timeout = strtoll(argv[++i], &end, 10);
+			if (errno != 0 || *end != '\0' || end == argv[i] ||
+			    cp->worker_timeout < 1 || cp->worker_timeout > 86400) {
+				fprintf(stderr, "--worker-timeout: 1..86400 seconds\n");
+				return 2;
+			}
+		} else {
+			fprintf(stderr, CP_USAGE);
 			return 2;
 		}
 	}
 	if (state == NULL || cp_parse_listen(listen, host, sizeof(host),
 	                                     &port) < 0) {
-		fprintf(stderr, "usage: tetherd cp --state DIR "
-		                "[--listen 127.0.0.1:PORT]\n");
+		fprintf(stderr, CP_USAGE);
 		return 2;
 	}
 	if (sodium_init() < 0) {
@@ -933,13 +1474,18 @@ int cp_main(int argc, char **argv)
 	uv_signal_start(&sigint, cp_on_signal, SIGINT);
 	uv_signal_init(&loop, &sigterm);
 	uv_signal_start(&sigterm, cp_on_signal, SIGTERM);
-	log_info("listening on %s:%d, state %s", host, port, state);
+	uv_timer_init(&loop, &cp->sweep);
+	cp->sweep.data = cp;
+	uv_timer_start(&cp->sweep, cp_sweep, CP_SWEEP_MS, CP_SWEEP_MS);
+	log_info("listening on %s:%d, state %s, worker timeout %lld s", host,
+	         port, state, (long long)cp->worker_timeout);
 	uv_run(&loop, UV_RUN_DEFAULT);
 	rc = 0;
 	feed_shutdown(cp);
 	lws_context_destroy(cp->ctx);
 	uv_close((uv_handle_t *)&sigint, NULL);
 	uv_close((uv_handle_t *)&sigterm, NULL);
+	uv_close((uv_handle_t *)&cp->sweep, NULL);
 	uv_run(&loop, UV_RUN_DEFAULT);
 	uv_walk(&loop, cp_close_walk, NULL);
 	uv_run(&loop, UV_RUN_DEFAULT);

@@ -15,8 +15,9 @@
 #include "paserk.h"
 #include "timefmt.h"
 
-#define CP_WORKER_UP_SECS 60  /* a worker polled within this is "up" */
-#define CP_ACK_WAIT_SECS 30   /* create/delete wait this long for the ack */
+#define CP_WORKER_UP_SECS 60  /* default --worker-timeout: polled within -> up */
+#define CP_ACK_WAIT_SECS 30   /* create/delete/pause/resume ack bound */
+#define CP_SWEEP_MS 1000      /* lifecycle timeout / worker-down check */
 #define CP_FEED_WAIT_MAX 30   /* long-poll bound */
 #define CP_FEED_BATCH 256     /* updates per feed answer */
 
@@ -52,6 +53,8 @@ struct cp {
 	struct cp_signer signer;
 	char node_token[128];
 	struct cp_park *parked; /* list of parked requests (feed.c) */
+	int64_t worker_timeout; /* seconds without a poll before "down" */
+	uv_timer_t sweep;       /* fails pauses/resumes that cannot finish */
 };
 
 /* Per-HTTP-connection state (lws allocates and zeroes it). */
@@ -67,14 +70,64 @@ struct cp_sess {
 /* cp_sandbox_json: the API's sandbox object (node_url from the worker). */
 json_t *cp_sandbox_json(struct cp *cp, const struct cp_sandbox *s);
 
+/* cp_worker_up: polled within cp->worker_timeout, or parked in a poll. */
+int cp_worker_up(struct cp *cp, const struct cp_worker *w, int64_t now);
+
+/* Why a lifecycle request was refused (HTTP status, error code, message). */
+struct cp_refusal {
+	unsigned status;
+	const char *code;
+	char msg[CPDB_ERR_MAX];
+};
+/* A resume that was started (install appended, ack pending). */
+struct cp_resumed {
+	uint64_t generation;
+	int64_t rev;                  /* the install update's rev */
+	char worker[TT_NAME_MAX + 1];
+	int forced;                   /* a retire went to the old worker */
+	uint64_t resumed_from;        /* generation of the snapshot used */
+};
+/* cp_resume_begin: validates and starts resuming sb on worker (NULL or ""
+ * = placement); force allows failover from a down worker. 0 and *out, or
+ * -1 and *why (nothing changed). */
+int cp_resume_begin(struct cp *cp, const struct cp_sandbox *sb,
+                    const char *worker, int force, struct cp_resumed *out,
+                    struct cp_refusal *why);
+/* cp_op_expire: the pause/install under rev of sbx was not acknowledged in
+ * time: the sandbox fails (with a retire for its worker). */
+void cp_op_expire(struct cp *cp, const char *sbx, int64_t rev);
+
+/* What a parked request waits for. */
+enum cp_wait {
+	CP_WAIT_CREATE,  /* install ack -> 201 running */
+	CP_WAIT_DELETE,  /* destroy ack -> 200 deleted */
+	CP_WAIT_PAUSE,   /* pause ack -> 200 paused */
+	CP_WAIT_RESUME,  /* install ack -> 200 running, generation N+1 */
+	CP_WAIT_MIGRATE, /* pause ack, then resume on target, then install ack */
+};
+struct cp_waitspec {
+	enum cp_wait what;
+	const char *worker;      /* whose ack */
+	int64_t rev;             /* the update awaited */
+	const char *sbx;
+	uint64_t gen;            /* pause/migrate: paused gen; resume: new gen */
+	const char *target;      /* migrate: where to resume */
+	int forced;              /* resume: reply carries forced/resumed_from */
+	uint64_t resumed_from;
+};
+
 /* feed.c: long-poll and acknowledgement waiters. Each park_* parks the
  * request (the lws callback then returns 0 without replying); the reply is
  * written from LWS_CALLBACK_HTTP_WRITEABLE via feed_writable. */
 int feed_poll(struct cp *cp, struct cp_sess *s, struct lws *wsi,
               const char *worker, int64_t after, int wait_secs);
 int feed_wait_ack(struct cp *cp, struct cp_sess *s, struct lws *wsi,
-                  const char *worker, int64_t rev, const char *sbx,
-                  int is_delete);
+                  const struct cp_waitspec *w);
+/* feed_polling: 1 when worker has a long-poll parked right now. */
+int feed_polling(struct cp *cp, const char *worker);
+/* feed_settled: answers the lifecycle waiters of sbx whose operation is no
+ * longer pending (failed by the sweep, or overtaken by a forced resume). */
+void feed_settled(struct cp *cp, const char *sbx);
 /* feed_wake: new updates for worker (NULL = all workers). */
 void feed_wake(struct cp *cp, const char *worker);
 /* feed_acked: worker acknowledged everything up to rev. */

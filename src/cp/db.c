@@ -2,6 +2,7 @@
  * with a feed update runs in BEGIN IMMEDIATE ... COMMIT. */
 #include "cp/db.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,23 @@ static const char cpdb_schema[] =
 	"CREATE TABLE IF NOT EXISTS feed("
 	" rev INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL,"
 	" worker TEXT, body TEXT NOT NULL, created_at INTEGER NOT NULL);"
-	"CREATE INDEX IF NOT EXISTS feed_worker ON feed(worker, rev);";
+	"CREATE INDEX IF NOT EXISTS feed_worker ON feed(worker, rev);"
+	"CREATE TABLE IF NOT EXISTS snapshots("
+	" sandbox TEXT NOT NULL, generation INTEGER NOT NULL,"
+	" key TEXT NOT NULL, size INTEGER NOT NULL CHECK (size >= 0),"
+	" checksum TEXT NOT NULL, created_at INTEGER NOT NULL,"
+	" PRIMARY KEY (sandbox, generation));";
+
+/* Columns added to sandboxes by the lifecycle (issue 5); databases made
+ * before it gain them on open. */
+static const struct {
+	const char *name, *decl;
+} cpdb_sbx_added[] = {
+	{ "op_rev", "op_rev INTEGER NOT NULL DEFAULT 0" },
+	{ "op_at", "op_at INTEGER NOT NULL DEFAULT 0" },
+	{ "progress_bytes", "progress_bytes INTEGER NOT NULL DEFAULT -1" },
+	{ "progress_total", "progress_total INTEGER NOT NULL DEFAULT -1" },
+};
 
 /* cpdb_fail: err from the connection's last error; returns -1. */
 static int cpdb_fail(struct cpdb *db, struct tt_err *err, const char *what)
@@ -74,6 +91,31 @@ static void cpdb_text(sqlite3_stmt *st, int i, char *buf, size_t cap)
 	snprintf(buf, cap, "%s", t ? (const char *)t : "");
 }
 
+static int cpdb_scalar(struct cpdb *db, const char *sql, const char *p1,
+                       int64_t *out, struct tt_err *err);
+
+/* cpdb_migrate: adds the lifecycle columns a pre-issue-5 file lacks. */
+static int cpdb_migrate(struct cpdb *db, struct tt_err *err)
+{
+	char sql[160];
+	int64_t have;
+
+	for (size_t i = 0; i < sizeof(cpdb_sbx_added) / sizeof(cpdb_sbx_added[0]);
+	     i++) {
+		if (cpdb_scalar(db, "SELECT count(*) FROM pragma_table_info("
+		                "'sandboxes') WHERE name=?1", cpdb_sbx_added[i].name,
+		                &have, err) < 0)
+			return -1;
+		if (have > 0)
+			continue;
+		snprintf(sql, sizeof(sql), "ALTER TABLE sandboxes ADD COLUMN %s",
+		         cpdb_sbx_added[i].decl);
+		if (cpdb_exec(db, sql, err) < 0)
+			return -1;
+	}
+	return 0;
+}
+
 /* cpdb_open: opens the file, sets durability pragmas, creates the schema. */
 struct cpdb *cpdb_open(const char *path, struct tt_err *err)
 {
@@ -95,7 +137,7 @@ struct cpdb *cpdb_open(const char *path, struct tt_err *err)
 	if (cpdb_exec(db, "PRAGMA journal_mode=WAL;"
 	                  "PRAGMA synchronous=FULL;"
 	                  "PRAGMA foreign_keys=ON;", err) < 0 ||
-	    cpdb_exec(db, cpdb_schema, err) < 0) {
+	    cpdb_exec(db, cpdb_schema, err) < 0 || cpdb_migrate(db, err) < 0) {
 		cpdb_close(db);
 		return NULL;
 	}
@@ -298,7 +340,8 @@ int cpdb_worker_load(struct cpdb *db, const char *id, int64_t *n,
                      struct tt_err *err)
 {
 	return cpdb_scalar(db, "SELECT count(*) FROM sandboxes WHERE worker=?1"
-	                   " AND state IN ('starting','running','deleting')",
+	                   " AND state IN ('starting','running','pausing',"
+	                   "'resuming','deleting')",
 	                   id, n, err);
 }
 
@@ -370,6 +413,7 @@ int cpdb_sandbox_create(struct cpdb *db, const char *id, const char *worker,
 	snprintf(out->substrate, sizeof(out->substrate), "ns");
 	out->activation = 1;
 	out->created_at = now;
+	out->progress_bytes = out->progress_total = -1;
 	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
 		return -1;
 	st = cpdb_prep(db, "INSERT INTO sandboxes(id,state,generation,worker,"
@@ -429,10 +473,15 @@ static void cpdb_sandbox_row(sqlite3_stmt *st, struct cp_sandbox *s)
 	s->activation = (uint32_t)sqlite3_column_int64(st, 6);
 	s->created_at = sqlite3_column_int64(st, 7);
 	cpdb_text(st, 8, s->error, sizeof(s->error));
+	s->op_rev = sqlite3_column_int64(st, 9);
+	s->op_at = sqlite3_column_int64(st, 10);
+	s->progress_bytes = sqlite3_column_int64(st, 11);
+	s->progress_total = sqlite3_column_int64(st, 12);
 }
 
 #define CPDB_SBX_COLS "id,state,generation,worker,substrate,pod,activation," \
-                      "created_at,error"
+                      "created_at,error,op_rev,op_at,progress_bytes," \
+                      "progress_total"
 
 /* cpdb_sandbox_get: one sandbox (deleted ones too: they keep their gen). */
 int cpdb_sandbox_get(struct cpdb *db, const char *id, struct cp_sandbox *out,
@@ -515,6 +564,230 @@ int cpdb_sandbox_destroy(struct cpdb *db, const struct cp_sandbox *s,
 		json_decref(body);
 	}
 	return cpdb_commit(db, rc, err);
+}
+
+/* cpdb_change: runs a write statement; binds follows types, one char per
+ * parameter: 't' text (NULL binds NULL), 'i' int64. Returns the rows
+ * changed or -1. */
+static int cpdb_change(struct cpdb *db, struct tt_err *err, const char *sql,
+                       const char *types, ...)
+{
+	sqlite3_stmt *st = cpdb_prep(db, sql, err);
+	va_list ap;
+	int rc;
+
+	if (st == NULL)
+		return -1;
+	va_start(ap, types);
+	for (int i = 0; types[i] != '\0'; i++) {
+		if (types[i] == 't') {
+			const char *v = va_arg(ap, const char *);
+
+			if (v != NULL)
+				sqlite3_bind_text(st, i + 1, v, -1, SQLITE_TRANSIENT);
+			else
+				sqlite3_bind_null(st, i + 1);
+		} else {
+			sqlite3_bind_int64(st, i + 1, va_arg(ap, int64_t));
+		}
+	}
+	va_end(ap);
+	rc = sqlite3_step(st);
+	sqlite3_finalize(st);
+	if (rc != SQLITE_DONE)
+		return cpdb_fail(db, err, "update");
+	return sqlite3_changes(db->h);
+}
+
+/* cpdb_retire_insert: retire{sandbox, generation} for worker (in a txn). */
+static int cpdb_retire_insert(struct cpdb *db, const char *id, uint64_t gen,
+                              const char *worker, int64_t now, int64_t *rev,
+                              struct tt_err *err)
+{
+	json_t *body = json_pack("{s:s,s:I}", "sandbox", id, "generation",
+	                         (json_int_t)gen);
+	int rc;
+
+	if (body == NULL)
+		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+	rc = cpdb_feed_insert(db, "retire", worker, body, now, rev, err);
+	json_decref(body);
+	return rc;
+}
+
+/* cpdb_sandbox_pause: the pause CAS and its feed update, atomically. */
+int cpdb_sandbox_pause(struct cpdb *db, const struct cp_sandbox *s,
+                       int64_t now, int64_t *rev, struct tt_err *err)
+{
+	char key[CPDB_SNAPKEY_MAX];
+	json_t *body;
+	int rc;
+
+	snprintf(key, sizeof(key), "%s/%llu", s->id,
+	         (unsigned long long)s->generation);
+	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
+		return -1;
+	rc = cpdb_change(db, err, "UPDATE sandboxes SET state='pausing',"
+	                 "error=NULL,op_at=?3,progress_bytes=-1,progress_total=-1"
+	                 " WHERE id=?1 AND state='running' AND generation=?2",
+	                 "tii", s->id, (int64_t)s->generation, now);
+	if (rc <= 0) {
+		cpdb_commit(db, -1, err);
+		return rc;
+	}
+	body = json_pack("{s:s,s:I,s:s}", "sandbox", s->id, "generation",
+	                 (json_int_t)s->generation, "snapshot", key);
+	rc = body ? cpdb_feed_insert(db, "pause", s->worker, body, now, rev, err)
+	          : tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+	json_decref(body);
+	if (rc == 0)
+		rc = cpdb_change(db, err, "UPDATE sandboxes SET op_rev=?2"
+		                 " WHERE id=?1", "ti", s->id, *rev);
+	if (cpdb_commit(db, rc < 0 ? -1 : 0, err) < 0)
+		return -1;
+	return 1;
+}
+
+/* cpdb_sandbox_paused: pausing -> paused plus the snapshot row. */
+int cpdb_sandbox_paused(struct cpdb *db, const char *id, uint64_t gen,
+                        int64_t op_rev, const struct cp_snapshot *snap,
+                        struct tt_err *err)
+{
+	int rc;
+
+	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
+		return -1;
+	rc = cpdb_change(db, err, "UPDATE sandboxes SET state='paused',"
+	                 "error=NULL,op_rev=0,progress_bytes=-1,progress_total=-1"
+	                 " WHERE id=?1 AND state='pausing' AND generation=?2"
+	                 " AND op_rev=?3", "tii", id, (int64_t)gen, op_rev);
+	if (rc <= 0) {
+		cpdb_commit(db, -1, err);
+		return rc;
+	}
+	rc = cpdb_change(db, err, "INSERT OR REPLACE INTO snapshots(sandbox,"
+	                 "generation,key,size,checksum,created_at)"
+	                 " VALUES(?1,?2,?3,?4,?5,?6)", "tititi", id,
+	                 (int64_t)gen, snap->key, snap->size, snap->checksum,
+	                 snap->created_at);
+	if (cpdb_commit(db, rc < 0 ? -1 : 0, err) < 0)
+		return -1;
+	return 1;
+}
+
+/* cpdb_sandbox_cas: a guarded state change, optionally with a retire. */
+int cpdb_sandbox_cas(struct cpdb *db, const char *id, const char *from,
+                     uint64_t gen, int64_t op_rev, const char *to,
+                     const char *error, const char *retire_worker,
+                     int64_t now, int64_t *retire_rev, struct tt_err *err)
+{
+	int rc;
+
+	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
+		return -1;
+	rc = cpdb_change(db, err, "UPDATE sandboxes SET state=?4,error=?6,"
+	                 "op_rev=0,progress_bytes=-1,progress_total=-1"
+	                 " WHERE id=?1 AND state=?2 AND generation=?3"
+	                 " AND (?5 < 0 OR op_rev=?5)", "ttitit", id, from,
+	                 (int64_t)gen, to, op_rev, error);
+	if (rc <= 0) {
+		cpdb_commit(db, -1, err);
+		return rc;
+	}
+	if (retire_worker != NULL)
+		rc = cpdb_retire_insert(db, id, gen, retire_worker, now,
+		                        retire_rev, err);
+	if (cpdb_commit(db, rc < 0 ? -1 : 0, err) < 0)
+		return -1;
+	return 1;
+}
+
+/* cpdb_sandbox_resume: generation N+1 and its install, atomically. */
+int cpdb_sandbox_resume(struct cpdb *db, const char *id,
+                        const struct cpdb_resume *r, int64_t now,
+                        uint64_t *new_gen, int64_t *rev, int64_t *retire_rev,
+                        struct tt_err *err)
+{
+	struct cp_sandbox cur;
+	json_t *body;
+	int rc;
+
+	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
+		return -1;
+	/* read inside the write lock: the install copies these fields */
+	rc = cpdb_sandbox_get(db, id, &cur, err);
+	if (rc <= 0 || strcmp(cur.state, r->from) != 0 ||
+	    cur.generation != r->gen) {
+		cpdb_commit(db, -1, err);
+		return rc < 0 ? -1 : 0;
+	}
+	if (r->retire_worker != NULL &&
+	    cpdb_retire_insert(db, id, r->gen, r->retire_worker, now,
+	                       retire_rev, err) < 0)
+		return cpdb_commit(db, -1, err);
+	rc = cpdb_change(db, err, "UPDATE sandboxes SET state='resuming',"
+	                 "generation=?3+1,worker=?4,error=NULL,op_at=?5,"
+	                 "progress_bytes=-1,progress_total=-1"
+	                 " WHERE id=?1 AND state=?2 AND generation=?3",
+	                 "ttiti", id, r->from,
+	                 (int64_t)r->gen, r->worker, now);
+	if (rc != 1)
+		return cpdb_commit(db, rc < 0 ? -1 : tt_err_set(err, TT_ERR_IO,
+		                   "resume update changed %d rows", rc), err);
+	body = json_pack("{s:s,s:I,s:s,s:s,s:s,s:I,s:s}", "sandbox", id,
+	                 "generation", (json_int_t)(r->gen + 1), "worker",
+	                 r->worker, "substrate", cur.substrate, "pod", cur.pod,
+	                 "activation", (json_int_t)cur.activation, "snapshot",
+	                 r->snapshot_key);
+	rc = body ? cpdb_feed_insert(db, "install", r->worker, body, now, rev,
+	                             err)
+	          : tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+	json_decref(body);
+	if (rc == 0)
+		rc = cpdb_change(db, err, "UPDATE sandboxes SET op_rev=?2"
+		                 " WHERE id=?1", "ti", id, *rev);
+	if (cpdb_commit(db, rc < 0 ? -1 : 0, err) < 0)
+		return -1;
+	*new_gen = r->gen + 1;
+	return 1;
+}
+
+/* cpdb_sandbox_progress: bounded to the pause it belongs to. */
+int cpdb_sandbox_progress(struct cpdb *db, const char *id, int64_t op_rev,
+                          int64_t bytes, int64_t total, struct tt_err *err)
+{
+	return cpdb_change(db, err, "UPDATE sandboxes SET progress_bytes=?3,"
+	                   "progress_total=?4 WHERE id=?1 AND state='pausing'"
+	                   " AND op_rev=?2", "tiii", id, op_rev, bytes,
+	                   total < 0 ? (int64_t)-1 : total);
+}
+
+/* cpdb_snapshot_latest: highest generation with a complete snapshot. */
+int cpdb_snapshot_latest(struct cpdb *db, const char *id,
+                         struct cp_snapshot *out, struct tt_err *err)
+{
+	sqlite3_stmt *st = cpdb_prep(db, "SELECT sandbox,generation,key,size,"
+	                             "checksum,created_at FROM snapshots"
+	                             " WHERE sandbox=? ORDER BY generation DESC"
+	                             " LIMIT 1", err);
+	int rc;
+
+	if (st == NULL)
+		return -1;
+	sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW) {
+		cpdb_text(st, 0, out->sandbox, sizeof(out->sandbox));
+		out->generation = (uint64_t)sqlite3_column_int64(st, 1);
+		cpdb_text(st, 2, out->key, sizeof(out->key));
+		out->size = sqlite3_column_int64(st, 3);
+		cpdb_text(st, 4, out->checksum, sizeof(out->checksum));
+		out->created_at = sqlite3_column_int64(st, 5);
+	}
+	sqlite3_finalize(st);
+	if (rc == SQLITE_ROW)
+		return 1;
+	return rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, "snapshot lookup");
 }
 
 /* cpdb_feed_latest: newest rev. */

@@ -1,5 +1,8 @@
 /* Control-plane state in SQLite (WAL, synchronous=FULL, foreign keys):
- * API keys (hashed), workers, sandboxes and the update feed. Generations
+ * API keys (hashed), workers, sandboxes, snapshots and the update feed.
+ * Lifecycle transitions are compare-and-swaps (UPDATE ... WHERE id AND
+ * state AND generation; one changed row wins), each in one transaction
+ * with the feed updates it implies. Generations
  * and feed revs are allocated inside write transactions and never reused,
  * also across restarts. Implementation: src/cp/db.c. */
 #ifndef TT_CP_DB_H
@@ -15,6 +18,8 @@
 #define CPDB_HASH_HEX 64 /* SHA-256 as lowercase hex */
 #define CPDB_URL_MAX 256
 #define CPDB_ERR_MAX 256
+#define CPDB_SNAPKEY_MAX 80   /* "<sbx>/<gen>" */
+#define CPDB_CHECKSUM_MAX 160 /* "blake2b:<hex>" */
 
 struct cpdb;
 
@@ -26,7 +31,8 @@ struct cp_worker {
 
 struct cp_sandbox {
 	char id[TT_SBX_ID_LEN + 1];
-	char state[16];     /* starting|running|failed|deleting|deleted */
+	/* starting|running|pausing|paused|resuming|failed|deleting|deleted */
+	char state[16];
 	uint64_t generation;
 	char worker[TT_NAME_MAX + 1];
 	char substrate[TT_NAME_MAX + 1];
@@ -34,6 +40,20 @@ struct cp_sandbox {
 	uint32_t activation;
 	int64_t created_at;
 	char error[CPDB_ERR_MAX];
+	int64_t op_rev;         /* feed rev of the pending pause/install, or 0 */
+	int64_t op_at;          /* when that operation started */
+	int64_t progress_bytes; /* pause progress; -1 = no report yet */
+	int64_t progress_total; /* -1 = unknown */
+};
+
+/* A complete snapshot, as a worker's pause ack described it. */
+struct cp_snapshot {
+	char sandbox[TT_SBX_ID_LEN + 1];
+	uint64_t generation;
+	char key[CPDB_SNAPKEY_MAX];
+	int64_t size;
+	char checksum[CPDB_CHECKSUM_MAX];
+	int64_t created_at;
 };
 
 /* cpdb_open: opens (creating) path and its schema. Owner: the caller. */
@@ -91,6 +111,53 @@ int cpdb_sandbox_set_state(struct cpdb *db, const char *id, const char *state,
  * transaction); *rev is the update's rev. */
 int cpdb_sandbox_destroy(struct cpdb *db, const struct cp_sandbox *s,
                          int64_t now, int64_t *rev, struct tt_err *err);
+
+/* cpdb_sandbox_pause: CAS running(gen) -> pausing plus the pause update
+ * {sandbox, generation, snapshot:"<sbx>/<gen>"} for the sandbox's worker,
+ * in one transaction. 1 = won (*rev set), 0 = the sandbox was not in that
+ * state any more (nothing changed), -1 = error. */
+int cpdb_sandbox_pause(struct cpdb *db, const struct cp_sandbox *s,
+                       int64_t now, int64_t *rev, struct tt_err *err);
+/* cpdb_sandbox_paused: CAS pausing(gen, op_rev) -> paused and records the
+ * snapshot (complete, per the worker's ack), in one transaction. 1/0/-1. */
+int cpdb_sandbox_paused(struct cpdb *db, const char *id, uint64_t gen,
+                        int64_t op_rev, const struct cp_snapshot *snap,
+                        struct tt_err *err);
+/* cpdb_sandbox_cas: CAS from(gen[, op_rev when >= 0]) -> to with error
+ * (NULL clears); with retire_worker, also appends retire{sandbox, gen} for
+ * that worker (*retire_rev). Clears op_rev and progress. 1/0/-1. */
+int cpdb_sandbox_cas(struct cpdb *db, const char *id, const char *from,
+                     uint64_t gen, int64_t op_rev, const char *to,
+                     const char *error, const char *retire_worker,
+                     int64_t now, int64_t *retire_rev, struct tt_err *err);
+
+/* A resume: the sandbox must still be in state `from` with generation
+ * `gen`; it becomes resuming with generation gen+1 on worker, and the
+ * install update (with "snapshot": snapshot_key) is appended in the same
+ * transaction. retire_worker (forced resume) also appends retire{sandbox,
+ * gen} for the old worker first. */
+struct cpdb_resume {
+	const char *from;
+	uint64_t gen;
+	const char *worker;
+	const char *snapshot_key;
+	const char *retire_worker; /* NULL: no retire */
+};
+/* cpdb_sandbox_resume: 1 = won (*new_gen, *rev = the install's rev,
+ * *retire_rev when asked), 0 = lost the CAS, -1 = error. */
+int cpdb_sandbox_resume(struct cpdb *db, const char *id,
+                        const struct cpdb_resume *r, int64_t now,
+                        uint64_t *new_gen, int64_t *rev, int64_t *retire_rev,
+                        struct tt_err *err);
+/* cpdb_sandbox_progress: pause progress, only while pausing under op_rev
+ * (a late report of an older pause changes nothing). total < 0 = unknown.
+ * 1/0/-1. */
+int cpdb_sandbox_progress(struct cpdb *db, const char *id, int64_t op_rev,
+                          int64_t bytes, int64_t total, struct tt_err *err);
+/* cpdb_snapshot_latest: the newest complete snapshot of id (highest
+ * generation): 1 and *out, 0 if none. */
+int cpdb_snapshot_latest(struct cpdb *db, const char *id,
+                         struct cp_snapshot *out, struct tt_err *err);
 
 /* cpdb_feed_append: appends an update (body: the kind's own fields,
  * borrowed); worker NULL = for every worker. */

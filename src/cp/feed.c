@@ -1,5 +1,6 @@
 /* Parked HTTP requests of the control plane: feed long-polls waiting for
- * updates, and create/delete calls waiting for the worker's ack. A parked
+ * updates, and create/delete/pause/resume/migrate calls waiting for the
+ * worker's ack. A parked
  * request gets its reply computed on the loop (wake, ack or timer), then
  * lws is asked for a writable callback, where the reply is written. */
 #include <stdio.h>
@@ -23,7 +24,11 @@ struct cp_park {
 	char worker[TT_NAME_MAX + 1];
 	int64_t rev;        /* feed: "after"; ack: the rev awaited */
 	char sbx[TT_SBX_ID_LEN + 1];
-	int is_delete;
+	enum cp_wait what;
+	uint64_t gen;       /* see struct cp_waitspec */
+	char target[TT_NAME_MAX + 1];
+	int forced;
+	uint64_t resumed_from;
 	uv_timer_t timer;
 	unsigned status;    /* reply, once ready */
 	json_t *reply;
@@ -172,7 +177,82 @@ void feed_wake(struct cp *cp, const char *worker)
 	}
 }
 
-/* ack_answer: what a create/delete caller gets once the worker acked. */
+/* ack_refusal: an error reply that also shows the sandbox as it is now. */
+static json_t *ack_refusal(struct cp *cp, const char *code, const char *msg,
+                           const struct cp_sandbox *sb)
+{
+	return json_pack("{s:s,s:s,s:s,s:o}", "error", code, "message", msg,
+	                 "state", sb->state, "sandbox", cp_sandbox_json(cp, sb));
+}
+
+/* ack_migrate_on: the migrate's pause completed; resume on the target and
+ * keep waiting, now for the target's install ack. */
+static void ack_migrate_on(struct cp_park *p, const struct cp_sandbox *sb)
+{
+	struct cp *cp = p->cp;
+	struct cp_refusal why = { 0 };
+	struct cp_resumed r;
+	char msg[CPDB_ERR_MAX + TT_NAME_MAX + 64];
+
+	if (cp_resume_begin(cp, sb, p->target, 0, &r, &why) < 0) {
+		snprintf(msg, sizeof(msg), "paused, but not resumed on %s: %s",
+		         p->target, why.msg);
+		park_ready(p, why.status, ack_refusal(cp, why.code, msg, sb));
+		return;
+	}
+	p->what = CP_WAIT_RESUME;
+	p->rev = r.rev;
+	p->gen = r.generation;
+	p->resumed_from = r.resumed_from;
+	snprintf(p->worker, sizeof(p->worker), "%s", r.worker);
+	uv_timer_again(&p->timer);
+}
+
+/* ack_lifecycle: pause/resume/migrate waiters; returns without an answer
+ * while the operation awaited is still pending. */
+static void ack_lifecycle(struct cp_park *p, const struct cp_sandbox *sb)
+{
+	struct cp *cp = p->cp;
+	char msg[CPDB_ERR_MAX + 96];
+	json_t *o;
+
+	if (p->what == CP_WAIT_PAUSE || p->what == CP_WAIT_MIGRATE) {
+		if (strcmp(sb->state, "pausing") == 0 && sb->generation == p->gen &&
+		    sb->op_rev == p->rev)
+			return;
+		if (strcmp(sb->state, "paused") == 0 && sb->generation == p->gen) {
+			if (p->what == CP_WAIT_MIGRATE)
+				ack_migrate_on(p, sb);
+			else
+				park_ready(p, 200, cp_sandbox_json(cp, sb));
+			return;
+		}
+		snprintf(msg, sizeof(msg), "pause of generation %llu did not "
+		         "complete: %s", (unsigned long long)p->gen,
+		         sb->error[0] ? sb->error : sb->state);
+		park_ready(p, 503, ack_refusal(cp, "unavailable", msg, sb));
+		return;
+	}
+	if (strcmp(sb->state, "resuming") == 0 && sb->generation == p->gen &&
+	    sb->op_rev == p->rev)
+		return;
+	if (strcmp(sb->state, "running") == 0 && sb->generation == p->gen) {
+		o = cp_sandbox_json(cp, sb);
+		json_object_set_new(o, "resumed_from",
+		                    json_integer((json_int_t)p->resumed_from));
+		if (p->forced)
+			json_object_set_new(o, "forced", json_true());
+		park_ready(p, 200, o);
+		return;
+	}
+	snprintf(msg, sizeof(msg), "resume as generation %llu did not complete:"
+	         " %s", (unsigned long long)p->gen,
+	         sb->error[0] ? sb->error : sb->state);
+	park_ready(p, 503, ack_refusal(cp, "unavailable", msg, sb));
+}
+
+/* ack_answer: what a waiting caller gets once the worker acked (or the
+ * operation was settled otherwise). */
 static void ack_answer(struct cp_park *p)
 {
 	struct cp *cp = p->cp;
@@ -185,7 +265,8 @@ static void ack_answer(struct cp_park *p)
 		           "message", rc < 0 ? err.msg : "sandbox vanished"));
 		return;
 	}
-	if (p->is_delete) {
+	switch (p->what) {
+	case CP_WAIT_DELETE:
 		if (strcmp(sb.state, "deleted") == 0)
 			park_ready(p, 200, json_pack("{s:s,s:b}", "id", sb.id,
 			                             "deleted", 1));
@@ -194,40 +275,57 @@ static void ack_answer(struct cp_park *p)
 			           "unavailable", "message", sb.error[0] ? sb.error :
 			           "worker did not confirm the destroy"));
 		return;
-	}
-	if (strcmp(sb.state, "running") == 0) {
-		park_ready(p, 201, cp_sandbox_json(cp, &sb));
+	case CP_WAIT_CREATE:
+		if (strcmp(sb.state, "running") == 0) {
+			park_ready(p, 201, cp_sandbox_json(cp, &sb));
+			return;
+		}
+		park_ready(p, 503, ack_refusal(cp, "unavailable", sb.error[0] ?
+		           sb.error : "install not confirmed", &sb));
+		return;
+	default:
+		ack_lifecycle(p, &sb);
 		return;
 	}
-	park_ready(p, 503, json_pack("{s:s,s:s,s:s,s:o}", "error", "unavailable",
-	           "message", sb.error[0] ? sb.error : "install not confirmed",
-	           "state", sb.state, "sandbox", cp_sandbox_json(cp, &sb)));
 }
 
 /* ack_timeout: the worker stayed silent for CP_ACK_WAIT_SECS. */
 static void ack_timeout(uv_timer_t *t)
 {
 	struct cp_park *p = t->data;
+	int64_t rev = p->rev;
 
 	log_warn("worker %s did not acknowledge rev %lld in time", p->worker,
 	         (long long)p->rev);
+	if (p->what != CP_WAIT_CREATE && p->what != CP_WAIT_DELETE) {
+		/* fail the operation (durably), then answer from its state */
+		cp_op_expire(p->cp, p->sbx, rev);
+		ack_answer(p);
+		if (p->reply != NULL || p->rev != rev)
+			return;
+	}
 	park_ready(p, 503, json_pack("{s:s,s:s,s:s}", "error", "unavailable",
 	           "message", "worker did not acknowledge in time",
 	           "sandbox", p->sbx));
 }
 
-/* feed_wait_ack: parks a create/delete until worker acks rev. */
+/* feed_wait_ack: parks a lifecycle call until the worker acks w->rev. */
 int feed_wait_ack(struct cp *cp, struct cp_sess *s, struct lws *wsi,
-                  const char *worker, int64_t rev, const char *sbx,
-                  int is_delete)
+                  const struct cp_waitspec *w)
 {
-	struct cp_park *p = park_new(cp, s, wsi, PARK_ACK, worker, rev,
+	struct cp_park *p = park_new(cp, s, wsi, PARK_ACK, w->worker, w->rev,
 	                             CP_ACK_WAIT_SECS * 1000u, ack_timeout);
 
 	if (p == NULL)
 		return http_reply_error(wsi, 500, "internal", "out of memory");
-	snprintf(p->sbx, sizeof(p->sbx), "%s", sbx);
-	p->is_delete = is_delete;
+	snprintf(p->sbx, sizeof(p->sbx), "%s", w->sbx);
+	p->what = w->what;
+	p->gen = w->gen;
+	snprintf(p->target, sizeof(p->target), "%s", w->target ? w->target : "");
+	p->forced = w->forced;
+	p->resumed_from = w->resumed_from;
+	/* the timer repeats so a migrate can re-arm it for its second ack */
+	uv_timer_set_repeat(&p->timer, CP_ACK_WAIT_SECS * 1000u);
 	return 0;
 }
 
@@ -239,6 +337,27 @@ void feed_acked(struct cp *cp, const char *worker, int64_t rev)
 		    strcmp(p->worker, worker) == 0)
 			ack_answer(p);
 	}
+}
+
+/* feed_settled: lifecycle waiters of sbx get their answer if done. */
+void feed_settled(struct cp *cp, const char *sbx)
+{
+	for (struct cp_park *p = cp->parked; p != NULL; p = p->next) {
+		if (p->kind == PARK_ACK && p->reply == NULL &&
+		    p->what != CP_WAIT_CREATE && p->what != CP_WAIT_DELETE &&
+		    strcmp(p->sbx, sbx) == 0)
+			ack_answer(p);
+	}
+}
+
+/* feed_polling: a parked long-poll means the worker is alive right now. */
+int feed_polling(struct cp *cp, const char *worker)
+{
+	for (struct cp_park *p = cp->parked; p != NULL; p = p->next) {
+		if (p->kind == PARK_FEED && strcmp(p->worker, worker) == 0)
+			return 1;
+	}
+	return 0;
 }
 
 /* feed_writable: writes a ready reply of this connection's parked request. */

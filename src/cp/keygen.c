@@ -14,6 +14,16 @@ static int keygen_usage(void)
 	return 1;
 }
 
+/* keygen_help: asked-for help goes to stdout, and is not an error. */
+static int keygen_help(void)
+{
+	printf("usage: tetherd keygen FILE [--force]\n"
+	       "Creates the signer's Ed25519 key as a k4.secret file (mode 0600,\n"
+	       "never replacing FILE unless --force) and prints its k4.public key\n"
+	       "and kid (k4.pid) for the receivers' key bundle.\n");
+	return fflush(stdout) == 0 ? 0 : 1;
+}
+
 /* keygen_write: generate, write, read back (the file is what the signer
  * will load, so check it the way the signer will), print. */
 static int keygen_write(const char *path, int force)
@@ -29,7 +39,8 @@ static int keygen_write(const char *path, int force)
 	}
 	if (paserk_secret_file_write(path, sk, force, &err) < 0 ||
 	    paserk_secret_file_read(path, back, &err) < 0) {
-		fprintf(stderr, "tetherd: keygen: %s\n", err.msg);
+		fprintf(stderr, "tetherd: keygen: %s%s\n", err.msg,
+		        err.code == TT_ERR_CONFLICT ? " (--force replaces it)" : "");
 		goto out;
 	}
 	if (sodium_memcmp(back, sk, sizeof(sk)) != 0) {
@@ -58,7 +69,7 @@ int keygen_main(int argc, char **argv)
 		if (strcmp(argv[i], "--force") == 0)
 			force = 1;
 		else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0)
-			return keygen_usage();
+			return keygen_help();
 		else if (argv[i][0] == '-' || path != NULL)
 			return keygen_usage();
 		else

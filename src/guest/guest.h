@@ -21,9 +21,15 @@ struct guest_ctx {
 	uint64_t gen;     /* generation reported in every RESULT */
 	uint32_t att;
 	const char *sbx;
+	/* The per-activation secret (HELLO_SECRET_LEN bytes, memory only), or
+	 * NULL when the agent was started without one: then every connection
+	 * is refused, since no handshake can succeed. Each handler zeroes its
+	 * copy once it has answered the challenge. */
+	uint8_t *secret;
 };
 
-/* guest_serve: reads one REQUEST from conn and answers it; never exits. */
+/* guest_serve: runs the handshake (hello.h), then reads one REQUEST from
+ * conn and answers it; never exits. */
 void guest_serve(const struct guest_ctx *g, int conn);
 
 /* guest_result: sends RESULT obj with "generation" added; steals obj. */

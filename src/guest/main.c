@@ -3,7 +3,12 @@
  * process that ends up parented to it.
  *
  * usage: tether-guest --listen PATH --sbx ID --gen N --att N
- *                     [--root DIR] [--ready-fd FD] */
+ *                     [--root DIR] [--ready-fd FD] [--secret-fd FD]
+ *
+ * --secret-fd: a pipe holding exactly the 32-byte activation secret (then
+ * EOF), read once at start and closed; the secret stays in memory only and
+ * answers the bridge's handshake challenges (hello.h). Without it the agent
+ * runs but refuses every connection. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -22,6 +27,7 @@
 
 #include "cleanup.h"
 #include "guest/guest.h"
+#include "guest/hello.h"
 #include "log.h"
 #include "wire_json.h"
 
@@ -32,6 +38,7 @@ struct guest_opts {
 	uint64_t gen;
 	uint32_t att;
 	int ready_fd;
+	int secret_fd;
 	int have_gen, have_att;
 };
 
@@ -39,7 +46,7 @@ struct guest_opts {
 static int usage(FILE *out)
 {
 	fprintf(out, "usage: tether-guest --listen PATH --sbx ID --gen N --att N "
-	             "[--root DIR] [--ready-fd FD]\n");
+	             "[--root DIR] [--ready-fd FD] [--secret-fd FD]\n");
 	return out == stderr ? 1 : 0;
 }
 
@@ -69,13 +76,14 @@ static int opts_parse(int argc, char **argv, struct guest_opts *o)
 		{ "att", required_argument, NULL, 'a' },
 		{ "root", required_argument, NULL, 'r' },
 		{ "ready-fd", required_argument, NULL, 'f' },
+		{ "secret-fd", required_argument, NULL, 'S' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	uint64_t v;
 	int c;
 
-	*o = (struct guest_opts){ .root = "/", .ready_fd = -1 };
+	*o = (struct guest_opts){ .root = "/", .ready_fd = -1, .secret_fd = -1 };
 	while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'l': o->listen = optarg; break;
@@ -97,6 +105,11 @@ static int opts_parse(int argc, char **argv, struct guest_opts *o)
 				goto bad;
 			o->ready_fd = (int)v;
 			break;
+		case 'S':
+			if (parse_u64(optarg, INT32_MAX, &v) < 0)
+				goto bad;
+			o->secret_fd = (int)v;
+			break;
 		case 'h': exit(usage(stdout));
 		default: return usage(stderr), -1;
 		}
@@ -109,7 +122,8 @@ static int opts_parse(int argc, char **argv, struct guest_opts *o)
 	return 0;
 bad:
 	fprintf(stderr, "tether-guest: bad number for --%s: %s\n",
-	        c == 'g' ? "gen" : c == 'a' ? "att" : "ready-fd", optarg);
+	        c == 'g' ? "gen" : c == 'a' ? "att" : c == 'S' ? "secret-fd" : "ready-fd",
+	        optarg);
 	return -1;
 }
 
@@ -190,6 +204,9 @@ static void noop_handler(int sig)
 
 int main(int argc, char **argv)
 {
+	/* The activation secret: this process's memory only (never argv,
+	 * env or a file). */
+	static uint8_t secret[HELLO_SECRET_LEN];
 	struct guest_opts o;
 	struct guest_ctx g;
 	struct tt_err err = { 0 };
@@ -200,7 +217,21 @@ int main(int argc, char **argv)
 	tt_log_init("guest", TT_LOG_INFO);
 	if (opts_parse(argc, argv, &o) < 0)
 		return 1;
+	/* Not dumpable: other sandbox processes of the same uid may not open
+	 * our /proc/<pid>/mem (or environ, fds) to read the secret; handlers
+	 * inherit this through fork. */
+	prctl(PR_SET_DUMPABLE, 0);
 	g = (struct guest_ctx){ .gen = o.gen, .att = o.att, .sbx = o.sbx };
+	if (o.secret_fd >= 0) {
+		if (sodium_init() < 0 || hello_read_secret(o.secret_fd, secret, 5000) < 0) {
+			fprintf(stderr, "tether-guest: reading the activation secret: %s\n",
+			        strerror(errno));
+			return 1;
+		}
+		g.secret = secret;
+	} else {
+		log_warn("no activation secret: every connection will be refused");
+	}
 	g.root_fd = open(o.root, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (g.root_fd < 0) {
 		fprintf(stderr, "tether-guest: root %s: %s\n", o.root, strerror(errno));
@@ -249,6 +280,7 @@ int main(int argc, char **argv)
 		while (read(sfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
 			if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGINT) {
 				log_info("signal %u: exiting", si.ssi_signo);
+				sodium_memzero(secret, sizeof(secret));
 				unlink(o.listen);
 				return 0;
 			}

@@ -6,12 +6,15 @@
 
 #include "cleanup.h"
 #include "guest/guest.h"
+#include "guest/hello.h"
 #include "log.h"
 #include "wire_json.h"
 
 /* A peer must send its REQUEST within this time; later phases (stdin,
  * file content) are paced by the peer. */
 #define GUEST_REQUEST_TIMEOUT_S 30
+/* The bridge sends its HELLO right after connecting. */
+#define GUEST_HELLO_TIMEOUT_S 5
 
 /* guest_errno_code: the wire error code for an errno from a file operation. */
 const char *guest_errno_code(int e)
@@ -96,6 +99,86 @@ static const struct {
 	{ "fs.remove", fs_remove },
 };
 
+/* hello_u64: a non-negative integer member of a HELLO; 0 or -1. */
+static int hello_u64(json_t *o, const char *key, uint64_t *out)
+{
+	json_t *v = json_object_get(o, key);
+
+	if (!json_is_integer(v) || json_integer_value(v) < 0)
+		return -1;
+	*out = (uint64_t)json_integer_value(v);
+	return 0;
+}
+
+/* guest_handshake: the first frame must be the bridge's HELLO naming this
+ * very activation; answers it with the proof (hello.h). Anything else gets
+ * an ERROR and -1: no operation byte is read before this succeeds. */
+static int guest_handshake(const struct guest_ctx *g, int conn, uint8_t *buf)
+{
+	uint8_t challenge[HELLO_CHALLENGE_LEN], proof[HELLO_PROOF_LEN];
+	char proof_b64[HELLO_B64_LEN + 1];
+	struct tt_err err = { 0 };
+	struct wire_frame f;
+	json_t *hello, *ans;
+	uint64_t v = 0, gen = 0, att = 0;
+	const char *sbx;
+	int rc;
+
+	set_rcvtimeo(conn, GUEST_HELLO_TIMEOUT_S);
+	rc = wire_recv(conn, &f, buf, WIRE_PAYLOAD_MAX + 1, &err);
+	set_rcvtimeo(conn, 0);
+	if (rc == 0)
+		return -1;
+	if (rc < 0) {
+		log_warn("refused a connection: %s", err.msg);
+		wire_send_error(conn, err.code == TT_ERR_TOO_LARGE ? "too_large" : "bad_request",
+		                "%s", err.msg);
+		return -1;
+	}
+	if (f.type != WIRE_HELLO) {
+		log_warn("refused a connection: %s before the handshake", wire_type_name(f.type));
+		wire_send_error(conn, "handshake_required",
+		                "expected HELLO before any operation, got %s",
+		                wire_type_name(f.type));
+		return -1;
+	}
+	hello = wire_frame_json(&f, &err);
+	if (hello == NULL) {
+		wire_send_error(conn, "bad_request", "%s", err.msg);
+		return -1;
+	}
+	sbx = json_string_value(json_object_get(hello, "sbx"));
+	if (hello_u64(hello, "v", &v) < 0 || v != HELLO_VERSION || sbx == NULL ||
+	    hello_u64(hello, "generation", &gen) < 0 ||
+	    hello_u64(hello, "activation", &att) < 0 ||
+	    hello_b64_decode(json_string_value(json_object_get(hello, "challenge")),
+	                     challenge) < 0) {
+		json_decref(hello);
+		wire_send_error(conn, "bad_request", "malformed HELLO");
+		return -1;
+	}
+	if (strcmp(sbx, g->sbx) != 0 || gen != g->gen || att != g->att) {
+		json_decref(hello);
+		log_warn("refused a handshake for another activation");
+		wire_send_error(conn, "wrong_activation",
+		                "this agent serves another execution or activation");
+		return -1;
+	}
+	json_decref(hello);
+	if (g->secret == NULL) {
+		wire_send_error(conn, "no_secret", "agent started without an activation secret");
+		return -1;
+	}
+	hello_proof(g->secret, g->sbx, g->gen, g->att, challenge, proof);
+	/* This handler needs the secret no more. */
+	sodium_memzero(g->secret, HELLO_SECRET_LEN);
+	hello_b64_encode(proof, proof_b64);
+	ans = json_pack("{s:s}", "proof", proof_b64);
+	rc = ans ? wire_send_json(conn, WIRE_HELLO, ans, &err) : -1;
+	json_decref(ans);
+	return rc;
+}
+
 /* guest_serve: reads one REQUEST and runs the operation it names. Garbage
  * gets an ERROR where the peer still listens, then the connection closes. */
 void guest_serve(const struct guest_ctx *g, int conn)
@@ -110,6 +193,8 @@ void guest_serve(const struct guest_ctx *g, int conn)
 		wire_send_error(conn, "internal", "out of memory");
 		return;
 	}
+	if (guest_handshake(g, conn, buf) < 0)
+		return;
 	set_rcvtimeo(conn, GUEST_REQUEST_TIMEOUT_S);
 	rc = wire_recv(conn, &f, buf, WIRE_PAYLOAD_MAX + 1, &err);
 	set_rcvtimeo(conn, 0);

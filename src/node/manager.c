@@ -11,6 +11,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <signal.h>
+#include <sodium.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -266,7 +267,9 @@ static void bridge_connected(uv_connect_t *req, int status)
 		char msg[200];
 
 		snprintf(msg, sizeof(msg), "bridge verification failed: %s", why);
+		log_warn("refused bridge of %s: %s", c->sbx, why);
 		metrics_inc("tether_bridge_verify_failed_total", NULL);
+		metrics_inc("tether_bridge_refusals_total", "reason=\"bridge_identity\"");
 		conn_fail(c, "transport", msg);
 		return;
 	}
@@ -503,16 +506,38 @@ static int exec_watch(struct manager *m, struct mgr_exec *ex, struct tt_err *err
 	return 0;
 }
 
-/* bridge_spawn: fork+exec of this binary as "bridge" for one execution;
- * returns once its socket accepts connections. */
+/* secret_pipe: a pipe already holding the activation secret, its write
+ * end closed (the reader gets the secret, then EOF). Returns the read end
+ * (O_CLOEXEC) or -1. */
+static int secret_pipe(const uint8_t secret[NS_SECRET_LEN], struct tt_err *err)
+{
+	int p[2];
+
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "secret pipe");
+	/* 32 bytes always fit the pipe buffer: no blocking. */
+	if (write(p[1], secret, NS_SECRET_LEN) != NS_SECRET_LEN) {
+		close(p[0]);
+		close(p[1]);
+		return tt_err_sys(err, TT_ERR_SYS, "writing the activation secret");
+	}
+	close(p[1]);
+	return p[0];
+}
+
+/* bridge_spawn: fork+exec of this binary as "bridge" for one execution,
+ * handing it the activation secret on fd 3; returns once its socket
+ * accepts connections. */
 static int bridge_spawn(const struct rec_exec *rec, struct mgr_exec *ex,
-                        const char *dir, struct tt_err *err)
+                        const char *dir, const uint8_t secret[NS_SECRET_LEN],
+                        struct tt_err *err)
 {
 	char sock[PATH_MAX], gen[24], att[16], ipid[16], istart[24], mpid[16], exe[64];
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	int64_t deadline = now_ms() + MGR_BRIDGE_READY_MS;
 	struct stat st;
 	pid_t pid;
+	int sfd;
 
 	snprintf(sock, sizeof(sock), "%.4000s/bridge.sock", dir);
 	if (strlen(sock) >= sizeof(sa.sun_path))
@@ -524,21 +549,32 @@ static int bridge_spawn(const struct rec_exec *rec, struct mgr_exec *ex,
 	snprintf(ipid, sizeof(ipid), "%d", (int)ex->sb.init_pid);
 	snprintf(istart, sizeof(istart), "%llu", ex->sb.init_start_time);
 	snprintf(mpid, sizeof(mpid), "%d", (int)getpid());
+	sfd = secret_pipe(secret, err);
+	if (sfd < 0)
+		return -1;
 	pid = fork();
-	if (pid < 0)
+	if (pid < 0) {
+		close(sfd);
 		return tt_err_sys(err, TT_ERR_SYS, "fork bridge");
+	}
 	if (pid == 0) {
 		char *argv[] = { "tetherd", "bridge", "--sbx", (char *)rec->id.sbx,
 		                 "--gen", gen, "--att", att, "--listen", sock,
 		                 "--guest-socket", ex->sb.guest_socket, "--init-pid", ipid,
-		                 "--init-start", istart, "--manager-pid", mpid, NULL };
+		                 "--init-start", istart, "--manager-pid", mpid,
+		                 "--secret-fd", "3", NULL };
 
-		/* The bridge inherits nothing but stdio: not our listening
-		 * socket, not other executions' pidfds, not the database. */
-		close_range(3, ~0u, 0);
+		/* The bridge inherits nothing but stdio and the secret's pipe:
+		 * not our listening socket, not other executions' pidfds, not
+		 * the database. dup2 clears close-on-exec; on the same fd,
+		 * fcntl does. */
+		if (sfd == 3 ? fcntl(3, F_SETFD, 0) < 0 : dup2(sfd, 3) < 0)
+			_exit(127);
+		close_range(4, ~0u, 0);
 		execv("/proc/self/exe", argv);
 		_exit(127);
 	}
+	close(sfd);
 	ex->bridge_pid = pid;
 	ex->bridge_pidfd = pidfd_open_raw(pid);
 	if (ex->bridge_pidfd < 0) {
@@ -588,6 +624,11 @@ static struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec
 	struct mgr_exec *ex = calloc(1, sizeof(*ex));
 	char dir[PATH_MAX];
 	struct ns_config cfg = { 0 };
+	/* The activation secret (SPEC §5): fresh per activation, handed to
+	 * the guest and the bridge, then zeroed here. It is never stored:
+	 * after a manager restart the adopted bridge and guest still hold it,
+	 * and any re-activation draws a new one. */
+	uint8_t secret[NS_SECRET_LEN];
 
 	if (ex == NULL) {
 		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
@@ -615,16 +656,20 @@ static struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec
 	 * sandbox's (and never host root). */
 	cfg.uid_base = MGR_UID_BASE + MGR_UID_COUNT * rec->slot;
 	cfg.uid_count = MGR_UID_COUNT;
+	randombytes_buf(secret, sizeof(secret));
+	cfg.secret = secret;
 	if (ns_sandbox_start(&cfg, &ex->sb, err) < 0)
 		goto fail;
-	if (bridge_spawn(rec, ex, dir, err) < 0) {
+	if (bridge_spawn(rec, ex, dir, secret, err) < 0) {
 		struct tt_err e2 = { 0 };
 
 		ns_sandbox_stop(&ex->sb, &e2);
 		goto fail;
 	}
+	sodium_memzero(secret, sizeof(secret));
 	return ex;
 fail:
+	sodium_memzero(secret, sizeof(secret));
 	free(ex);
 	return NULL;
 }

@@ -56,6 +56,7 @@ struct ns_plan {
 	const struct sock_fprog *seccomp;
 	int sock;                       /* child end of the control socketpair */
 	int ready_wr;                   /* write end of the readiness pipe */
+	int secret_rd;                  /* read end of the secret pipe, or -1 */
 	int log_fd;                     /* > 2 or -1 */
 };
 
@@ -283,12 +284,17 @@ static void child_stdio(const struct ns_plan *p)
 	int hi_null = fcntl(null, F_DUPFD_CLOEXEC, 64);
 	int hi_ready = fcntl(p->ready_wr, F_DUPFD_CLOEXEC, 64);
 	int hi_log = p->log_fd > 2 ? fcntl(p->log_fd, F_DUPFD_CLOEXEC, 64) : hi_null;
-	if (hi_null < 0 || hi_ready < 0 || hi_log < 0)
+	int hi_secret = p->secret_rd >= 0 ? fcntl(p->secret_rd, F_DUPFD_CLOEXEC, 64) : -1;
+	if (hi_null < 0 || hi_ready < 0 || hi_log < 0 || (p->secret_rd >= 0 && hi_secret < 0))
 		child_fail(p, "dup fds");
 	if (dup2(hi_null, 0) < 0 || dup2(hi_log, 1) < 0 || dup2(hi_log, 2) < 0 ||
 	    dup2(hi_ready, NS_READY_FD) < 0)
 		child_fail(p, "dup2 stdio");
-	if (syscall(SYS_close_range, NS_READY_FD + 1, ~0u, CLOSE_RANGE_CLOEXEC) < 0)
+	/* The activation secret's pipe: the only other fd the init gets. */
+	if (hi_secret >= 0 && dup2(hi_secret, NS_SECRET_FD) < 0)
+		child_fail(p, "dup2 secret");
+	if (syscall(SYS_close_range, hi_secret >= 0 ? NS_SECRET_FD + 1 : NS_READY_FD + 1, ~0u,
+	            CLOSE_RANGE_CLOEXEC) < 0)
 		child_fail(p, "close_range");
 }
 
@@ -425,7 +431,10 @@ static int ns_plan_argv(const struct ns_config *cfg, struct ns_plan *p, struct t
 	snprintf(p->att_s, sizeof p->att_s, "%" PRIu32, cfg->att);
 	snprintf(p->id_s, sizeof p->id_s, "%s", cfg->sbx_id);
 	char *const v[] = { NS_GUEST_BIN_IN, "--listen", NS_GUEST_SOCKET_IN, "--sbx", p->id_s,
-	                    "--gen", p->gen_s, "--att", p->att_s, "--ready-fd", "3", NULL };
+	                    "--gen", p->gen_s, "--att", p->att_s, "--ready-fd", "3",
+	                    cfg->secret ? "--secret-fd" : NULL, "4", NULL };
+	_Static_assert(NS_SECRET_FD == 4 && NS_READY_FD == 3, "fd numbers in argv");
+	_Static_assert(sizeof v <= sizeof p->argv_buf, "argv_buf too small");
 	memcpy(p->argv_buf, v, sizeof v);
 	p->argv = p->argv_buf;
 	return 0;
@@ -601,7 +610,7 @@ int ns_sandbox_start(const struct ns_config *cfg, struct ns_sandbox *out,
 	}
 
 	int rc = -1;
-	int sv[2] = { -1, -1 }, ready[2] = { -1, -1 };
+	int sv[2] = { -1, -1 }, ready[2] = { -1, -1 }, secret[2] = { -1, -1 };
 	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0 ||
 	    pipe2(ready, O_CLOEXEC) < 0) {
 		tt_err_sys(err, TT_ERR_SYS, "socketpair/pipe");
@@ -609,6 +618,23 @@ int ns_sandbox_start(const struct ns_config *cfg, struct ns_sandbox *out,
 	}
 	p.sock = sv[1];
 	p.ready_wr = ready[1];
+	p.secret_rd = -1;
+	if (cfg->secret) {
+		/* Filled and closed before the clone: the init inherits only the
+		 * read end, reads the secret and then EOF (32 bytes always fit a
+		 * pipe's buffer, so the write cannot block). */
+		if (pipe2(secret, O_CLOEXEC) < 0) {
+			tt_err_sys(err, TT_ERR_SYS, "secret pipe");
+			goto fail;
+		}
+		if (write(secret[1], cfg->secret, NS_SECRET_LEN) != NS_SECRET_LEN) {
+			tt_err_sys(err, TT_ERR_SYS, "writing the activation secret");
+			goto fail;
+		}
+		close(secret[1]);
+		secret[1] = -1;
+		p.secret_rd = secret[0];
+	}
 
 	int pidfd = -1;
 	/* Privileged: new pid, mount, net, uts and ipc namespaces (host root
@@ -626,6 +652,10 @@ int ns_sandbox_start(const struct ns_config *cfg, struct ns_sandbox *out,
 	}
 	out->init_pid = (pid_t)pid;
 	out->pidfd = pidfd;
+	if (secret[0] >= 0) {
+		close(secret[0]);
+		secret[0] = -1;
+	}
 	close(sv[1]);
 	sv[1] = -1;
 	close(ready[1]);
@@ -681,6 +711,8 @@ fail:
 			close(sv[i]);
 		if (ready[i] >= 0)
 			close(ready[i]);
+		if (secret[i] >= 0)
+			close(secret[i]);
 	}
 	ns_seccomp_free(&prog);
 	if (rc < 0) {

@@ -26,6 +26,11 @@
 #define NS_GUEST_BIN_IN    "/.tether/tether-guest"
 /* The init always gets its readiness pipe as this descriptor. */
 #define NS_READY_FD 3
+/* With ns_config.secret set, the init gets a pipe holding exactly the
+ * secret (then EOF) as this descriptor; the guest reads it once and closes
+ * it (--secret-fd). */
+#define NS_SECRET_FD 4
+#define NS_SECRET_LEN 32
 
 struct ns_config {
 	const char *sbx_id;       /* [A-Za-z0-9_-], 1..64 chars: used in paths */
@@ -47,6 +52,10 @@ struct ns_config {
 	uint32_t cpu_millis;      /* CPU bandwidth in millicores; 0 = no limit */
 	uint32_t ready_timeout_ms;/* 0 = NS_DEFAULT_READY_MS */
 	int log_fd;               /* > 2: init's stdout+stderr; else /dev/null */
+	/* Per-activation secret (NS_SECRET_LEN bytes, caller's memory) or
+	 * NULL: passed to the init on NS_SECRET_FD through a pipe, never on
+	 * argv, env or disk. The caller zeroes it. */
+	const uint8_t *secret;
 };
 
 struct ns_sandbox {

@@ -350,10 +350,33 @@ static void test_hit_enforces_identity(void **state)
 	e->req.receiver = TT_RCV_GATEWAY;
 	expect(admit(cc, e, tok, e->now, NULL), TT_DENY, TT_R_WRONG_AUDIENCE);
 	e->req.receiver = TT_RCV_NODE;
+	/* each remaining identity field of the record, alone */
+	strcpy(e->rec.id.wrk, "w2");
+	expect(admit(cc, e, tok, e->now, NULL), TT_REFRESH_ROUTE, TT_R_WRONG_WORKER);
+	strcpy(e->rec.id.wrk, "w1");
+	strcpy(e->rec.id.sst, "microvm");
+	expect(admit(cc, e, tok, e->now, NULL), TT_REFRESH_ROUTE,
+	       TT_R_WRONG_SUBSTRATE);
+	strcpy(e->rec.id.sst, "ns");
+	strcpy(e->rec.id.pod, "pod-1");
+	expect(admit(cc, e, tok, e->now, NULL), TT_REFRESH_ROUTE, TT_R_WRONG_POD);
+	e->rec.id.pod[0] = '\0';
+	e->rec.id.att = 2;
+	expect(admit(cc, e, tok, e->now, NULL), TT_REFRESH_ROUTE,
+	       TT_R_STALE_ACTIVATION);
+	e->rec.id.att = 1;
+	e->rec.present = false;
+	expect(admit(cc, e, tok, e->now, NULL), TT_REFRESH_ROUTE,
+	       TT_R_NOT_INSTALLED);
+	e->rec.present = true;
+	/* expiry is judged on every hit, not only at insertion */
+	expect(admit(cc, e, tok, e->c.exp + TT_CAP_SKEW + 1, NULL), TT_DENY,
+	       TT_R_EXPIRED);
 	expect(admit(cc, e, tok, e->now, NULL), TT_ALLOW, TT_R_OK);
 	capcache_stats(cc, &st);
-	assert_int_equal(st.misses, 1);
-	assert_int_equal(st.hits, 6);
+	assert_int_equal(st.misses, 3);
+	assert_int_equal(st.hits, 10);
+	assert_int_equal(st.expired, 1);
 	free(tok);
 	capcache_free(cc);
 }

@@ -320,6 +320,14 @@ static void test_invalid_utf8(void **state)
 	assert_int_equal(err.code, TT_ERR_MALFORMED);
 	p[0] = (char)0xc3; /* truncated 2-byte sequence: 0xc3 'e' */
 	assert_int_equal(parse_str(s, &c, &err), -1);
+	/* valid UTF-8 but a C1 control (U+009B, CSI: a terminal escape) */
+	p[0] = (char)0xc2;
+	p[1] = (char)0x9b;
+	assert_int_equal(parse_str(s, &c, &err), -1);
+	assert_int_equal(err.code, TT_ERR_MALFORMED);
+	/* ... while U+00A0..U+00FF are printable and fine */
+	p[1] = (char)0xa0;
+	assert_int_equal(parse_str(s, &c, &err), 0);
 	free(s);
 	json_decref(o);
 	assert_int_equal(parse_str("{\"iss\":\"a\\u0000b\"}", &c, &err), -1);

@@ -108,6 +108,24 @@ static void m_att_established(struct fixture *f)
 	f->rec.id.att = 3;
 	f->req.new_open = false;
 }
+/* m_cap_wrk: the capability names another worker than installed. */
+static void m_cap_wrk(struct fixture *f) { strcpy(f->c.id.wrk, "w9"); }
+/* m_cap_sst: the capability names another substrate. */
+static void m_cap_sst(struct fixture *f) { strcpy(f->c.id.sst, "microvm"); }
+/* m_cap_pod: the capability names a pod uid where none is installed. */
+static void m_cap_pod(struct fixture *f) { strcpy(f->c.id.pod, "pod-1"); }
+/* m_cap_att_old: the capability names an older activation, new open. */
+static void m_cap_att_old(struct fixture *f) { f->c.id.att = 1; }
+/* m_now_max: a receiver clock at INT64_MAX: expired, and no overflow. */
+static void m_now_max(struct fixture *f) { f->now = INT64_MAX; }
+/* m_now_min: a receiver clock at INT64_MIN: not yet valid, no overflow. */
+static void m_now_min(struct fixture *f) { f->now = INT64_MIN; }
+/* m_exp_far: hand-built claims with extreme times: no overflow either. */
+static void m_exp_far(struct fixture *f)
+{
+	f->c.iat = INT64_MIN;
+	f->c.exp = INT64_MAX;
+}
 /* m_retired: the receiver retired the execution. */
 static void m_retired(struct fixture *f) { f->rec.retired = true; }
 /* m_retired_and_wrk: retired and moved: retired is reported. */
@@ -273,6 +291,9 @@ static const struct dcase cases[] = {
 	{ "exp_plus_16_expired", m_exp_plus_16, TT_DENY, TT_R_EXPIRED, 0 },
 	{ "iat_now_plus_15_accepted", m_iat_plus_15, TT_ALLOW, TT_R_OK, 7 },
 	{ "iat_now_plus_16_not_yet", m_iat_plus_16, TT_DENY, TT_R_NOT_YET_VALID, 0 },
+	{ "clock_at_int64_max", m_now_max, TT_DENY, TT_R_EXPIRED, 0 },
+	{ "clock_at_int64_min", m_now_min, TT_DENY, TT_R_NOT_YET_VALID, 0 },
+	{ "extreme_claim_times", m_exp_far, TT_ALLOW, TT_R_OK, 7 },
 	/* row 3 */
 	{ "gateway_cap_at_node", m_aud_gw_at_node, TT_DENY, TT_R_WRONG_AUDIENCE, 0 },
 	{ "node_cap_at_gateway", m_aud_node_at_gw, TT_DENY, TT_R_WRONG_AUDIENCE, 0 },
@@ -305,6 +326,10 @@ static const struct dcase cases[] = {
 	{ "activation_new_open", m_att_new, TT_REFRESH_ROUTE, TT_R_STALE_ACTIVATION, 7 },
 	{ "activation_established", m_att_established, TT_ALLOW, TT_R_OK, 7 },
 	{ "activation_established_port", m_port_att_established, TT_ALLOW, TT_R_OK, 7 },
+	{ "cap_names_other_worker", m_cap_wrk, TT_REFRESH_ROUTE, TT_R_WRONG_WORKER, 7 },
+	{ "cap_names_other_substrate", m_cap_sst, TT_REFRESH_ROUTE, TT_R_WRONG_SUBSTRATE, 7 },
+	{ "cap_names_other_pod", m_cap_pod, TT_REFRESH_ROUTE, TT_R_WRONG_POD, 7 },
+	{ "cap_names_old_activation", m_cap_att_old, TT_REFRESH_ROUTE, TT_R_STALE_ACTIVATION, 7 },
 	{ "retired", m_retired, TT_REFRESH_ROUTE, TT_R_RETIRED, 7 },
 	{ "retired_before_worker", m_retired_and_wrk, TT_REFRESH_ROUTE, TT_R_RETIRED, 7 },
 	{ "not_installed", m_not_present, TT_REFRESH_ROUTE, TT_R_NOT_INSTALLED, 0 },

@@ -1,6 +1,7 @@
 /* tether-guest end to end: starts the real static agent (TETHER_GUEST_BIN,
- * default build/tether-guest) on a temp root and drives every operation over
- * its unix socket with the wire protocol. */
+ * default build/tether-guest) on a temp root with an activation secret and
+ * drives every operation over its unix socket with the wire protocol, each
+ * connection opened with the bridge's handshake (guest/hello.h). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -21,17 +22,21 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <sodium.h>
 
+#include "guest/hello.h"
 #include "wire.h"
 #include "wire_json.h"
 
 #define GEN 7
+#define SBX "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa"
 
 static char root_dir[] = "/tmp/tt-guest-root.XXXXXX";
 static char sock_dir[] = "/tmp/tt-guest-sock.XXXXXX";
 static char sock_path[256];
 static pid_t guest_pid = -1;
 static uint8_t rbuf[WIRE_PAYLOAD_MAX + 1];
+static uint8_t secret[HELLO_SECRET_LEN];
 
 /* What one operation produced. */
 struct op_out {
@@ -74,10 +79,17 @@ static void write_file(const char *path, const char *content)
 static int group_setup(void **state)
 {
 	const char *bin = getenv("TETHER_GUEST_BIN");
-	char fdarg[16], line[16] = { 0 };
-	int p[2];
+	char fdarg[16], sfdarg[16], line[16] = { 0 };
+	int p[2], sp[2];
 
 	(void)state;
+	if (sodium_init() < 0)
+		return -1;
+	randombytes_buf(secret, sizeof(secret));
+	/* The secret's pipe: filled and closed, the guest reads it then EOF. */
+	if (pipe(sp) < 0 || write(sp[1], secret, sizeof(secret)) != (ssize_t)sizeof(secret))
+		return -1;
+	close(sp[1]);
 	if (bin == NULL)
 		bin = "build/tether-guest";
 	if (mkdtemp(root_dir) == NULL || mkdtemp(sock_dir) == NULL)
@@ -93,13 +105,15 @@ static int group_setup(void **state)
 	if (guest_pid == 0) {
 		close(p[0]);
 		snprintf(fdarg, sizeof(fdarg), "%d", p[1]);
-		execl(bin, bin, "--listen", sock_path, "--sbx",
-		      "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa", "--gen", "7", "--att", "1",
-		      "--root", root_dir, "--ready-fd", fdarg, (char *)NULL);
+		snprintf(sfdarg, sizeof(sfdarg), "%d", sp[0]);
+		execl(bin, bin, "--listen", sock_path, "--sbx", SBX, "--gen", "7", "--att", "1",
+		      "--root", root_dir, "--ready-fd", fdarg, "--secret-fd", sfdarg,
+		      (char *)NULL);
 		fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));
 		_exit(127);
 	}
 	close(p[1]);
+	close(sp[0]);
 	struct pollfd pf = { .fd = p[0], .events = POLLIN };
 	if (poll(&pf, 1, 5000) != 1 || read(p[0], line, sizeof(line) - 1) != 6 ||
 	    strcmp(line, "ready\n") != 0) {
@@ -124,8 +138,8 @@ static int group_teardown(void **state)
 	return system(cmd) == 0 ? 0 : -1;
 }
 
-/* g_connect: a new connection to the guest. */
-static int g_connect(void)
+/* g_connect_raw: a new connection to the guest, no handshake. */
+static int g_connect_raw(void)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -133,6 +147,45 @@ static int g_connect(void)
 	assert_true(fd >= 0);
 	strcpy(sa.sun_path, sock_path);
 	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	return fd;
+}
+
+/* g_hello: sends a HELLO for (sbx, gen, att) with a fresh challenge and
+ * reads the answer frame into rbuf; fills the challenge. Returns the
+ * answer's type (0 on EOF). */
+static uint8_t g_hello(int fd, const char *sbx, uint64_t gen, uint32_t att,
+                       uint8_t chal[HELLO_CHALLENGE_LEN], struct wire_frame *f)
+{
+	char b64[HELLO_B64_LEN + 1];
+	struct tt_err err = { 0 };
+	json_t *h;
+
+	randombytes_buf(chal, HELLO_CHALLENGE_LEN);
+	hello_b64_encode(chal, b64);
+	h = json_pack("{s:i,s:s,s:s,s:I,s:I}", "v", 1, "challenge", b64, "sbx", sbx,
+	              "generation", (json_int_t)gen, "activation", (json_int_t)att);
+	assert_int_equal(wire_send_json(fd, WIRE_HELLO, h, &err), 0);
+	json_decref(h);
+	return wire_recv(fd, f, rbuf, sizeof(rbuf), &err) == 1 ? f->type : 0;
+}
+
+/* g_connect: a new connection with the handshake done, as the bridge
+ * opens it; checks the guest's proof. */
+static int g_connect(void)
+{
+	uint8_t chal[HELLO_CHALLENGE_LEN], want[HELLO_PROOF_LEN], got[HELLO_PROOF_LEN];
+	struct tt_err err = { 0 };
+	struct wire_frame f;
+	int fd = g_connect_raw();
+	json_t *a;
+
+	assert_int_equal(g_hello(fd, SBX, GEN, 1, chal, &f), WIRE_HELLO);
+	a = wire_frame_json(&f, &err);
+	assert_non_null(a);
+	assert_int_equal(hello_b64_decode(json_string_value(json_object_get(a, "proof")), got), 0);
+	json_decref(a);
+	hello_proof(secret, SBX, GEN, 1, chal, want);
+	assert_memory_equal(got, want, HELLO_PROOF_LEN);
 	return fd;
 }
 
@@ -755,6 +808,79 @@ static void test_garbage(void **state)
 	assert_int_equal(kill(guest_pid, 0), 0);
 }
 
+/* expect_refused_hello: a HELLO for (sbx, gen, att) gets ERROR code. */
+static void expect_refused_hello(const char *sbx, uint64_t gen, uint32_t att,
+                                 const char *code)
+{
+	uint8_t chal[HELLO_CHALLENGE_LEN];
+	struct tt_err err = { 0 };
+	struct wire_frame f;
+	int fd = g_connect_raw();
+	json_t *e;
+
+	assert_int_equal(g_hello(fd, sbx, gen, att, chal, &f), WIRE_ERROR);
+	e = wire_frame_json(&f, &err);
+	assert_string_equal(json_string_value(json_object_get(e, "error")), code);
+	json_decref(e);
+	assert_true(wire_recv(fd, &f, rbuf, sizeof(rbuf), &err) <= 0);
+	close(fd);
+}
+
+/* test_handshake_required: a REQUEST before the HELLO is refused and never
+ * runs; a HELLO for another execution or activation is refused; malformed
+ * HELLOs are refused; the honest handshake still works afterwards. */
+static void test_handshake_required(void **state)
+{
+	static const char req[] = "{\"op\":\"exec\",\"cmd\":[\"touch\",\"/early\"]}";
+	static const char *bad[] = {
+		"{\"v\":2,\"challenge\":\"@\",\"sbx\":\"" SBX "\",\"generation\":7,\"activation\":1}",
+		"{\"v\":1,\"challenge\":\"@=\",\"sbx\":\"" SBX "\",\"generation\":7,\"activation\":1}",
+		"{\"v\":1,\"challenge\":\"@\",\"sbx\":\"" SBX "\",\"generation\":7,\"activation\":1}",
+		"{\"v\":1,\"challenge\":\"@\",\"generation\":7,\"activation\":1}",
+		"{\"v\":1,\"challenge\":\"@\",\"sbx\":\"" SBX "\",\"generation\":-7,\"activation\":1}",
+	};
+	uint8_t chal[HELLO_CHALLENGE_LEN];
+	char b64[HELLO_B64_LEN + 1], text[512];
+	struct tt_err err = { 0 };
+	struct wire_frame f;
+	struct op_out o;
+	int fd;
+
+	(void)state;
+	fd = g_connect_raw();
+	assert_int_equal(wire_send(fd, WIRE_REQUEST, req, sizeof(req) - 1, &err), 0);
+	op_collect(fd, &o);
+	expect_error(&o, "handshake_required");
+	op_free(&o);
+	close(fd);
+	assert_int_equal(access(rpath("/early"), F_OK), -1);
+
+	expect_refused_hello(SBX, GEN, 2, "wrong_activation");
+	expect_refused_hello(SBX, GEN + 1, 1, "wrong_activation");
+	expect_refused_hello("sbx_bbbbbbbbbbbbbbbbbbbbbbbbbb", GEN, 1, "wrong_activation");
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		randombytes_buf(chal, sizeof(chal));
+		hello_b64_encode(chal, b64);
+		/* @ = the challenge (bad[2]: cut to 20 characters). */
+		const char *at = strchr(bad[i], '@');
+		if (i == 2)
+			b64[20] = '\0';
+		snprintf(text, sizeof(text), "%.*s%s%s", (int)(at - bad[i]), bad[i], b64, at + 1);
+		fd = g_connect_raw();
+		assert_int_equal(wire_send(fd, WIRE_HELLO, text, (uint32_t)strlen(text), &err), 0);
+		assert_int_equal(wire_recv(fd, &f, rbuf, sizeof(rbuf), &err), 1);
+		assert_int_equal(f.type, WIRE_ERROR);
+		close(fd);
+	}
+	/* The honest handshake and operation still work. */
+	fd = g_connect();
+	close(fd);
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"echo\",\"ok\"]}");
+	expect_result(&o);
+	assert_string_equal(o.out, "ok\n");
+	op_free(&o);
+}
+
 static void test_socket_mode(void **state)
 {
 	struct stat st;
@@ -781,6 +907,7 @@ int main(void)
 		cmocka_unit_test(test_fs_ops),
 		cmocka_unit_test(test_path_escapes),
 		cmocka_unit_test(test_garbage),
+		cmocka_unit_test(test_handshake_required),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

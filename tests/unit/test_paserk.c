@@ -257,7 +257,8 @@ static void test_key_files(void **state)
 	assert_memory_equal(back, sk, 64);
 	/* no overwrite: refused, file unchanged, no temporary left behind */
 	assert_int_equal(paserk_secret_file_write(path, sk2, 0, &err), -1);
-	assert_int_equal(err.code, TT_ERR_IO);
+	assert_int_equal(err.code, TT_ERR_CONFLICT);
+	assert_non_null(strstr(err.msg, "already exists"));
 	assert_int_equal(paserk_secret_file_read(path, back, &err), 0);
 	assert_memory_equal(back, sk, 64);
 	assert_int_equal(count_entries(dir), 1);
@@ -276,6 +277,13 @@ static void test_key_files(void **state)
 	assert_int_equal(chmod(path, 0400), 0);
 	assert_int_equal(paserk_secret_file_read(path, back, &err), 0);
 	assert_int_equal(chmod(path, 0600), 0);
+	/* 0600 but owned by someone else (needs root to set up): refused */
+	if (chown(path, 65534, 65534) == 0) {
+		assert_int_equal(paserk_secret_file_read(path, back, &err), -1);
+		assert_int_equal(err.code, TT_ERR_DENIED);
+		assert_int_equal(chown(path, geteuid(), getegid()), 0);
+		assert_int_equal(paserk_secret_file_read(path, back, &err), 0);
+	}
 	/* a symlink to the key is not followed */
 	snprintf(link_path, sizeof(link_path), "%s/link.key", dir);
 	assert_int_equal(symlink(path, link_path), 0);
@@ -402,6 +410,9 @@ static void test_keygen(void **state)
 	assert_int_equal(run_keygen(argv2, 3, out2, sizeof(out2)), 0);
 	assert_string_not_equal(out2, out);
 	/* usage errors */
+	char *argvh[] = { "keygen", "--help", NULL };
+	assert_int_equal(run_keygen(argvh, 2, out2, sizeof(out2)), 0);
+	assert_non_null(strstr(out2, "usage: tetherd keygen FILE"));
 	char *argv3[] = { "keygen", NULL };
 	assert_int_equal(run_keygen(argv3, 1, out2, sizeof(out2)), 1);
 	char *argv4[] = { "keygen", path, "--bogus", NULL };

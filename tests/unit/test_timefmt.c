@@ -49,6 +49,9 @@ static void test_valid_forms(void **state)
 	parse_ok("2000-02-29T12:00:00Z", 951825600);        /* 400-year leap */
 	parse_ok("1969-12-31T23:59:59Z", -1);
 	parse_ok("2016-12-31T23:59:60Z", 1483228800);       /* leap second */
+	/* RFC 3339 §5.7: the same leap second, in Pacific time */
+	parse_ok("2016-12-31T15:59:60-08:00", 1483228800);
+	parse_ok("2017-01-01T05:29:60+05:30", 1483228800);
 	parse_ok("9999-12-31T23:59:59Z", 253402300799);
 }
 
@@ -65,6 +68,8 @@ static void test_invalid_forms(void **state)
 	parse_bad("2026-01-01T24:00:00Z");
 	parse_bad("2026-01-01T23:60:00Z");
 	parse_bad("2026-01-01T12:00:60Z");     /* leap second not at 23:59 */
+	parse_bad("2016-12-31T23:59:60+01:00"); /* 22:59:60 UTC */
+	parse_bad("2016-12-31T23:59:60-00:30"); /* 00:29:60 UTC */
 	parse_bad("2026-01-01T12:00Z");        /* missing seconds */
 	parse_bad("2026-01-01T12:00:00");      /* missing zone */
 	parse_bad("2026-01-01 12:00:00Z");     /* space separator */

@@ -1,0 +1,172 @@
+#!/bin/bash
+# "tetherd keygen" and "tether cap inspect" as a user runs them: real
+# binaries, real key files. Tokens are minted by a small helper compiled
+# here against build/libtethercore.a (cap_mint, the signer's own code path)
+# from the k4.secret file keygen wrote. Prints TAP.
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+TD=${TETHERD:-$ROOT/build/tetherd}
+T=${TETHER:-$ROOT/build/tether}
+WORK=$(mktemp -d /tmp/tether-capcli.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+n=0
+
+# ok NAME / notok NAME [DETAIL]: one TAP line each.
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+notok() {
+	n=$((n + 1)); echo "not ok $n - $1"
+	[ $# -gt 1 ] && printf '%s\n' "$2" | head -n 8 | sed 's/^/#   /'
+	return 0
+}
+# expect NAME COND DETAIL: ok when the shell condition COND holds.
+expect() { if eval "$2"; then ok "$1"; else notok "$1" "$3"; fi; }
+# run OUT ERR CMD...: runs CMD with stdout/stderr to files, sets $rc.
+run() { local o=$1 e=$2; shift 2; rc=0; "$@" >"$o" 2>"$e" || rc=$?; }
+lines() { grep -c '' "$1"; }
+
+for b in "$TD" "$T"; do
+	[ -x "$b" ] || { echo "not ok 1 - $b is not built (run make)"; exit 1; }
+done
+
+# The minting helper: FILE [AGE_SECONDS] -> a token on stdout.
+cat >"$WORK/mint.c" <<'EOF'
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sodium.h>
+#include "capcache.h"
+#include "paserk.h"
+#include "timefmt.h"
+int main(int argc, char **argv)
+{
+	uint8_t sk[PASETO_SK_BYTES];
+	struct tt_err err = { 0 };
+	struct tt_claims c;
+	char *tok;
+
+	if (argc < 2 || sodium_init() < 0 ||
+	    paserk_secret_file_read(argv[1], sk, &err) < 0) {
+		fprintf(stderr, "mint: %s\n", err.msg);
+		return 1;
+	}
+	memset(&c, 0, sizeof(c));
+	strcpy(c.iss, "tether-cp");
+	strcpy(c.sub, "tenant-1");
+	strcpy(c.jti, "j1");
+	c.iat = tt_now() - (argc > 2 ? atoi(argv[2]) : 0);
+	c.exp = c.iat + TT_CAP_LIFETIME;
+	c.aud = TT_AUD_NODE;
+	strcpy(c.id.sbx, "sbx_abcdefghijklmnopqrstuvwxyz");
+	c.id.gen = 7;
+	strcpy(c.id.wrk, "w1");
+	strcpy(c.id.sst, "ns");
+	c.id.att = 1;
+	c.pur = TT_PUR_CONTROL;
+	c.ops = TT_OP_EXEC | TT_OP_FS_READ;
+	if (cap_mint(sk, &c, &tok, &err) < 0) {
+		fprintf(stderr, "mint: %s\n", err.msg);
+		return 1;
+	}
+	sodium_memzero(sk, sizeof(sk));
+	puts(tok);
+	free(tok);
+	return 0;
+}
+EOF
+# shellcheck disable=SC2046
+if ! cc -std=c17 -D_GNU_SOURCE -I"$ROOT/lib" -o "$WORK/mint" "$WORK/mint.c" \
+	"$ROOT/build/libtethercore.a" $(pkg-config --libs libsodium jansson) \
+	2>"$WORK/cc.err"; then
+	echo "not ok 1 - minting helper builds"; sed 's/^/#   /' "$WORK/cc.err"; exit 1
+fi
+O=$WORK/out E=$WORK/err
+
+# --- keygen ---
+run "$O" "$E" "$TD" keygen "$WORK/a.key"
+expect "keygen succeeds" '[ $rc -eq 0 ]' "rc=$rc $(cat "$E")"
+expect "keygen key file has mode 0600" \
+	'[ "$(stat -c %a "$WORK/a.key")" = 600 ]' "$(stat -c %a "$WORK/a.key")"
+expect "keygen file holds one k4.secret line" \
+	'[ "$(lines "$WORK/a.key")" = 1 ] && grep -q "^k4\.secret\." "$WORK/a.key"' ""
+PUB=$(sed -n 's/^public: //p' "$O")
+KID=$(sed -n 's/^kid: //p' "$O")
+expect "keygen prints the k4.public key and the kid" \
+	'[[ $PUB == k4.public.* && $KID == k4.pid.* && $(lines "$O") == 2 ]]' "$(cat "$O")"
+expect "keygen prints no secret" '! grep -q "k4\.secret\|$(cut -c11- "$WORK/a.key")" "$O" "$E"' ""
+
+SUM=$(sha256sum <"$WORK/a.key")
+run "$O" "$E" "$TD" keygen "$WORK/a.key"
+expect "keygen refuses to overwrite (exit 1, one line)" \
+	'[ $rc -eq 1 ] && [ "$(lines "$E")" = 1 ] && grep -q "already exists" "$E" && [ ! -s "$O" ]' \
+	"rc=$rc $(cat "$E")"
+expect "refused keygen left the key unchanged" \
+	'[ "$(sha256sum <"$WORK/a.key")" = "$SUM" ] && [ "$(ls "$WORK" | grep -c "a\.key")" = 1 ]' \
+	"$(ls -la "$WORK")"
+run "$O" "$E" "$TD" keygen "$WORK/a.key" --force
+expect "keygen --force replaces the key" \
+	'[ $rc -eq 0 ] && [ "$(sha256sum <"$WORK/a.key")" != "$SUM" ]' "rc=$rc $(cat "$E")"
+PUB=$(sed -n 's/^public: //p' "$O")
+KID=$(sed -n 's/^kid: //p' "$O")
+run "$O" "$E" "$TD" keygen "$WORK/b.key"
+PUB2=$(sed -n 's/^public: //p' "$O")
+run "$O" "$E" "$TD" keygen
+expect "keygen without FILE is a usage error" \
+	'[ $rc -eq 1 ] && grep -q "^usage: tetherd keygen" "$E"' "rc=$rc $(cat "$E")"
+
+# --- cap inspect ---
+TOK=$("$WORK/mint" "$WORK/a.key")
+expect "helper minted a token" '[[ $TOK == v4.public.* ]]' "$TOK"
+BODY=${TOK#v4.public.}
+BODY=${BODY%%.*}
+
+run "$O" "$E" "$T" cap inspect "$TOK"
+expect "inspect without a key prints the claims" \
+	'[ $rc -eq 0 ] && grep -q "\"sbx\": \"sbx_abcdefghijklmnopqrstuvwxyz\"" "$O"' \
+	"rc=$rc $(cat "$E")"
+expect "inspect without a key says it did not verify" \
+	'grep -q "NOT VERIFIED" "$E"' "$(cat "$E")"
+
+run "$O" "$E" "$T" cap inspect "$TOK" --key "$PUB"
+expect "inspect with the right key verifies" \
+	'[ $rc -eq 0 ] && grep -q "\"gen\": 7" "$O" && grep -q "^signature: valid (kid $KID); expires in" "$E"' \
+	"rc=$rc $(cat "$E")"
+
+run "$O" "$E" "$T" cap inspect - --key "$PUB" <<<"$TOK"
+expect "inspect reads the token from stdin with -" \
+	'[ $rc -eq 0 ] && grep -q "^signature: valid" "$E"' "rc=$rc $(cat "$E")"
+
+run "$O" "$E" "$T" cap inspect "$TOK" --key "$PUB2"
+expect "inspect with a wrong key: exit 1, one line, nothing printed" \
+	'[ $rc -eq 1 ] && [ "$(lines "$E")" = 1 ] && [ ! -s "$O" ] && grep -q "unknown_key" "$E"' \
+	"rc=$rc $(cat "$E")"
+
+# Change one payload character (position 20 of the body: 6 full bits).
+c=${BODY:20:1}
+[ "$c" = A ] && r=B || r=A
+BAD="v4.public.${BODY:0:20}$r${TOK#v4.public.${BODY:0:21}}"
+run "$O" "$E" "$T" cap inspect "$BAD" --key "$PUB"
+expect "inspect of a tampered token: exit 1, one line, nothing printed" \
+	'[ $rc -eq 1 ] && [ "$(lines "$E")" = 1 ] && [ ! -s "$O" ] && grep -q "bad_signature" "$E"' \
+	"rc=$rc $(cat "$E")"
+expect "no error message echoes the token" \
+	'! grep -qF "${BODY:0:40}" "$E"' "$(cat "$E")"
+
+run "$O" "$E" "$T" cap inspect "${TOK}=" --key "$PUB"
+expect "inspect of a padded token: exit 1, one line" \
+	'[ $rc -eq 1 ] && [ "$(lines "$E")" = 1 ] && grep -q malformed "$E"' "rc=$rc $(cat "$E")"
+
+run "$O" "$E" "$T" cap inspect "v4.local.abc"
+expect "inspect of a wrong prefix: exit 1, one line" \
+	'[ $rc -eq 1 ] && [ "$(lines "$E")" = 1 ]' "rc=$rc $(cat "$E")"
+
+OLD=$("$WORK/mint" "$WORK/a.key" 1000)
+run "$O" "$E" "$T" cap inspect "$OLD" --key "$PUB"
+expect "inspect flags an expired token" \
+	'[ $rc -eq 0 ] && grep -q "EXPIRED" "$E"' "rc=$rc $(cat "$E")"
+
+run "$O" "$E" "$T" cap inspect "$TOK" --implicit x
+expect "--implicit without --key is a usage error" \
+	'[ $rc -eq 1 ] && [ "$(lines "$E")" = 1 ]' "rc=$rc $(cat "$E")"
+
+echo "1..$n"

@@ -307,16 +307,16 @@ static char *deny_malformed_json(const char *sbx)
 
 /* ---- manager side ------------------------------------------------------ */
 
-/* op_send_or_fail: queues bytes to the manager; a failure ends the op. */
+/* op_send: queues bytes to the manager (an empty payload is one empty
+ * frame, e.g. EOF_IN); a failure ends the op. */
 static bool op_send(struct api_op *op, uint8_t type, const void *data,
                     size_t len)
 {
 	struct tt_err err = { 0 };
+	int rc = len == 0 ? mgrconn_send(op->mc, type, data, 0, &err)
+	                  : mgrconn_send_data(op->mc, type, data, len, &err);
 
-	if (mgrconn_send_data(op->mc, type, data, len, &err) == 0 &&
-	    (len > 0 || type != WIRE_DATA_IN))
-		return true;
-	if (len == 0 && type == WIRE_DATA_IN)
+	if (rc == 0)
 		return true;
 	log_warn("%s %s: %s", route_names[op->route], op->sbx, err.msg);
 	op_reply_error(op, 502, "transport", "lost the manager connection");
@@ -1323,7 +1323,8 @@ static void node_on_signal(uv_signal_t *s, int signum)
 	log_info("signal %d: shutting down", signum);
 	if (n->exit_code < 0)
 		n->exit_code = 0;
-	node_feed_stop(n);
+	/* The feed stops after the loop (node_main), so that no transfer
+	 * outlives it. */
 	if (n->manager_running)
 		uv_process_kill(&n->manager, SIGTERM);
 	else
@@ -1377,6 +1378,9 @@ int node_main(int argc, char **argv)
 
 	if (n->manager_running) /* error exit: do not leave it behind */
 		uv_process_kill(&n->manager, SIGTERM);
+	/* Order matters: the feed is marked stopping before httpc_free runs
+	 * its aborted-transfer callbacks; the loop does not run again, so
+	 * nothing is freed under a pending callback (the process exits). */
 	node_feed_stop(n);
 	if (n->httpc != NULL)
 		httpc_free(n->httpc);

@@ -1249,13 +1249,21 @@ int manager_main(int argc, char **argv)
 	if (parse_args(m, argc, argv) < 0)
 		return 1;
 	m->loop = uv_default_loop();
-	snprintf(path, sizeof(path), "%s/sandboxes", m->state_dir);
+	if (snprintf(path, sizeof(path), "%s/sandboxes", m->state_dir) >=
+	    (int)sizeof(path)) {
+		log_error("state directory path too long");
+		return 1;
+	}
 	if ((mkdir(m->state_dir, 0700) < 0 && errno != EEXIST) ||
 	    (mkdir(path, 0700) < 0 && errno != EEXIST)) {
 		log_error("cannot create %s: %s", path, strerror(errno));
 		return 1;
 	}
-	snprintf(path, sizeof(path), "%s/runtime.db", m->state_dir);
+	if (snprintf(path, sizeof(path), "%s/runtime.db", m->state_dir) >=
+	    (int)sizeof(path)) {
+		log_error("state directory path too long");
+		return 1;
+	}
 	if (records_open(path, &m->db, &err) < 0) {
 		log_error("%s", err.msg);
 		return 1;

@@ -67,6 +67,11 @@ bg() {
 	curl -s -o "$ST/$1.json" -w '%{http_code}' -X "$2" -H "Authorization: Bearer $KEY" \
 		--data-binary "$4" "$U$3" >"$ST/$1.code"
 }
+# go ...: bg in the background; waitgo waits for those calls only (not
+# for the keep-alive loops).
+BGP=()
+go() { bg "$@" & BGP+=($!); }
+waitgo() { for p in "${BGP[@]}"; do wait "$p"; done; BGP=(); }
 jget() { python3 -c "import json,sys; d=json.load(open(sys.argv[2])); print(eval('d'+sys.argv[1]))" "$1" "${2:-$ST/out}"; }
 # feed W [WAIT]: W's next updates into $ST/feed.W (AFTER[W] advances).
 feed() {

@@ -550,7 +550,7 @@ struct unpacker {
 	crypto_generichash_state h;
 	uint8_t *buf;       /* input buffer, SNAPSHOT_BUF_LEN; owned */
 	size_t pos, len;
-	uint64_t consumed;
+	uint64_t consumed, reported;
 	struct snapshot_stats st;
 	int tmpfd;          /* the temporary root, owned by snapshot_unpack */
 	char path[SNAPSHOT_MAX_PATH + 1]; /* path of the top directory */
@@ -598,8 +598,12 @@ static const uint8_t *up_take(struct unpacker *u, size_t max, size_t *got,
 	u->consumed += n;
 	if (hash)
 		crypto_generichash_update(&u->h, p, n);
-	if (u->o != NULL && u->o->progress != NULL)
+	/* Progress at most every 64 KiB (and once at the end, in up_run). */
+	if (u->o != NULL && u->o->progress != NULL &&
+	    u->consumed - u->reported >= SNAPSHOT_BUF_LEN) {
+		u->reported = u->consumed;
 		u->o->progress(u->o->progress_ctx, u->consumed, u->o->total_hint);
+	}
 	*got = n;
 	return p;
 }
@@ -901,6 +905,8 @@ static int up_run(struct unpacker *u, struct tt_err *err)
 			return -1;
 	memcpy(u->st.digest, digest, sizeof(digest));
 	u->st.stream_bytes = u->consumed;
+	if (u->o != NULL && u->o->progress != NULL)
+		u->o->progress(u->o->progress_ctx, u->consumed, u->o->total_hint);
 	return 0;
 }
 

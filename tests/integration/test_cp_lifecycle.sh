@@ -51,7 +51,7 @@ dead() {
 cleanup() {
 	for w in "${!ALIVE[@]}"; do dead "$w"; done
 	stop_cp
-	rm -rf "$ST"
+	[ -n "${KEEP:-}" ] || rm -rf "$ST"
 }
 trap cleanup EXIT
 # status METHOD PATH AUTH [BODY]: prints the HTTP status, body in $ST/out.
@@ -117,7 +117,7 @@ for w in w1 w2 w3; do
 done
 alive w1; alive w2
 sleep 2.5 # w3 never polls again: down
-ok "$([ "$(status GET /v1/workers "Bearer $KEY")" = 200 ] && [ "$(jget '[[w["state"] for w in d["workers"]]]')" = "['up', 'up', 'down']" ]; echo $?)" \
+ok "$([ "$(status GET /v1/workers "Bearer $KEY")" = 200 ] && [ "$(jget '["workers"]' | python3 -c 'import sys,ast; print(" ".join(w["state"] for w in ast.literal_eval(sys.stdin.read())))')" = "up up down" ]; echo $?)" \
 	"w1, w2 up; w3 down after 2 s without a poll"
 
 # A running sandbox on w1 (gen 1).
@@ -199,7 +199,8 @@ feed w1
 check "w1 gets install gen 3 with snapshot $S/2" test "$(upd w1 install "$S" generation) $(upd w1 install "$S" snapshot)" = "3 $S/2"
 IREV=$(upd w1 install "$S" rev)
 ack w1 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
-check "one migrate 200, the other 409" test "$(cat "$ST/m1.code" "$ST/m2.code" | sort | tr '\n' ' ')" = "200 409 "
+MC=$(cat "$ST/m1.code" "$ST/m2.code" | sort | tr '\n' ' ')
+check "one migrate 200, the other 409 ($MC)" test "$MC" = "200 409 "
 check "the sandbox migrated once: running gen 3 on w1" test "$(sbx "$S")" = "running 3 w1"
 
 # --- cp restart between migrations: generations continue ------------------

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -357,6 +358,9 @@ static void test_chown_and_ids(void **state)
  * directory outside the tree, until killed. */
 static void swapper(int dfd)
 {
+	/* Never outlive the test, even if it is killed mid-way. */
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	alarm(60);
 	for (;;) {
 		(void)renameat(dfd, "src/x", dfd, "src/x.tmp");
 		(void)symlinkat("../secret", dfd, "src/x");
@@ -380,6 +384,15 @@ static void test_symlink_swap_race(void **state)
 	assert_int_equal(mkdirat(dfd, "src", 0755), 0);
 	assert_int_equal(mkdirat(dfd, "src/x", 0755), 0);
 	put_file(dfd, "src/x/honest", "HONEST", 6, 0644);
+	{
+		/* Files are packed before subdirectories: a 1 MiB sibling widens
+		 * the window between seeing x as a directory and opening it. */
+		uint8_t *pad = calloc(1, 1u << 20);
+
+		assert_non_null(pad);
+		put_file(dfd, "src/zpad", pad, 1u << 20, 0644); /* after x */
+		free(pad);
+	}
 	/* Static case first: a directory already replaced by a link. */
 	assert_int_equal(symlinkat("../secret", dfd, "src/y"), 0);
 	pack_at(dfd, "src", &m, NULL);
@@ -423,6 +436,7 @@ struct craft {
 	uint64_t entries, data;
 };
 
+/* be: v as n big-endian bytes. */
 static void be(uint8_t *p, uint64_t v, int n)
 {
 	for (int i = 0; i < n; i++)
@@ -626,7 +640,7 @@ static void test_crafted_hostile(void **state)
 		craft_start(&c);
 		craft_entry(&c, SNAPSHOT_DIR, "", 0755, 0, NULL, 0);
 		for (int i = 0; i < 4; i++) {
-			char nm[8];
+			char nm[16];
 
 			snprintf(nm, sizeof(nm), "f%d", i);
 			craft_entry(&c, SNAPSHOT_FILE, nm, 0644, 0, NULL, 0);

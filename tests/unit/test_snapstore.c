@@ -92,7 +92,7 @@ static int put_layer(struct env *e, struct snapstore *s, uint64_t gen,
 	return rc;
 }
 
-/* read_notes: the content of name/workspace/notes.txt under base. */
+/* expect_notes: name/workspace/notes.txt under base holds the write. */
 static void expect_notes(struct env *e, const char *name)
 {
 	char path[128], buf[64];

@@ -1183,6 +1183,11 @@ static int cp_complete(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 		                        "request body over %u bytes",
 		                        HTTP_BODY_MAX_DEFAULT);
 	}
+	if (s->routed) /* lws may report a 0-byte body after we answered */
+		return 0;
+	s->routed = 1;
+	if (has_body && s->body.len == 0) /* POST without a body */
+		has_body = 0;
 	if (has_body) {
 		body = http_body_json(&s->body, &err);
 		http_body_free(&s->body);
@@ -1213,6 +1218,7 @@ static int cp_http_cb(struct lws *wsi, enum lws_callback_reasons reason,
 		http_body_free(&s->body);
 		s->body.max = HTTP_BODY_MAX_DEFAULT;
 		s->too_large = 0;
+		s->routed = 0;
 		s->caller[0] = '\0';
 		snprintf(s->path, sizeof(s->path), "%s", (const char *)in);
 		snprintf(s->method, sizeof(s->method), "%s", cp_method(wsi));

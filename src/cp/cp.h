@@ -64,6 +64,7 @@ struct cp_sess {
 	char method[8];
 	char caller[TT_SUB_MAX + 1]; /* API key name, once authenticated */
 	int too_large;
+	int routed;                  /* answered or parked: ignore late events */
 	struct cp_park *park;        /* owned by cp->parked while set */
 };
 

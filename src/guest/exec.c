@@ -4,10 +4,12 @@
  * left behind keep running. */
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -135,6 +137,29 @@ static int exec_cwd(const struct guest_ctx *g, const char *cwd)
 	return path_open(g, "/", O_PATH | O_DIRECTORY, 0);
 }
 
+/* exec_drop_ptrace: the command and everything it starts lose
+ * CAP_SYS_PTRACE for good (bounding, ambient, inheritable, permitted).
+ * Inside the sandbox's user namespace, root would otherwise pass the
+ * ptrace access check on the agent despite PR_SET_DUMPABLE 0 and read the
+ * activation secret from /proc/1/mem. Best effort outside a sandbox
+ * (without CAP_SETPCAP there is no such capability to lose). */
+static void exec_drop_ptrace(void)
+{
+	struct __user_cap_header_struct hdr = { .version = _LINUX_CAPABILITY_VERSION_3 };
+	struct __user_cap_data_struct data[2];
+	uint32_t bit = 1u << (CAP_SYS_PTRACE % 32);
+	int w = CAP_SYS_PTRACE / 32;
+
+	(void)prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0);
+	(void)prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_LOWER, CAP_SYS_PTRACE, 0, 0);
+	if (syscall(SYS_capget, &hdr, data) < 0)
+		return;
+	data[w].effective &= ~bit;
+	data[w].permitted &= ~bit;
+	data[w].inheritable &= ~bit;
+	(void)syscall(SYS_capset, &hdr, data);
+}
+
 /* exec_child: runs in the forked child; never returns. */
 static void exec_child(char **argv, char **envp, int in, int out, int errfd,
                        int cwd_fd)
@@ -149,6 +174,7 @@ static void exec_child(char **argv, char **envp, int in, int out, int errfd,
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
 	setsid();
+	exec_drop_ptrace();
 	if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(errfd, 2) < 0)
 		_exit(127);
 	if (fchdir(cwd_fd) < 0) {

@@ -319,6 +319,28 @@ static void test_install_and_exec(void **state)
 	free(tok);
 }
 
+/* test_secret_unreadable: the activation secret lives in the guest agent
+ * (PID 1) and its per-connection handler; sandbox code, same uid, cannot
+ * open their memory or environment or follow their fds (not dumpable, and
+ * commands run without CAP_SYS_PTRACE in the sandbox's user namespace). */
+static void test_secret_unreadable(void **state)
+{
+	struct answer a;
+	char *tok = mint(sk, 1, "w1", TT_OP_EXEC);
+
+	(void)state;
+	/* Opening is the access check (reading mem at offset 0 fails anyway). */
+	call(exec_req(tok, "for p in 1 $PPID; do for f in mem environ; do "
+	                   "if (exec 3</proc/$p/$f) 2>/dev/null; then echo \"$p $f open\"; fi; "
+	                   "done; readlink /proc/$p/fd/0 >/dev/null 2>&1 && echo \"$p fd link read\"; done; "
+	                   "(exec 3</proc/self/environ) && echo checked"), &a);
+	expect_decision(&a, "allow", "ok");
+	assert_non_null(a.result);
+	assert_string_equal(a.out, "checked\n");
+	answer_free(&a);
+	free(tok);
+}
+
 /* test_refusals: wrong worker, forged signature, op not permitted: each is
  * refused with the right body and nothing reaches the sandbox. */
 static void test_refusals(void **state)
@@ -547,6 +569,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_install_and_exec),
+		cmocka_unit_test(test_secret_unreadable),
 		cmocka_unit_test(test_refusals),
 		cmocka_unit_test(test_peer_refused),
 		cmocka_unit_test(test_garbage),

@@ -2,6 +2,7 @@
 # Makefile edit:
 #   lib/*.c            -> build/libtethercore.a (shared core)
 #   src/<role>/*.c     -> build/tetherd (one binary, one role per folder)
+#   src/bridge/*.c     -> build/tether-bridge (lean: exec'd per execution)
 #   src/cli/*.c        -> build/tether (CLI; src/client/*.c is libtether)
 #   src/guest/*.c      -> build/tether-guest (static)
 #   tests/unit/test_*.c, fuzz/fuzz_*.c, bench/bench_*.c -> one binary each
@@ -20,7 +21,8 @@ LDFLAGS += $(SAN)
 LIB_SRC    := $(wildcard lib/*.c)
 CLIENT_SRC := $(wildcard src/client/*.c)
 ROLE_SRC   := $(wildcard src/tetherd/*.c src/cp/*.c src/edge/*.c src/node/*.c \
-                         src/bridge/*.c src/gateway/*.c)
+                         src/gateway/*.c)
+BRIDGE_SRC := $(wildcard src/bridge/*.c)
 CLI_SRC    := $(wildcard src/cli/*.c)
 GUEST_SRC  := $(wildcard src/guest/*.c)
 TEST_SRC   := $(wildcard tests/unit/test_*.c)
@@ -32,7 +34,8 @@ CORE    := $(BUILD)/libtethercore.a
 CLIENT  := $(BUILD)/libtether.a
 TESTS   := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
-BINS    := $(BUILD)/tetherd $(BUILD)/tether $(if $(GUEST_SRC),$(BUILD)/tether-guest)
+BINS    := $(BUILD)/tetherd $(BUILD)/tether $(if $(GUEST_SRC),$(BUILD)/tether-guest) \
+           $(if $(BRIDGE_SRC),$(BUILD)/tether-bridge)
 
 .PHONY: all deps run check unit bench fuzz clean
 all: deps-quiet $(BINS) $(TESTS) $(BENCHES)
@@ -60,6 +63,12 @@ $(BUILD)/tetherd: $(call obj,src/tetherd/main.c) $(ROLES) $(CORE)
 	$(CC) $(LDFLAGS) -o $@ -Wl,--whole-archive $(ROLES) -Wl,--no-whole-archive $(call obj,src/tetherd/main.c) $(CORE) $(LDLIBS)
 $(BUILD)/tether: $(call obj,$(CLI_SRC)) $(CLIENT) $(CORE)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+# The host bridge is exec'd once per execution on the create path: only the
+# libraries it uses (the linker takes just the lib/ objects it needs from
+# the core archive), so exec + dynamic linking stays cheap.
+BRIDGE_LIBS := $(shell pkg-config --libs libuv libsodium jansson 2>/dev/null) -lpthread
+$(BUILD)/tether-bridge: $(call obj,$(BRIDGE_SRC)) $(CORE)
+	$(CC) $(LDFLAGS) -o $@ $(call obj,$(BRIDGE_SRC)) $(CORE) $(BRIDGE_LIBS)
 # The guest agent runs inside sandboxes with no host libraries: static, and
 # built from its own objects (no sanitizers: they need a runtime).
 $(BUILD)/tether-guest: $(GUEST_SRC) $(wildcard src/guest/*.h) $(LIB_SRC)

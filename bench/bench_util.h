@@ -16,7 +16,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
+#include "guest/hello.h"
 #include "wire.h"
+
+#define BENCH_SBX "sbx_benchbenchbenchbenchbenchbe"
+
+/* The activation secret handed to the guest started by bench_guest_start;
+ * bench_wire_op answers its handshake with it, as the bridge does. */
+static uint8_t bench_secret[HELLO_SECRET_LEN];
 
 /* bench_now_us: monotonic time in microseconds. */
 static inline double bench_now_us(void)
@@ -101,29 +110,36 @@ static inline double bench_raw_rtt(int iters)
 	return med;
 }
 
-/* bench_guest_start: runs bin as a guest on sock with --root root and waits
- * for "ready"; returns its pid or -1. */
+/* bench_guest_start: runs bin as a guest on sock with --root root, a fresh
+ * activation secret on a pipe, and waits for "ready"; returns its pid or -1. */
 static inline pid_t bench_guest_start(const char *bin, const char *root,
                                       const char *sock)
 {
-	char fdarg[16], line[8] = { 0 };
-	int p[2];
+	char fdarg[16], sfdarg[16], line[8] = { 0 };
+	int p[2], sp[2];
 	pid_t pid;
 
+	randombytes_buf(bench_secret, sizeof(bench_secret));
 	if (pipe(p) < 0)
 		return -1;
+	if (pipe(sp) < 0 ||
+	    write(sp[1], bench_secret, sizeof(bench_secret)) != (ssize_t)sizeof(bench_secret))
+		return -1;
+	close(sp[1]);
 	pid = fork();
 	if (pid < 0)
 		return -1;
 	if (pid == 0) {
 		close(p[0]);
 		snprintf(fdarg, sizeof(fdarg), "%d", p[1]);
-		execl(bin, bin, "--listen", sock, "--sbx",
-		      "sbx_benchbenchbenchbenchbenchbe", "--gen", "1", "--att", "1",
-		      "--root", root, "--ready-fd", fdarg, (char *)NULL);
+		snprintf(sfdarg, sizeof(sfdarg), "%d", sp[0]);
+		execl(bin, bin, "--listen", sock, "--sbx", BENCH_SBX, "--gen", "1",
+		      "--att", "1", "--root", root, "--ready-fd", fdarg,
+		      "--secret-fd", sfdarg, (char *)NULL);
 		_exit(127);
 	}
 	close(p[1]);
+	close(sp[0]);
 	struct pollfd pf = { .fd = p[0], .events = POLLIN };
 	if (poll(&pf, 1, 5000) != 1 || read(p[0], line, 6) != 6) {
 		close(p[0]);
@@ -133,6 +149,36 @@ static inline pid_t bench_guest_start(const char *bin, const char *root,
 	}
 	close(p[0]);
 	return pid;
+}
+
+/* bench_hello: the bridge's side of the guest handshake on fd: a fresh
+ * challenge, then the proof checked; 0 or -1. */
+static inline int bench_hello(int fd, uint8_t *buf)
+{
+	uint8_t chal[HELLO_CHALLENGE_LEN], want[HELLO_PROOF_LEN], got[HELLO_PROOF_LEN];
+	char b64[HELLO_B64_LEN + 1], msg[256];
+	struct wire_frame f;
+	const char *p;
+	int n;
+
+	randombytes_buf(chal, sizeof(chal));
+	hello_b64_encode(chal, b64);
+	n = snprintf(msg, sizeof(msg),
+	             "{\"v\":1,\"challenge\":\"%s\",\"sbx\":\"%s\","
+	             "\"generation\":1,\"activation\":1}", b64, BENCH_SBX);
+	if (wire_send(fd, WIRE_HELLO, msg, (uint32_t)n, NULL) < 0 ||
+	    wire_recv(fd, &f, buf, WIRE_PAYLOAD_MAX + 1, NULL) != 1 ||
+	    f.type != WIRE_HELLO)
+		return -1;
+	/* The answer is {"proof":"<43 chars>"}: enough to find it by hand. */
+	p = strstr((const char *)f.payload, "\"proof\":\"");
+	if (p == NULL || strlen(p) < 9 + HELLO_B64_LEN)
+		return -1;
+	memcpy(b64, p + 9, HELLO_B64_LEN);
+	b64[HELLO_B64_LEN] = '\0';
+	hello_proof(bench_secret, BENCH_SBX, 1, 1, chal, want);
+	return hello_b64_decode(b64, got) == 0 &&
+	       sodium_memcmp(got, want, sizeof(want)) == 0 ? 0 : -1;
 }
 
 /* bench_guest_stop: SIGTERM and reap. */
@@ -161,8 +207,8 @@ static inline int bench_unix_connect(const char *path)
 	return fd;
 }
 
-/* bench_wire_op: one whole operation on a new connection to sock: REQUEST
- * req, then frames until RESULT (0) or ERROR/EOF (-1). buf holds
+/* bench_wire_op: one whole operation on a new connection to sock, as the
+ * bridge makes it: the handshake, REQUEST req, then frames until RESULT (0) or ERROR/EOF (-1). buf holds
  * WIRE_PAYLOAD_MAX + 1 bytes. */
 static inline int bench_wire_op(const char *sock, const char *req, uint8_t *buf)
 {
@@ -171,7 +217,8 @@ static inline int bench_wire_op(const char *sock, const char *req, uint8_t *buf)
 
 	if (fd < 0)
 		return -1;
-	if (wire_send(fd, WIRE_REQUEST, req, (uint32_t)strlen(req), NULL) == 0) {
+	if (bench_hello(fd, buf) == 0 &&
+	    wire_send(fd, WIRE_REQUEST, req, (uint32_t)strlen(req), NULL) == 0) {
 		while (wire_recv(fd, &f, buf, WIRE_PAYLOAD_MAX + 1, NULL) == 1) {
 			if (f.type == WIRE_RESULT) {
 				rc = 0;

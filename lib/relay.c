@@ -266,6 +266,7 @@ static void handle_frame(struct relay *r, int src, const struct wire_frame *f)
 		return;
 	}
 	switch (f->type) {
+	case WIRE_META: /* e.g. fs.read's size, ahead of the bytes */
 	case WIRE_DATA_OUT:
 	case WIRE_STDERR:
 		if (side_write(r, SIDE_OPENER, f->type, f->payload, f->len, false,

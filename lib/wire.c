@@ -254,6 +254,7 @@ const char *wire_type_name(uint8_t type)
 	case WIRE_RESULT: return "RESULT";
 	case WIRE_ERROR: return "ERROR";
 	case WIRE_HELLO: return "HELLO";
+	case WIRE_META: return "META";
 	}
 	return "UNKNOWN";
 }

@@ -9,8 +9,10 @@
  *
  * One operation per connection. The opener sends REQUEST (a JSON object,
  * see docs/ARCHITECTURE.md "Wire protocol"), then optional DATA_IN frames and
- * EOF_IN; the answering side sends DATA_OUT / STDERR frames and ends with
- * exactly one RESULT or ERROR. DECISION only travels sbx-manager -> node-api.
+ * EOF_IN; the answering side may send one META first (what the opener
+ * needs before the bytes, e.g. fs.read's {"size":N}, so node-api can send
+ * Content-Length), then DATA_OUT / STDERR frames, and ends with exactly one
+ * RESULT or ERROR. DECISION only travels sbx-manager -> node-api.
  * Implementation: lib/wire.c (no libuv, no jansson: the guest links it
  * statically, the JSON helpers are in wire_json.h). */
 #ifndef TT_WIRE_H
@@ -36,7 +38,8 @@ enum wire_type {
 	WIRE_RESULT = 7,   /* JSON: final result; ends the operation */
 	WIRE_ERROR = 8,    /* JSON {"error":code,"message":…}; ends the operation */
 	WIRE_HELLO = 9,    /* JSON: handshake (guest identity proof) */
-	WIRE_TYPE_MAX = WIRE_HELLO,
+	WIRE_META = 10,    /* JSON: answering side -> opener, before any DATA_OUT */
+	WIRE_TYPE_MAX = WIRE_META,
 };
 
 struct wire_frame {

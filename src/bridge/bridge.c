@@ -1,17 +1,27 @@
-/* Host bridge: one process per execution, spawned by the sbx-manager.
- * Accepts only the manager (SO_PEERCRED uid and pid), and for every
- * operation opens a fresh connection to the guest socket, verifies that its
- * listener is the sandbox init recorded at spawn (pid + start time, SPEC §5)
- * and that the agent proves this activation in the handshake of
- * guest/hello.h (per-activation secret from the manager on --secret-fd,
- * fresh challenge per connection), and only then forwards the REQUEST and
- * relays frames. No reconnect: a dropped guest connection fails the
- * operation (ERROR transport); the next operation opens a new connection,
- * verified in full again. Refusals are logged with their reason and counted
- * in tether_bridge_refusals_total{reason} (in-process only for now: the
- * bridge serves no /metrics). Exits when the sandbox init dies or on
+/* tether-bridge: the host bridge, one process per execution, spawned by
+ * the sbx-manager. Its own lean binary (libuv, libsodium, jansson and a few
+ * lib/ objects): it is exec'd on the create path, where tetherd's 40-odd
+ * shared libraries would cost milliseconds.
+ *
+ * SPEC §5, both hops, every connection verified in full, nothing forwarded
+ * before:
+ *  - manager -> bridge: the peer must be the manager that spawned us
+ *    (verify_peer: SO_PEERCRED + SO_PEERPIDFD, start time, executable, uid
+ *    against the identity pinned at start from --manager-pid);
+ *  - bridge -> guest: per operation a fresh connection. verify_listener
+ *    (socket file owner + inode, sock_diag UDIAG_SHOW_VFS inside the
+ *    sandbox's network namespace, the listening inode held by the sandbox
+ *    init pinned at start), connect, verify_peer on the connection, then the
+ *    handshake of guest/hello.h (per-activation secret from the manager on
+ *    --secret-fd, fresh challenge). Only then the REQUEST and the relay.
+ * No reconnect: a dropped guest connection fails the operation (ERROR
+ * transport); the next operation opens a new connection, verified again.
+ * Refusals: a specific log line and tether_bridge_refusals_total{reason}
+ * (in-process only: the bridge serves no /metrics). Readiness: "ready\n" on
+ * --ready-fd once listening. Exits when the sandbox init dies or on
  * SIGTERM. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -25,17 +35,18 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 #include <uv.h>
 
+#include "bridge/reason.h"
 #include "claims.h"
+#include "cleanup.h"
 #include "guest/hello.h"
 #include "log.h"
 #include "metrics.h"
-#include "node/ns.h"
+#include "procid.h"
 #include "relay.h"
-#include "tetherd/roles.h"
+#include "sockdiag.h"
 #include "wire.h"
 #include "wire_json.h"
 
@@ -50,8 +61,14 @@ struct bridge {
 	unsigned long long init_start;
 	pid_t manager_pid;
 	int secret_fd;
+	int ready_fd;                     /* -1: nobody waits for readiness */
 	uint8_t secret[HELLO_SECRET_LEN]; /* memory only; zeroed at exit */
+	/* Pinned once at start (pidfd + recheck) and compared on every
+	 * connection: the sandbox init that must hold the guest listener,
+	 * and the manager that alone may connect to us. */
+	struct proc_identity init_id, mgr_id;
 	int init_pidfd;
+	int netns_fd;                     /* the init's network namespace */
 	uv_pipe_t server;
 	uv_poll_t init_poll;
 	uv_signal_t sigterm, sigint;
@@ -116,14 +133,20 @@ static void bconn_fail(struct bconn *c, const char *code, const char *msg)
 	bconn_free(c);
 }
 
-/* bconn_refuse: a verification refusal: specific log line, counted by
- * reason, ERROR verify_failed to the manager; nothing was forwarded. */
-static void bconn_refuse(struct bconn *c, const char *reason, const char *msg)
+/* refusal_count: the metric of one refusal, by reason. */
+static void refusal_count(const char *reason)
 {
 	char labels[64];
 
 	snprintf(labels, sizeof(labels), "reason=\"%s\"", reason);
 	metrics_inc("tether_bridge_refusals_total", labels);
+}
+
+/* bconn_refuse: a verification refusal: specific log line, counted by
+ * reason, ERROR verify_failed to the manager; nothing was forwarded. */
+static void bconn_refuse(struct bconn *c, const char *reason, const char *msg)
+{
+	refusal_count(reason);
 	log_warn("refused guest of %s generation %" PRIu64 " activation %" PRIu32
 	         " (%s): %s", c->b->sbx, c->b->gen, c->b->att, reason, msg);
 	relay_write_error((uv_stream_t *)c->conn, "verify_failed", msg);
@@ -143,29 +166,6 @@ static void relay_done(struct relay *r, enum relay_end how, const char *msg, voi
 	free(c->req);
 	free(c->pending);
 	free(c);
-}
-
-/* guest_verify: the listener of the guest socket is the sandbox init this
- * bridge was started for: peer pid and its start time. */
-static int guest_verify(const struct bridge *b, int fd, char *why, size_t cap)
-{
-	struct ucred cr;
-	socklen_t len = sizeof(cr);
-	unsigned long long start = 0;
-
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
-		snprintf(why, cap, "SO_PEERCRED: %s", strerror(errno));
-		return -1;
-	}
-	if (cr.pid != b->init_pid) {
-		snprintf(why, cap, "listener pid %d, expected %d", (int)cr.pid, (int)b->init_pid);
-		return -1;
-	}
-	if (proc_start_time(cr.pid, &start, NULL) < 0 || start != b->init_start) {
-		snprintf(why, cap, "listener pid %d start time differs", (int)cr.pid);
-		return -1;
-	}
-	return 0;
 }
 
 /* forward_and_relay: the guest is verified: send the REQUEST, relay. */
@@ -329,22 +329,27 @@ static void hello_start(struct bconn *c)
 	uv_read_start((uv_stream_t *)c->guest, hello_alloc_cb, hello_read_cb);
 }
 
-/* guest_connected: verify the listener, then the handshake. */
+/* guest_connected: the connected peer must be the pinned init (SO_PEERCRED
+ * of a connection names the process that listened), then the handshake. */
 static void guest_connected(uv_connect_t *req, int status)
 {
 	struct bconn *c = req->data;
+	struct tt_err err = { 0 };
 	uv_os_fd_t fd;
-	char why[160], msg[224];
+	char msg[300];
 
 	if (status < 0) {
 		snprintf(msg, sizeof(msg), "cannot reach the guest: %s", uv_strerror(status));
 		bconn_fail(c, "transport", msg);
 		return;
 	}
-	if (uv_fileno((uv_handle_t *)c->guest, &fd) < 0 ||
-	    guest_verify(c->b, fd, why, sizeof(why)) < 0) {
-		snprintf(msg, sizeof(msg), "guest listener: %s", why);
-		bconn_refuse(c, "listener", msg);
+	if (uv_fileno((uv_handle_t *)c->guest, &fd) < 0) {
+		bconn_fail(c, "internal", "guest connection has no fd");
+		return;
+	}
+	if (verify_peer(fd, &c->b->init_id, &err) < 0) {
+		snprintf(msg, sizeof(msg), "guest peer: %s", err.msg);
+		bconn_refuse(c, bridge_refusal_reason(&err), msg);
 		return;
 	}
 	hello_start(c);
@@ -381,6 +386,16 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 	}
 	memcpy(c->req, f->payload, f->len);
 	c->req_len = f->len;
+	/* The listener first: whoever now listens at the path must be the
+	 * init's socket, seen from inside the sandbox's network namespace. A
+	 * replacement never even gets a connection. */
+	if (verify_listener(c->b->guest_socket, c->b->netns_fd, &c->b->init_id, &err) < 0) {
+		char msg[300];
+
+		snprintf(msg, sizeof(msg), "guest listener: %s", err.msg);
+		bconn_refuse(c, bridge_refusal_reason(&err), msg);
+		return;
+	}
 	c->connect.data = c;
 	uv_pipe_connect(&c->connect, c->guest, c->b->guest_socket, guest_connected);
 }
@@ -406,7 +421,7 @@ static void bconn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	(void)buf;
 	if (nread == 0)
 		return;
-	if (nread < 0) { /* e.g. the manager's readiness probe */
+	if (nread < 0) { /* closed before a whole REQUEST */
 		bconn_free(c);
 		return;
 	}
@@ -431,12 +446,12 @@ static void bconn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	handle_request(c, &f);
 }
 
-/* on_connection: only the manager that spawned us, as the same uid. */
+/* on_connection: only the manager pinned at start (pid, start time,
+ * executable, uid); anyone else is refused before a byte is read. */
 static void on_connection(uv_stream_t *server, int status)
 {
 	struct bridge *b = server->data;
-	struct ucred cr = { 0 };
-	socklen_t len = sizeof(cr);
+	struct tt_err err = { 0 };
 	uv_os_fd_t fd;
 	struct bconn *c;
 	uv_pipe_t *p;
@@ -452,11 +467,12 @@ static void on_connection(uv_stream_t *server, int status)
 		relay_close_free((uv_stream_t *)p);
 		return;
 	}
-	if (uv_fileno((uv_handle_t *)p, &fd) < 0 ||
-	    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0 ||
-	    cr.pid != b->manager_pid || cr.uid != geteuid()) {
-		log_warn("peer refused: pid %d uid %u", (int)cr.pid, (unsigned)cr.uid);
-		metrics_inc("tether_bridge_refusals_total", "reason=\"peer\"");
+	if (uv_fileno((uv_handle_t *)p, &fd) < 0 || verify_peer(fd, &b->mgr_id, &err) < 0) {
+		const char *reason = bridge_refusal_reason(&err);
+
+		refusal_count(reason);
+		log_warn("refused peer (%s): not the manager pid %d: %s", reason,
+		         (int)b->mgr_id.pid, err.msg[0] ? err.msg : "no fd");
 		relay_close_free((uv_stream_t *)p);
 		return;
 	}
@@ -501,7 +517,30 @@ static void on_signal(uv_signal_t *s, int signum)
 	bridge_stop(s->data, "signal");
 }
 
-/* parse_args: the command line of protocol.md. */
+/* parse_num: a decimal number in [min, max] or -1. */
+static int parse_num(const char *s, unsigned long long min, unsigned long long max,
+                     unsigned long long *out)
+{
+	char *end;
+
+	errno = 0;
+	*out = strtoull(s, &end, 10);
+	if (errno != 0 || end == s || *end != '\0' || s[0] == '-' || *out < min || *out > max)
+		return -1;
+	return 0;
+}
+
+/* copy_arg: optarg into a fixed buffer; -1 if it does not fit (never a
+ * silently truncated sandbox id or path). */
+static int copy_arg(char *dst, size_t cap, const char *src)
+{
+	if (strlen(src) >= cap)
+		return -1;
+	memcpy(dst, src, strlen(src) + 1);
+	return 0;
+}
+
+/* parse_args: the command line the manager builds (bridge_spawn). */
 static int parse_args(struct bridge *b, int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -514,48 +553,116 @@ static int parse_args(struct bridge *b, int argc, char **argv)
 		{ "init-start", required_argument, NULL, 't' },
 		{ "manager-pid", required_argument, NULL, 'm' },
 		{ "secret-fd", required_argument, NULL, 'S' },
+		{ "ready-fd", required_argument, NULL, 'r' },
 		{ NULL, 0, NULL, 0 },
 	};
-	int o;
+	unsigned long long v = 0;
+	int o, bad = 0;
 
 	b->secret_fd = -1;
+	b->ready_fd = -1;
 	optind = 1;
 	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (o) {
-		case 's': snprintf(b->sbx, sizeof(b->sbx), "%s", optarg); break;
-		case 'g': b->gen = strtoull(optarg, NULL, 10); break;
-		case 'a': b->att = (uint32_t)strtoul(optarg, NULL, 10); break;
-		case 'l': snprintf(b->listen_path, sizeof(b->listen_path), "%s", optarg); break;
-		case 'G': snprintf(b->guest_socket, sizeof(b->guest_socket), "%s", optarg); break;
-		case 'p': b->init_pid = (pid_t)atoi(optarg); break;
-		case 't': b->init_start = strtoull(optarg, NULL, 10); break;
-		case 'm': b->manager_pid = (pid_t)atoi(optarg); break;
-		case 'S': b->secret_fd = atoi(optarg); break;
-		default: return -1;
+		case 's': bad |= copy_arg(b->sbx, sizeof(b->sbx), optarg); break;
+		case 'g': bad |= parse_num(optarg, 1, UINT64_MAX, &v); b->gen = v; break;
+		case 'a': bad |= parse_num(optarg, 0, UINT32_MAX, &v); b->att = (uint32_t)v; break;
+		case 'l': bad |= copy_arg(b->listen_path, sizeof(b->listen_path), optarg); break;
+		case 'G': bad |= copy_arg(b->guest_socket, sizeof(b->guest_socket), optarg); break;
+		case 'p': bad |= parse_num(optarg, 1, INT_MAX, &v); b->init_pid = (pid_t)v; break;
+		case 't': bad |= parse_num(optarg, 1, ULLONG_MAX, &v); b->init_start = v; break;
+		case 'm': bad |= parse_num(optarg, 1, INT_MAX, &v); b->manager_pid = (pid_t)v; break;
+		case 'S': bad |= parse_num(optarg, 3, INT_MAX, &v); b->secret_fd = (int)v; break;
+		case 'r': bad |= parse_num(optarg, 3, INT_MAX, &v); b->ready_fd = (int)v; break;
+		default: bad = 1; break;
 		}
 	}
-	if (!sbx_id_valid(b->sbx) || b->gen == 0 || !b->listen_path[0] ||
-	    !b->guest_socket[0] || b->init_pid <= 0 || b->init_start == 0 ||
-	    b->manager_pid <= 0 || b->secret_fd < 3) {
-		fprintf(stderr, "usage: tetherd bridge --sbx ID --gen N --att N --listen PATH"
+	if (bad || optind != argc || !sbx_id_valid(b->sbx) || b->gen == 0 ||
+	    !b->listen_path[0] || !b->guest_socket[0] || b->init_pid <= 0 ||
+	    b->init_start == 0 || b->manager_pid <= 0 || b->secret_fd < 3 ||
+	    b->ready_fd == b->secret_fd) {
+		fprintf(stderr, "usage: tether-bridge --sbx ID --gen N --att N --listen PATH"
 		                " --guest-socket PATH --init-pid PID --init-start T"
-		                " --manager-pid PID --secret-fd FD\n");
+		                " --manager-pid PID --secret-fd FD [--ready-fd FD]\n");
 		return -1;
 	}
 	return 0;
 }
 
-/* bridge_main: the host bridge role. */
-int bridge_main(int argc, char **argv)
+/* pin_peers: pins the manager and the sandbox init (pidfd + recheck), checks
+ * the init is the process the manager recorded (its start time) and opens
+ * the init's network namespace, where its listener lives (sock_diag only
+ * sees the caller's namespace). */
+static int pin_peers(struct bridge *b, struct tt_err *err)
 {
-	static struct bridge br; /* large; one per process */
-	struct bridge *b = &br;
-	unsigned long long start = 0;
+	char path[64];
+	unsigned long long again = 0;
+
+	if (procid_pin(b->manager_pid, &b->mgr_id, NULL, err) < 0)
+		return -1;
+	if (b->mgr_id.uid != geteuid())
+		return tt_err_set(err, TT_ERR_VERIFY, "manager pid %d runs as uid %u, not ours",
+		                  (int)b->manager_pid, (unsigned)b->mgr_id.uid);
+	if (procid_pin(b->init_pid, &b->init_id, &b->init_pidfd, err) < 0)
+		return -1;
+	if (b->init_id.start_time != b->init_start)
+		return tt_err_set(err, TT_ERR_VERIFY, "sandbox init pid %d: pid reused: start "
+		                  "time %llu, recorded %llu", (int)b->init_pid,
+		                  b->init_id.start_time, b->init_start);
+	snprintf(path, sizeof(path), "/proc/%d/ns/net", (int)b->init_pid);
+	b->netns_fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (b->netns_fd < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "open %s", path);
+	/* The pid named the pinned init while we opened it: still alive, same
+	 * start time. */
+	if (procid_pidfd_alive(b->init_pidfd, err) != 1 ||
+	    procid_start_time(b->init_pid, &again, NULL) < 0 || again != b->init_start)
+		return tt_err_set(err, TT_ERR_VERIFY, "sandbox init pid %d exited at start",
+		                  (int)b->init_pid);
+	return 0;
+}
+
+/* listen_ready: the manager's socket (0600), then "ready\n" on the
+ * readiness fd so the manager stops waiting. */
+static int listen_ready(struct bridge *b, struct tt_err *err)
+{
 	mode_t old;
 	int rc;
 
+	unlink(b->listen_path);
+	uv_pipe_init(b->loop, &b->server, 0);
+	b->server.data = b;
+	old = umask(077);
+	rc = uv_pipe_bind(&b->server, b->listen_path);
+	umask(old);
+	if (rc == 0)
+		rc = chmod(b->listen_path, 0600) < 0 ? -errno : 0;
+	if (rc == 0)
+		rc = uv_listen((uv_stream_t *)&b->server, 64, on_connection);
+	if (rc < 0)
+		return tt_err_set(err, TT_ERR_IO, "listen on %s: %s", b->listen_path,
+		                  uv_strerror(rc));
+	if (b->ready_fd >= 0) {
+		/* 6 bytes into an empty pipe: never blocks, never short. */
+		if (write(b->ready_fd, "ready\n", 6) != 6)
+			return tt_err_sys(err, TT_ERR_IO, "readiness fd %d", b->ready_fd);
+		close(b->ready_fd);
+		b->ready_fd = -1;
+	}
+	return 0;
+}
+
+/* main: pin the peers, listen, signal readiness, serve until the init dies. */
+int main(int argc, char **argv)
+{
+	static struct bridge br; /* large; one per process */
+	struct bridge *b = &br;
+	struct tt_err err = { 0 };
+
 	tt_log_init("bridge", TT_LOG_INFO);
 	signal(SIGPIPE, SIG_IGN);
+	b->init_pidfd = -1;
+	b->netns_fd = -1;
 	if (parse_args(b, argc, argv) < 0)
 		return 1;
 	/* The activation secret: not dumpable, so no other process of our
@@ -567,25 +674,12 @@ int bridge_main(int argc, char **argv)
 		return 1;
 	}
 	b->loop = uv_default_loop();
-	/* Hold the init by pidfd first, then check it is the recorded one. */
-	b->init_pidfd = (int)syscall(SYS_pidfd_open, b->init_pid, 0);
-	if (b->init_pidfd < 0 || proc_start_time(b->init_pid, &start, NULL) < 0 ||
-	    start != b->init_start) {
-		log_error("sandbox init %d is not the recorded process", (int)b->init_pid);
+	if (pin_peers(b, &err) < 0) {
+		log_error("refusing to start: %s", err.msg);
 		goto fail;
 	}
-	unlink(b->listen_path);
-	uv_pipe_init(b->loop, &b->server, 0);
-	b->server.data = b;
-	old = umask(077);
-	rc = uv_pipe_bind(&b->server, b->listen_path);
-	umask(old);
-	if (rc == 0)
-		rc = chmod(b->listen_path, 0600) < 0 ? -errno : 0;
-	if (rc == 0)
-		rc = uv_listen((uv_stream_t *)&b->server, 64, on_connection);
-	if (rc < 0) {
-		log_error("listen on %s: %s", b->listen_path, uv_strerror(rc));
+	if (listen_ready(b, &err) < 0) {
+		log_error("%s", err.msg);
 		goto fail;
 	}
 	uv_poll_init(b->loop, &b->init_poll, b->init_pidfd);
@@ -598,7 +692,8 @@ int bridge_main(int argc, char **argv)
 	uv_signal_start(&b->sigterm, on_signal, SIGTERM);
 	uv_signal_start(&b->sigint, on_signal, SIGINT);
 	log_info("bridge for %s generation %" PRIu64 " activation %" PRIu32
-	         " listening on %s", b->sbx, b->gen, b->att, b->listen_path);
+	         " listening on %s (manager pid %d, init pid %d)", b->sbx, b->gen, b->att,
+	         b->listen_path, (int)b->mgr_id.pid, (int)b->init_id.pid);
 	uv_run(b->loop, UV_RUN_DEFAULT);
 	if (!b->stopping)
 		bridge_stop(b, "loop ended");

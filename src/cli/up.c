@@ -412,6 +412,7 @@ static int up_start(struct up *u, char *cp_url, char *edge_url, size_t cap)
 {
 	char tetherd[PATH_MAX + 16], guest[PATH_MAX + 16];
 	char dir[PATH_MAX + 32], listen[64], tokf[PATH_MAX + 32], id[16];
+	char snaps[PATH_MAX + 32];
 	int w;
 
 	snprintf(tetherd, sizeof(tetherd), "%s/tetherd", u->bindir);
@@ -437,6 +438,10 @@ static int up_start(struct up *u, char *cp_url, char *edge_url, size_t cap)
 	}
 
 	snprintf(tokf, sizeof(tokf), "%s/cp/node.token", u->state);
+	/* The snapshot store every local worker shares (lifecycle.md). */
+	snprintf(snaps, sizeof(snaps), "%s/snapshots", u->state);
+	if (mkdir_p(snaps) < 0)
+		return up_fail("cannot create %s: %s", snaps, strerror(errno)), -1;
 	for (int i = 1; i <= u->workers; i++) {
 		snprintf(id, sizeof(id), "w%d", i);
 		snprintf(dir, sizeof(dir), "%s/workers/%s", u->state, id);
@@ -445,7 +450,8 @@ static int up_start(struct up *u, char *cp_url, char *edge_url, size_t cap)
 			return up_fail("cannot create %s: %s", dir, strerror(errno)), -1;
 		char *node_argv[] = { tetherd, "node", "--id", id, "--listen", listen,
 		                      "--cp", cp_url, "--node-token-file", tokf,
-		                      "--state", dir, "--guest-bin", guest, NULL };
+		                      "--state", dir, "--guest-bin", guest,
+		                      "--snapshots", snaps, NULL };
 		if (up_spawn(u, id, node_argv) != 0)
 			return -1;
 	}

@@ -1,11 +1,19 @@
 /* libtether: blocking calls to the edge (docs/API.md) over libcurl. One
- * easy handle per client, reset between calls so connections are reused. */
+ * easy handle per client, reset between calls so connections are reused.
+ *
+ * Recovery (SPEC §8), for the errors the library itself sees: the edge owns
+ * route repair (RefreshRoute -> one rebuilt attempt), so a RefreshRoute or
+ * Deny that reaches us is final. A transport failure talking to the edge is
+ * retried once for idempotent reads (GET, and only if no byte reached the
+ * caller's fd); calls that change state (exec, uploads, lifecycle) are never
+ * repeated, and the error says whether the call may have run. */
 #include "client/tether.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -20,6 +28,7 @@ struct tether {
 	struct tether_config cfg;
 	CURL *easy;                              /* owned */
 	char auth[TETHER_KEY_MAX + 32];          /* "Authorization: Bearer …" */
+	uint64_t generation;                     /* X-Tether-Generation of the last answer */
 };
 
 /* Where an answer's body goes: memory (bounded) or, for a 2xx file
@@ -155,6 +164,33 @@ static size_t source_read(char *buf, size_t size, size_t nitems, void *arg)
 	}
 }
 
+/* header_cb: picks X-Tether-Generation out of the answer headers. */
+static size_t header_cb(char *data, size_t size, size_t nitems, void *arg)
+{
+	struct tether *t = arg;
+	size_t n = size * nitems;
+	static const char name[] = "x-tether-generation:";
+	char num[32];
+	size_t k = sizeof(name) - 1, j = 0;
+
+	if (n <= k || strncasecmp(data, name, k) != 0)
+		return n;
+	while (k < n && (data[k] == ' ' || data[k] == '\t'))
+		k++;
+	while (k < n && j + 1 < sizeof(num) && data[k] >= '0' && data[k] <= '9')
+		num[j++] = data[k++];
+	num[j] = '\0';
+	if (j > 0 && j < 20)
+		t->generation = strtoull(num, NULL, 10);
+	return n;
+}
+
+/* tether_last_generation: see tether.h. */
+uint64_t tether_last_generation(const struct tether *t)
+{
+	return t->generation;
+}
+
 /* status_errc: maps an HTTP status to an error code. */
 static enum tt_errc status_errc(long status)
 {
@@ -197,9 +233,10 @@ static int answer_error(long status, const char *body, size_t len,
  * is sent as JSON; src (if set) is streamed as the body instead. The answer
  * goes to sink; returns the HTTP status (2xx) or -1 with err filled from the
  * answer or the transport. */
-static long tether_request(struct tether *t, const char *method,
-                           const char *path, json_t *body, struct source *src,
-                           struct sink *sink, struct tt_err *err)
+static long tether_request_once(struct tether *t, const char *method,
+                                const char *path, json_t *body,
+                                struct source *src, struct sink *sink,
+                                int *transport, struct tt_err *err)
 {
 	_cleanup_free_ char *url = NULL;
 	_cleanup_free_ char *payload = NULL;
@@ -214,6 +251,8 @@ static long tether_request(struct tether *t, const char *method,
 		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 	}
 	curl_easy_reset(e);
+	t->generation = 0;
+	*transport = 0;
 	sink->easy = e;
 	hdrs = curl_slist_append(hdrs, t->auth);
 	hdrs = curl_slist_append(hdrs, "Expect:"); /* no 1 s 100-continue stall */
@@ -248,6 +287,12 @@ static long tether_request(struct tether *t, const char *method,
 	curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, 10L);
 	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, header_cb);
+	curl_easy_setopt(e, CURLOPT_HEADERDATA, t);
+	/* curl silently resends a request whose reused connection died before
+	 * any answer; a call that changes state gets a new connection instead */
+	if (strcmp(method, "GET") != 0)
+		curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
 	rc = curl_easy_perform(e);
 	curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
 	curl_easy_setopt(e, CURLOPT_ERRORBUFFER, NULL);
@@ -267,7 +312,9 @@ static long tether_request(struct tether *t, const char *method,
 	if (rc != CURLE_OK) {
 		if (status >= 300) /* the server refused while we were sending */
 			return answer_error(status, sink->buf, sink->len, err);
-		if (rc == CURLE_COULDNT_CONNECT)
+		*transport = status == 0 ? (rc == CURLE_COULDNT_CONNECT ||
+		                            rc == CURLE_COULDNT_RESOLVE_HOST ? 1 : 2) : 0;
+		if (*transport == 1)
 			return tt_err_set(err, TT_ERR_TRANSPORT,
 			                  "cannot reach %s (is 'tether up' running?)",
 			                  t->cfg.url);
@@ -277,6 +324,33 @@ static long tether_request(struct tether *t, const char *method,
 	if (status < 200 || status >= 300)
 		return answer_error(status, sink->buf, sink->len, err);
 	return status;
+}
+
+/* tether_request: one call with the recovery rules above. The answer goes
+ * to sink; returns the HTTP status (2xx) or -1 with err filled. */
+static long tether_request(struct tether *t, const char *method,
+                           const char *path, json_t *body, struct source *src,
+                           struct sink *sink, struct tt_err *err)
+{
+	int transport = 0;
+	long st = tether_request_once(t, method, path, body, src, sink, &transport,
+	                              err);
+
+	if (st >= 0 || transport == 0)
+		return st;
+	if (strcmp(method, "GET") == 0 && sink->fd_bytes == 0 && sink->io_errno == 0) {
+		/* an idempotent read that never delivered a byte: once more */
+		sink->len = 0;
+		sink->overflow = 0;
+		return tether_request_once(t, method, path, body, src, sink,
+		                           &transport, err);
+	}
+	if (transport == 1) /* never connected: nothing was sent */
+		return tt_err_set(err, TT_ERR_TRANSPORT, "%s %s: cannot reach %s; the "
+		                  "call did not start", method, path, t->cfg.url);
+	return tt_err_set(err, TT_ERR_TRANSPORT, "%s %s: the connection to %s "
+	                  "failed before an answer; the call may or may not have run "
+	                  "and was not repeated", method, path, t->cfg.url);
 }
 
 /* tether_json_call: a call whose answer is a JSON object. */

@@ -47,6 +47,16 @@ json_t *tether_list(struct tether *t, struct tt_err *err);
 json_t *tether_info(struct tether *t, const char *id, struct tt_err *err);
 json_t *tether_workers(struct tether *t, struct tt_err *err);
 int tether_rm(struct tether *t, const char *id, struct tt_err *err);
+/* Lifecycle transitions (src/client/lifecycle.c): each answers the
+ * sandbox object (caller decrefs). They take the configuration, not a
+ * struct tether. tether_pause with wait = 0 answers at once ("pausing");
+ * poll tether_info for "progress" and the final state. */
+json_t *tether_pause(const struct tether_config *cfg, const char *id, int wait,
+                     struct tt_err *err);
+json_t *tether_resume(const struct tether_config *cfg, const char *id,
+                      const char *worker, int force, struct tt_err *err);
+json_t *tether_migrate(const struct tether_config *cfg, const char *id,
+                       const char *worker, struct tt_err *err);
 /* tether_cap_issue: POST …/capabilities with req (borrowed). */
 json_t *tether_cap_issue(struct tether *t, const char *id, json_t *req,
                          struct tt_err *err);
@@ -73,5 +83,9 @@ int tether_file_put(struct tether *t, const char *id, const char *path,
  * error, fd may hold a partial body: write to a temp file and rename. */
 int tether_file_get(struct tether *t, const char *id, const char *path,
                     int fd, uint64_t *got, struct tt_err *err);
+/* tether_last_generation: the execution generation that served the last
+ * operation answer (the edge's X-Tether-Generation header), 0 if none.
+ * Recovery rules of every call: see src/client/client.c. */
+uint64_t tether_last_generation(const struct tether *t);
 
 #endif

@@ -1237,7 +1237,8 @@ static int cp_http_cb(struct lws *wsi, enum lws_callback_reasons reason,
 		}
 		return cp_complete(cp, s, wsi, 0);
 	case LWS_CALLBACK_HTTP_BODY:
-		if (!s->too_large &&
+		/* lws reports a 0-byte POST as one (NULL, 0) body chunk */
+		if (!s->too_large && len > 0 &&
 		    http_body_append(&s->body, in, len, &err) < 0)
 			s->too_large = 1;
 		return 0;

@@ -428,10 +428,10 @@ int cpdb_sandbox_create(struct cpdb *db, const char *id, const char *worker,
 	sqlite3_finalize(st);
 	if (rc != SQLITE_DONE)
 		return cpdb_commit(db, cpdb_fail(db, err, "insert sandbox"), err);
-	body = json_pack("{s:s,s:I,s:s,s:s,s:s,s:I}", "sandbox", id,
+	body = json_pack("{s:s,s:I,s:s,s:s,s:s,s:I,s:n}", "sandbox", id,
 	                 "generation", (json_int_t)1, "worker", worker,
 	                 "substrate", "ns", "pod", "", "activation",
-	                 (json_int_t)1);
+	                 (json_int_t)1, "snapshot");
 	if (body == NULL)
 		return cpdb_commit(db, tt_err_set(err, TT_ERR_NOMEM, "oom"), err);
 	rc = cpdb_feed_insert(db, "install", worker, body, now, rev, err);

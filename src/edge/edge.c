@@ -6,10 +6,20 @@
  * a node RefreshRoute (409) triggers exactly one rebuilt attempt when the
  * request was not yet consumed (SPEC §8).
  *
+ * Recovery (SPEC §8): RefreshRoute -> the route is repaired through the
+ * route cache (src/edge/routes.c, compare-and-swap) -> exactly one rebuilt
+ * attempt; Deny is final; a transport failure is retried once on a freshly
+ * resolved route only for idempotent reads (GET files/stat/list), while exec
+ * and writes are never repeated: the client is told whether the operation
+ * may have run. Operation answers carry X-Tether-Generation: the execution
+ * that served them.
+ *
  * Each request is a struct xreq owned by the edge, not by lws: its curl
- * transfer can outlive the client connection, so a request is freed only
- * when both the connection has let go of it and no transfer is in flight. */
+ * transfer (or its wait on another request's route fetch) can outlive the
+ * client connection, so a request is freed only when the connection has let
+ * go of it and no transfer is in flight (a wait is simply cancelled). */
 #include <errno.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +33,7 @@
 #include <uv.h>
 
 #include "cleanup.h"
+#include "edge/routes.h"
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
@@ -39,23 +50,12 @@
 #define EDGE_CAP_ANSWER_MAX (64u << 10)
 #define EDGE_CAPTURE_MAX (64u << 10) /* a 409 kept for a possible retry */
 
-struct capent {
-	struct capent *next;
-	unsigned char keyhash[crypto_hash_sha256_BYTES];
-	char sbx[64];
-	char *token;          /* owned */
-	int64_t expires_at;
-	char node_url[256];
-	uint64_t generation;
-};
-
 struct edge {
 	uv_loop_t *loop;
 	struct httpc *hc;
 	struct lws_context *ctx;
 	char cp_url[256];
-	struct capent *cache;  /* most recently inserted first */
-	size_t ncache;
+	struct routes *routes; /* owned */
 };
 
 enum xkind { X_LIFECYCLE, X_OP };
@@ -92,7 +92,16 @@ struct xreq {
 	struct curl_slist *hdrs;   /* its headers (owned) */
 	char *token;               /* capability in use (owned) */
 	char node_url[256];
-	int retried;
+	uint64_t route_version;    /* route-cache tag of token (0: uncached) */
+	uint64_t route_gen;        /* the generation token selects */
+	struct route_waiter waiter;
+	struct route_ticket ticket;
+	int waiting;               /* queued on another request's fetch */
+	int fetching;              /* this request fetches the slot's route */
+	int retried;               /* the one rebuilt attempt was made */
+	int idempotent;            /* a read: may be retried after transport loss */
+	uint64_t answer_gen;       /* X-Tether-Generation of the answer, 0 none */
+	uint64_t reject_us;        /* when the stale route was refused */
 	/* answer to the client */
 	long status;
 	char ctype[128];
@@ -160,79 +169,6 @@ static void bytes_free(struct bytes *b)
 	memset(b, 0, sizeof(*b));
 }
 
-/* ---- capability cache (SPEC §8: compare-and-swap repair) ---------------- */
-
-/* cache_lookup: a live entry for (key hash, sandbox), or NULL. */
-static struct capent *cache_lookup(struct edge *e, const unsigned char *kh,
-                                   const char *sbx)
-{
-	int64_t now = tt_now();
-
-	for (struct capent *c = e->cache; c; c = c->next)
-		if (memcmp(c->keyhash, kh, sizeof(c->keyhash)) == 0 &&
-		    strcmp(c->sbx, sbx) == 0)
-			return c->expires_at - EDGE_CAP_MARGIN > now ? c : NULL;
-	return NULL;
-}
-
-/* capent_free: one entry. */
-static void capent_free(struct capent *c)
-{
-	if (c->token)
-		sodium_memzero(c->token, strlen(c->token));
-	free(c->token);
-	free(c);
-}
-
-/* cache_drop_if: removes the entry for (kh, sbx) only if it still holds
- * token, so a late rejection never evicts a newer route. */
-static void cache_drop_if(struct edge *e, const unsigned char *kh,
-                          const char *sbx, const char *token)
-{
-	for (struct capent **pp = &e->cache; *pp; pp = &(*pp)->next) {
-		struct capent *c = *pp;
-		if (memcmp(c->keyhash, kh, sizeof(c->keyhash)) != 0 ||
-		    strcmp(c->sbx, sbx) != 0)
-			continue;
-		if (token == NULL || strcmp(c->token, token) == 0) {
-			*pp = c->next;
-			capent_free(c);
-			e->ncache--;
-		}
-		return;
-	}
-}
-
-/* cache_put: inserts (replacing any entry for the same key), evicting the
- * oldest past the bound. */
-static void cache_put(struct edge *e, const unsigned char *kh, const char *sbx,
-                      const char *token, int64_t exp, const char *node_url,
-                      uint64_t gen)
-{
-	struct capent *c = calloc(1, sizeof(*c));
-
-	cache_drop_if(e, kh, sbx, NULL);
-	if (c == NULL || (c->token = strdup(token)) == NULL) {
-		free(c);
-		return; /* a cache miss next time, nothing worse */
-	}
-	memcpy(c->keyhash, kh, sizeof(c->keyhash));
-	snprintf(c->sbx, sizeof(c->sbx), "%s", sbx);
-	snprintf(c->node_url, sizeof(c->node_url), "%s", node_url);
-	c->expires_at = exp;
-	c->generation = gen;
-	c->next = e->cache;
-	e->cache = c;
-	if (++e->ncache > EDGE_CACHE_MAX) {
-		struct capent **pp = &e->cache;
-		while ((*pp)->next)
-			pp = &(*pp)->next;
-		capent_free(*pp);
-		*pp = NULL;
-		e->ncache--;
-	}
-}
-
 /* ---- request lifetime --------------------------------------------------- */
 
 /* xreq_free: releases a request that neither lws nor curl holds. */
@@ -255,6 +191,10 @@ static void xreq_free(struct xreq *x)
 static void xreq_detach(struct xreq *x)
 {
 	x->wsi = NULL;
+	if (x->waiting) {
+		routes_cancel_wait(x->e->routes, &x->waiter);
+		x->waiting = 0;
+	}
 	if (x->easy == NULL) {
 		xreq_free(x);
 		return;
@@ -270,6 +210,7 @@ static void xreq_local(struct xreq *x, long status, const char *body)
 {
 	x->phase = P_REPLY;
 	x->status = status;
+	x->answer_gen = 0; /* made here: no execution served it */
 	snprintf(x->ctype, sizeof(x->ctype), "application/json");
 	bytes_free(&x->out);
 	if (bytes_append(&x->out, body, strlen(body)) < 0)
@@ -336,6 +277,15 @@ static int retry_eligible(const struct xreq *x)
 	       (!x->streamed_in || x->in_forwarded == 0);
 }
 
+/* capture_status: node answers held back whole (they are small JSON) until
+ * the edge decides: a RefreshRoute to repair, a transport error to retry
+ * (reads) or to explain (exec, writes). */
+static int capture_status(const struct xreq *x)
+{
+	return x->kind == X_OP &&
+	       (x->status == 409 || x->status == 502 || x->status == 503);
+}
+
 /* up_write: upstream body -> client, through the out buffer. */
 static size_t up_write(char *data, size_t size, size_t nmemb, void *arg)
 {
@@ -345,7 +295,7 @@ static size_t up_write(char *data, size_t size, size_t nmemb, void *arg)
 	if (x->wsi == NULL)
 		return 0; /* client gone: abort */
 	up_note_headers(x);
-	if (x->status == 409 && retry_eligible(x)) {
+	if (capture_status(x)) {
 		x->capture = 1; /* maybe a RefreshRoute we can repair */
 		if (bytes_pending(&x->out) + n > EDGE_CAPTURE_MAX)
 			return 0;
@@ -427,7 +377,8 @@ static void up_body_opts(struct xreq *x, CURL *c)
 }
 
 static void node_start(struct xreq *x);
-static void cap_start(struct xreq *x);
+static void cap_fetch(struct xreq *x);
+static void route_resolve(struct xreq *x);
 
 /* up_headers: Authorization + content type + no Expect stall. */
 static struct curl_slist *up_headers(struct xreq *x, const char *auth)
@@ -476,7 +427,16 @@ static void up_finish(struct xreq *x, CURL *easy, CURLcode rc, const char *who)
 /* lifecycle_done: the control plane answered a proxied lifecycle call. */
 static void lifecycle_done(CURL *easy, CURLcode rc, void *arg)
 {
-	up_finish(arg, easy, rc, "control plane");
+	struct xreq *x = arg;
+	long status = 0;
+
+	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+	/* a transition the edge itself carried replaces the execution: no
+	 * caller should try the old route first */
+	if (rc == CURLE_OK && status >= 200 && status < 300 && x->sbx[0] &&
+	    strcmp(x->method, "GET") != 0)
+		routes_drop_sandbox(x->e->routes, x->sbx);
+	up_finish(x, easy, rc, "control plane");
 }
 
 /* lifecycle_start: proxies the call to the control plane unchanged. */
@@ -508,40 +468,226 @@ static void lifecycle_start(struct xreq *x)
 	}
 }
 
-/* node_done: the node answered; repairs a RefreshRoute once, else relays. */
-static void node_done(CURL *easy, CURLcode rc, void *arg)
+/* op_name: the operation a request performs, for messages ("exec",
+ * "GET files", …). */
+static void op_name(const struct xreq *x, char *buf, size_t cap)
+{
+	const char *rest = strrchr(x->path, '/');
+
+	rest = rest ? rest + 1 : x->path;
+	if (strcmp(rest, "exec") == 0 || strcmp(rest, "mkdir") == 0)
+		snprintf(buf, cap, "%.16s", rest);
+	else
+		snprintf(buf, cap, "%.7s %.16s", x->method, rest);
+}
+
+/* captured_field: a string field of the held-back node answer, or "". */
+static void captured_field(const struct xreq *x, const char *name, char *buf,
+                           size_t cap)
+{
+	json_t *j = json_loadb(x->out.buf ? x->out.buf + x->out.off : "",
+	                       bytes_pending(&x->out), JSON_REJECT_DUPLICATES, NULL);
+	const char *v = json_string_value(json_object_get(j, name));
+
+	snprintf(buf, cap, "%s", v ? v : "");
+	json_decref(j);
+}
+
+/* up_release: forgets the finished transfer of x. */
+static void up_release(struct xreq *x, CURL *easy)
+{
+	curl_easy_cleanup(easy);
+	x->easy = NULL;
+	curl_slist_free_all(x->hdrs);
+	x->hdrs = NULL;
+}
+
+/* route_take: ent (a route-cache copy) becomes the route of x's next
+ * attempt; its token moves into x. */
+static void route_take(struct xreq *x, struct route_entry *ent)
+{
+	if (x->token) {
+		sodium_memzero(x->token, strlen(x->token));
+		free(x->token);
+	}
+	x->token = tt_steal_ptr(&ent->token);
+	x->route_version = ent->version;
+	x->route_gen = ent->generation;
+	snprintf(x->node_url, sizeof(x->node_url), "%s", ent->node_url);
+}
+
+/* route_fetch_end: x no longer fetches for its slot; wakes the waiters if
+ * the fetch did not commit (one of them fetches next). */
+static void route_fetch_end(struct xreq *x)
+{
+	if (!x->fetching)
+		return;
+	x->fetching = 0;
+	routes_abort(x->e->routes, x->keyhash, x->sbx);
+}
+
+/* route_woken: the fetch x waited for is over: resolve again. */
+static void route_woken(void *arg)
 {
 	struct xreq *x = arg;
 
-	if (x->wsi != NULL && rc == CURLE_OK) {
-		if (x->status == 0) {
-			x->easy = easy;
-			up_note_headers(x);
-		}
-		if (x->status == 409 && retry_eligible(x)) {
-			json_t *j = json_loadb(x->out.buf ? x->out.buf + x->out.off : "",
-			                       bytes_pending(&x->out),
-			                       JSON_REJECT_DUPLICATES, NULL);
-			const char *dec = json_string_value(json_object_get(j, "decision"));
-			int refresh = dec && strcmp(dec, "refresh_route") == 0;
-			json_decref(j);
-			if (refresh) {
-				curl_easy_cleanup(easy);
-				x->easy = NULL;
-				curl_slist_free_all(x->hdrs);
-				x->hdrs = NULL;
-				metrics_inc("tether_edge_refresh_route_retries_total", NULL);
-				log_info("refresh_route for %s: fetching a new route", x->sbx);
-				cache_drop_if(x->e, x->keyhash, x->sbx, x->token);
-				x->retried = 1;
-				x->status = 0;
-				x->capture = 0;
-				bytes_free(&x->out);
-				cap_start(x);
-				return;
-			}
-		}
+	x->waiting = 0;
+	if (x->wsi == NULL) { /* not reached: a detached request stops waiting */
+		if (x->easy == NULL)
+			xreq_free(x);
+		return;
 	}
+	route_resolve(x);
+}
+
+/* route_resolve: the route for x's next attempt — cached, shared with a
+ * fetch already in flight, or fetched by x. A rebuilt attempt goes through
+ * repair: the route it was refused on is replaced only if it is still the
+ * cached one (a delayed refusal reuses the newer entry). */
+static void route_resolve(struct xreq *x)
+{
+	struct route_entry ent;
+	int v;
+
+	memset(&ent, 0, sizeof(ent));
+	x->waiter.fn = route_woken;
+	x->waiter.arg = x;
+	if (x->retried)
+		v = routes_repair_begin(x->e->routes, x->keyhash, x->sbx,
+		                        x->route_version, tt_now(), &x->waiter,
+		                        &ent, &x->ticket);
+	else
+		v = routes_acquire(x->e->routes, x->keyhash, x->sbx, tt_now(),
+		                   &x->waiter, &ent, &x->ticket);
+	switch (v) {
+	case ROUTE_USE:
+		metrics_inc("tether_edge_capcache_total",
+		            x->retried ? "result=\"reuse\"" : "result=\"hit\"");
+		route_take(x, &ent);
+		node_start(x);
+		return;
+	case ROUTE_WAIT:
+		metrics_inc("tether_edge_capcache_total", "result=\"wait\"");
+		x->phase = P_CAP;
+		x->waiting = 1;
+		return;
+	case ROUTE_FETCH:
+		metrics_inc("tether_edge_capcache_total",
+		            x->retried ? "result=\"repair\"" : "result=\"miss\"");
+		x->fetching = 1;
+		cap_fetch(x);
+		return;
+	default:
+		xreq_error(x, 500, "internal", "out of memory");
+	}
+}
+
+/* node_retry: the one rebuilt attempt (SPEC §8), on a repaired route. */
+static void node_retry(struct xreq *x, CURL *easy, const char *why)
+{
+	char labels[48];
+
+	up_release(x, easy);
+	snprintf(labels, sizeof(labels), "why=\"%s\"", why);
+	metrics_inc(strcmp(why, "refresh_route") == 0 ? "tether_edge_refresh_total"
+	                                               : "tether_edge_read_retries_total",
+	            NULL);
+	metrics_inc("tether_edge_rebuilt_attempts_total", labels);
+	log_info("%s for %s (generation %" PRIu64 "): rebuilding the request once",
+	         why, x->sbx, x->route_gen);
+	x->retried = 1;
+	x->reject_us = now_us();
+	x->status = 0;
+	x->capture = 0;
+	x->out_curl_paused = 0;
+	x->phase = P_CAP;
+	bytes_free(&x->out);
+	route_resolve(x);
+}
+
+/* node_transport_error: the node could not be reached or broke off, and
+ * the request is not retried: a clear answer saying whether the operation
+ * may have run. Exec and writes are never silently repeated (there is no
+ * idempotency key the receiver honours). */
+static void node_transport_error(struct xreq *x, CURL *easy, CURLcode rc)
+{
+	char op[32], detail[300], code[32] = "";
+	int started;
+
+	op_name(x, op, sizeof(op));
+	if (rc == CURLE_OK) { /* the node itself answered 502/503 */
+		captured_field(x, "error", code, sizeof(code));
+		captured_field(x, "message", detail, sizeof(detail));
+		started = strcmp(code, "unavailable") != 0;
+	} else {
+		snprintf(detail, sizeof(detail), "%s", curl_easy_strerror(rc));
+		/* nothing was sent when the connection could not be made */
+		started = rc != CURLE_COULDNT_CONNECT && rc != CURLE_COULDNT_RESOLVE_HOST;
+	}
+	up_release(x, easy);
+	/* the next operation resolves a fresh route, unless already repaired */
+	routes_drop_if(x->e->routes, x->keyhash, x->sbx, x->route_version);
+	metrics_inc("tether_edge_upstream_failures_total", "upstream=\"node\"");
+	x->status = 0;
+	x->capture = 0;
+	if (x->idempotent)
+		xreq_error(x, started ? 502 : 503, "unavailable",
+		           "%s on %s: worker node %s failed (%s); retried once on a "
+		           "freshly resolved route, giving up", op, x->sbx,
+		           x->node_url, detail);
+	else if (started) {
+		metrics_inc("tether_edge_not_repeated_total", NULL);
+		xreq_error(x, 502, "unavailable",
+		           "%s on %s: worker node %s failed mid-request (%s); the "
+		           "operation may or may not have run and was not repeated",
+		           op, x->sbx, x->node_url, detail);
+	} else
+		xreq_error(x, 503, "unavailable",
+		           "%s on %s: cannot reach worker node %s (%s); the "
+		           "operation did not start", op, x->sbx, x->node_url, detail);
+}
+
+/* node_done: the node answered (or failed); repairs a RefreshRoute once,
+ * retries a read once after a transport failure, else relays. */
+static void node_done(CURL *easy, CURLcode rc, void *arg)
+{
+	struct xreq *x = arg;
+	char v[32];
+	int transport;
+
+	if (x->wsi == NULL) {
+		up_finish(x, easy, rc, "node"); /* frees x */
+		return;
+	}
+	if (rc == CURLE_OK && x->status == 0) {
+		x->easy = easy;
+		up_note_headers(x);
+	}
+	if (rc == CURLE_OK && x->capture && x->status == 409) {
+		captured_field(x, "decision", v, sizeof(v));
+		if (strcmp(v, "refresh_route") == 0 && retry_eligible(x)) {
+			node_retry(x, easy, "refresh_route");
+			return;
+		}
+		if (strcmp(v, "refresh_route") == 0) /* relayed as it came */
+			metrics_inc("tether_edge_refresh_exhausted_total", NULL);
+	}
+	transport = rc != CURLE_OK ? !x->headers_sent : 0;
+	if (rc == CURLE_OK && x->capture && (x->status == 502 || x->status == 503)) {
+		captured_field(x, "error", v, sizeof(v));
+		transport = strcmp(v, "transport") == 0 || strcmp(v, "unavailable") == 0;
+	}
+	if (transport) {
+		if (x->idempotent && retry_eligible(x))
+			node_retry(x, easy, "transport");
+		else
+			node_transport_error(x, easy, rc);
+		return;
+	}
+	x->answer_gen = x->route_gen;
+	if (x->retried && x->status >= 200 && x->status < 300)
+		metrics_observe_us("tether_edge_route_repair_duration_seconds", NULL,
+		                   now_us() - x->reject_us);
 	up_finish(x, easy, rc, "node");
 }
 
@@ -554,12 +700,17 @@ static void node_start(struct xreq *x)
 	snprintf(url, sizeof(url), "%s%s%s%s", x->node_url, x->path,
 	         x->query[0] ? "?" : "", x->query);
 	x->phase = P_NODE;
+	x->status = 0;
 	x->easy = up_easy(x, url);
 	if (x->easy == NULL) {
 		xreq_error(x, 500, "internal", "out of memory");
 		return;
 	}
 	up_body_opts(x, x->easy);
+	/* curl silently resends a request whose reused connection died before
+	 * an answer: never for exec or writes, which get a new connection */
+	if (!x->idempotent)
+		curl_easy_setopt(x->easy, CURLOPT_FRESH_CONNECT, 1L);
 	curl_easy_setopt(x->easy, CURLOPT_WRITEFUNCTION, up_write);
 	curl_easy_setopt(x->easy, CURLOPT_WRITEDATA, x);
 	snprintf(auth, sizeof(auth), "Capability %s", x->token);
@@ -584,25 +735,41 @@ static size_t cap_write(char *data, size_t size, size_t nmemb, void *arg)
 	return bytes_append(&x->out, data, n) < 0 ? 0 : n;
 }
 
-/* cap_use: takes a capability answer into the cache and x. */
+/* cap_use: takes a capability answer into the route cache (if the slot is
+ * still ours to fill) and into x. */
 static int cap_use(struct xreq *x, json_t *j)
 {
 	const char *tok = json_string_value(json_object_get(j, "token"));
 	const char *exp = json_string_value(json_object_get(j, "expires_at"));
 	const char *node = json_string_value(json_object_get(j, "node_url"));
-	json_int_t gen = json_integer_value(json_object_get(j, "generation"));
-	int64_t t;
+	const char *wrk = json_string_value(json_object_get(j, "worker"));
+	json_t *gen = json_object_get(j, "generation");
+	struct route_entry f, out;
+	int rc;
 
-	if (tok == NULL || exp == NULL || node == NULL ||
-	    strncmp(node, "http://", 7) != 0 || strlen(node) >= sizeof(x->node_url) ||
-	    rfc3339_parse(exp, strlen(exp), &t, NULL) < 0)
+	memset(&f, 0, sizeof(f));
+	if (tok == NULL || exp == NULL || node == NULL || !json_is_integer(gen) ||
+	    json_integer_value(gen) < 1 ||
+	    strncmp(node, "http://", 7) != 0 || strlen(node) >= sizeof(f.node_url) ||
+	    rfc3339_parse(exp, strlen(exp), &f.expires_at, NULL) < 0)
 		return -1;
-	free(x->token);
-	x->token = strdup(tok);
-	if (x->token == NULL)
+	f.token = (char *)tok; /* borrowed: routes_commit copies */
+	f.generation = (uint64_t)json_integer_value(gen);
+	snprintf(f.worker, sizeof(f.worker), "%s", wrk ? wrk : "");
+	snprintf(f.node_url, sizeof(f.node_url), "%s", node);
+	x->fetching = 0; /* the commit below ends the fetch and wakes waiters */
+	rc = routes_commit(x->e->routes, x->keyhash, x->sbx, &x->ticket, &f, &out);
+	if (rc == 0) {
+		route_take(x, &out);
+		return 0;
+	}
+	route_entry_clear(&out);
+	/* not stored (the slot moved on): this request still uses what it got */
+	f.token = strdup(tok);
+	if (f.token == NULL)
 		return -1;
-	snprintf(x->node_url, sizeof(x->node_url), "%s", node);
-	cache_put(x->e, x->keyhash, x->sbx, tok, t, node, (uint64_t)gen);
+	f.version = 0;
+	route_take(x, &f);
 	return 0;
 }
 
@@ -614,19 +781,18 @@ static void cap_done(CURL *easy, CURLcode rc, void *arg)
 
 	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
 	if (x->wsi == NULL || rc != CURLE_OK || (status != 200 && status != 201)) {
+		route_fetch_end(x);
 		/* pass the cp's refusal (401/404/409…) through as it came */
 		up_finish(x, easy, rc, "control plane");
 		return;
 	}
-	curl_easy_cleanup(easy);
-	x->easy = NULL;
-	curl_slist_free_all(x->hdrs);
-	x->hdrs = NULL;
+	up_release(x, easy);
 	json_t *j = json_loadb(x->out.buf ? x->out.buf + x->out.off : "",
 	                       bytes_pending(&x->out), JSON_REJECT_DUPLICATES, NULL);
 	int ok = j != NULL && cap_use(x, j) == 0;
 	json_decref(j);
 	bytes_free(&x->out);
+	route_fetch_end(x); /* no-op once committed */
 	if (!ok) {
 		xreq_error(x, 502, "unavailable",
 		           "the control plane answered an unusable capability");
@@ -635,35 +801,26 @@ static void cap_done(CURL *easy, CURLcode rc, void *arg)
 	node_start(x);
 }
 
-/* cap_start: cached capability, or a new one from the control plane. */
-static void cap_start(struct xreq *x)
+/* cap_fetch: asks the control plane for a capability for x's caller (the
+ * caller's own API key: the cp authenticates the caller every time). */
+static void cap_fetch(struct xreq *x)
 {
 	static const char body[] =
 		"{\"purpose\":\"control\",\"ops\":[\"exec\",\"fs.read\",\"fs.write\"]}";
-	struct capent *c = cache_lookup(x->e, x->keyhash, x->sbx);
 	char url[512];
 	struct tt_err err;
 	struct curl_slist *h = NULL;
 	char line[600];
 
-	if (c != NULL) {
-		metrics_inc("tether_edge_capcache_total", "result=\"hit\"");
-		free(x->token);
-		x->token = strdup(c->token);
-		snprintf(x->node_url, sizeof(x->node_url), "%s", c->node_url);
-		if (x->token == NULL) {
-			xreq_error(x, 500, "internal", "out of memory");
-			return;
-		}
-		node_start(x);
-		return;
-	}
-	metrics_inc("tether_edge_capcache_total", "result=\"miss\"");
+	metrics_inc("tether_edge_cap_fetch_total",
+	            x->retried ? "why=\"repair\"" : "why=\"miss\"");
 	snprintf(url, sizeof(url), "%s/v1/sandboxes/%s/capabilities", x->e->cp_url,
 	         x->sbx);
 	x->phase = P_CAP;
+	x->status = 0;
 	x->easy = up_easy(x, url);
 	if (x->easy == NULL) {
+		route_fetch_end(x);
 		xreq_error(x, 500, "internal", "out of memory");
 		return;
 	}
@@ -678,10 +835,10 @@ static void cap_start(struct xreq *x)
 	                 (curl_off_t)(sizeof(body) - 1));
 	curl_easy_setopt(x->easy, CURLOPT_WRITEFUNCTION, cap_write);
 	curl_easy_setopt(x->easy, CURLOPT_WRITEDATA, x);
-	x->status = 0;
 	if (httpc_start(x->e->hc, x->easy, cap_done, x, &err) < 0) {
 		curl_easy_cleanup(x->easy);
 		x->easy = NULL;
+		route_fetch_end(x);
 		xreq_error(x, 500, "internal", "%s", err.msg);
 	}
 }
@@ -692,7 +849,7 @@ static void xreq_go(struct xreq *x)
 	if (x->kind == X_LIFECYCLE)
 		lifecycle_start(x);
 	else
-		cap_start(x);
+		route_resolve(x);
 }
 
 /* ---- lws side ----------------------------------------------------------- */
@@ -723,8 +880,17 @@ static int edge_write(struct lws *wsi, struct pss *pss, struct xreq *x)
 		                                x->ctype, len, &p, end) ||
 		    lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CACHE_CONTROL,
 		                                 (const unsigned char *)"no-store", 8,
-		                                 &p, end) ||
-		    lws_finalize_http_header(wsi, &p, end))
+		                                 &p, end))
+			return -1;
+		if (x->answer_gen > 0) { /* the execution that served this answer */
+			char g[24];
+			int gl = snprintf(g, sizeof(g), "%" PRIu64, x->answer_gen);
+			if (lws_add_http_header_by_name(wsi,
+			        (const unsigned char *)"x-tether-generation:",
+			        (const unsigned char *)g, gl, &p, end))
+				return -1;
+		}
+		if (lws_finalize_http_header(wsi, &p, end))
 			return -1;
 		x->headers_sent = 1;
 	}
@@ -801,9 +967,15 @@ static int route(struct xreq *x)
 		return (strcmp(m, "GET") == 0 || strcmp(m, "DELETE") == 0) ? 0 : 405;
 	if (strcmp(rest, "/capabilities") == 0)
 		return strcmp(m, "POST") == 0 ? 0 : 405;
+	/* lifecycle transitions (query such as ?wait=0 passes through) */
+	if (strcmp(rest, "/pause") == 0 || strcmp(rest, "/resume") == 0 ||
+	    strcmp(rest, "/migrate") == 0)
+		return strcmp(m, "POST") == 0 ? 0 : 405;
 	x->kind = X_OP;
 	if (strcmp(rest, "/exec") == 0 || strcmp(rest, "/mkdir") == 0)
 		return strcmp(m, "POST") == 0 ? 0 : 405;
+	/* reads may be retried after a transport failure (SPEC §8) */
+	x->idempotent = strcmp(m, "GET") == 0;
 	if (strcmp(rest, "/stat") == 0 || strcmp(rest, "/list") == 0)
 		return strcmp(m, "GET") == 0 ? 0 : 405;
 	if (strcmp(rest, "/files") == 0) {
@@ -1078,6 +1250,11 @@ int edge_main(int argc, char **argv)
 		return 1;
 	}
 	signal(SIGPIPE, SIG_IGN);
+	e.routes = routes_new(EDGE_CACHE_MAX, EDGE_CAP_MARGIN);
+	if (e.routes == NULL) {
+		log_error("out of memory");
+		return 1;
+	}
 	e.loop = uv_default_loop();
 	e.hc = httpc_new(e.loop, &err);
 	if (e.hc == NULL) {
@@ -1097,10 +1274,6 @@ int edge_main(int argc, char **argv)
 	uv_run(e.loop, UV_RUN_DEFAULT);
 	log_info("signal %d: stopping", edge_stop_signal);
 	lws_context_destroy(e.ctx);
-	while (e.cache) {
-		struct capent *c = e.cache;
-		e.cache = c->next;
-		capent_free(c);
-	}
+	routes_free(e.routes);
 	return 0;
 }

@@ -28,14 +28,19 @@ static const char *fs_type_name(mode_t m)
 	return "other";
 }
 
-/* fs_read: streams a regular file as DATA_OUT frames, then RESULT size. */
+/* fs_read: announces the size (META {"size":N}, so node-api can send
+ * Content-Length), then streams exactly N bytes as DATA_OUT and ends with
+ * RESULT size. A file that shrinks under the read is an ERROR (never a
+ * silently short file); one that grows is cut at N bytes. */
 void fs_read(const struct guest_ctx *g, int conn, json_t *req)
 {
 	const char *path = guest_req_path(conn, req);
 	_cleanup_free_ uint8_t *buf = NULL;
 	_cleanup_close_ int fd = -1;
-	uint64_t size = 0;
+	uint64_t size, done = 0;
 	struct stat st;
+	json_t *meta;
+	int rc;
 
 	if (path == NULL)
 		return;
@@ -58,8 +63,16 @@ void fs_read(const struct guest_ctx *g, int conn, json_t *req)
 		wire_send_error(conn, "internal", "out of memory");
 		return;
 	}
-	for (;;) {
-		ssize_t n = read(fd, buf, WIRE_PAYLOAD_MAX);
+	size = (uint64_t)st.st_size;
+	meta = json_pack("{s:I}", "size", (json_int_t)size);
+	rc = meta ? wire_send_json(conn, WIRE_META, meta, NULL) : -1;
+	json_decref(meta);
+	if (rc < 0)
+		return; /* the opener is gone (or no memory): nothing to answer */
+	while (done < size) {
+		size_t want = size - done < WIRE_PAYLOAD_MAX ?
+		              (size_t)(size - done) : WIRE_PAYLOAD_MAX;
+		ssize_t n = read(fd, buf, want);
 
 		if (n < 0 && errno == EINTR)
 			continue;
@@ -67,11 +80,16 @@ void fs_read(const struct guest_ctx *g, int conn, json_t *req)
 			guest_send_errno(conn, errno, path);
 			return;
 		}
-		if (n == 0)
-			break;
+		if (n == 0) {
+			wire_send_error(conn, "changed",
+			                "%s shrank while being read (%llu of %llu bytes)",
+			                path, (unsigned long long)done,
+			                (unsigned long long)size);
+			return;
+		}
 		if (wire_send(conn, WIRE_DATA_OUT, buf, (uint32_t)n, NULL) < 0)
 			return;
-		size += (uint64_t)n;
+		done += (uint64_t)n;
 	}
 	guest_result(g, conn, json_pack("{s:I}", "size", (json_int_t)size));
 }
@@ -222,13 +240,69 @@ static int name_cmp(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* fs_list: the entries of a directory, sorted by name, at most 10000. */
+/* list_flush: sends the NDJSON lines held in buf as one DATA_OUT. */
+static int list_flush(int conn, uint8_t *buf, size_t *len)
+{
+	int rc = 0;
+
+	if (*len > 0)
+		rc = wire_send(conn, WIRE_DATA_OUT, buf, (uint32_t)*len, NULL);
+	*len = 0;
+	return rc;
+}
+
+/* list_send: streams the entries of d named in names as newline-delimited
+ * compact JSON objects in DATA_OUT frames (whole lines per frame), then
+ * RESULT {"entries_total":N}. Entries removed meanwhile, or whose name is
+ * not UTF-8 (JSON cannot carry it), are left out. */
+static void list_send(const struct guest_ctx *g, int conn, DIR *d,
+                      char *const *names, size_t n)
+{
+	_cleanup_free_ uint8_t *buf = malloc(WIRE_PAYLOAD_MAX);
+	size_t len = 0, total = 0;
+
+	if (buf == NULL) {
+		wire_send_error(conn, "internal", "out of memory");
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		_cleanup_free_ char *line = NULL;
+		struct stat st;
+		json_t *e;
+		size_t l;
+
+		if (fstatat(dirfd(d), names[i], &st, AT_SYMLINK_NOFOLLOW) < 0)
+			continue; /* removed meanwhile */
+		e = json_pack("{s:s, s:s, s:I, s:i, s:I}",
+		    "name", names[i], "type", fs_type_name(st.st_mode),
+		    "size", (json_int_t)st.st_size, "mode", (int)(st.st_mode & 07777),
+		    "mtime", (json_int_t)st.st_mtim.tv_sec);
+		line = e ? json_dumps(e, JSON_COMPACT) : NULL;
+		json_decref(e);
+		if (line == NULL)
+			continue; /* not UTF-8 */
+		l = strlen(line); /* compact JSON: no newline inside */
+		if (l + 1 > WIRE_PAYLOAD_MAX)
+			continue; /* cannot happen: a name is at most 255 bytes */
+		if (len + l + 1 > WIRE_PAYLOAD_MAX && list_flush(conn, buf, &len) < 0)
+			return;
+		memcpy(buf + len, line, l);
+		buf[len + l] = '\n';
+		len += l + 1;
+		total++;
+	}
+	if (list_flush(conn, buf, &len) < 0)
+		return;
+	guest_result(g, conn, json_pack("{s:I}", "entries_total", (json_int_t)total));
+}
+
+/* fs_list: the entries of a directory, sorted by name, at most
+ * GUEST_LIST_MAX (refused with too_large before any entry is sent). */
 void fs_list(const struct guest_ctx *g, int conn, json_t *req)
 {
 	const char *path = guest_req_path(conn, req);
 	char **names = NULL; /* owned here, with every string in it */
 	size_t n = 0;
-	json_t *arr;
 	DIR *d;
 	struct dirent *de;
 	int fd;
@@ -263,18 +337,7 @@ void fs_list(const struct guest_ctx *g, int conn, json_t *req)
 		n++;
 	}
 	qsort(names, n, sizeof(*names), name_cmp);
-	arr = json_array();
-	for (size_t i = 0; arr != NULL && i < n; i++) {
-		struct stat st;
-
-		if (fstatat(dirfd(d), names[i], &st, AT_SYMLINK_NOFOLLOW) < 0)
-			continue; /* removed meanwhile */
-		json_array_append_new(arr, json_pack("{s:s, s:s, s:I, s:i, s:I}",
-		    "name", names[i], "type", fs_type_name(st.st_mode),
-		    "size", (json_int_t)st.st_size, "mode", (int)(st.st_mode & 07777),
-		    "mtime", (json_int_t)st.st_mtim.tv_sec));
-	}
-	guest_result(g, conn, json_pack("{s:o*}", "entries", arr));
+	list_send(g, conn, d, names, n);
 	goto out;
 nomem:
 	wire_send_error(conn, "internal", "out of memory");

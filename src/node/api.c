@@ -2,8 +2,11 @@
  * Every operation opens its own connection to the sbx-manager, which admits
  * it (SPEC §4) before anything reaches the sandbox; refusals are passed on
  * unchanged. Exec output is collected into one JSON answer; file reads are
- * streamed (HTTP/1.1 chunked, so a broken stream is visible as such) and
- * file writes are streamed in with backpressure both ways.
+ * streamed with Content-Length (the guest announces the size in META before
+ * the bytes; a broken stream closes the connection short of that length, so
+ * the client sees it) and file writes are streamed in with backpressure both
+ * ways. Directory listings arrive as newline-delimited JSON entries and are
+ * answered as one bounded JSON body.
  *
  * Exec stdout/stderr are JSON strings: bytes that are not valid UTF-8 are
  * replaced by U+FFFD (binary output belongs in a file read). */
@@ -39,6 +42,8 @@
 #define API_STREAM_HIGH (1u << 20)   /* GET: pause the manager above this */
 #define API_STREAM_LOW (256u << 10)
 #define API_PENDING_MAX (1u << 20)   /* PUT bytes held before admission */
+#define API_LIST_MAX 10000           /* entries in one listing */
+#define API_LIST_BYTES_MAX (4u << 20) /* NDJSON bytes of one listing */
 #define API_READY_TIMEOUT_MS 10000
 #define API_READY_RETRY_MS 50
 
@@ -89,10 +94,14 @@ struct api_op {
 	char *reply;
 	size_t reply_len;
 	bool close_after;           /* request body not fully read */
-	/* GET stream */
+	/* GET stream: META gives content_len; got counts bytes from the
+	 * manager, sent bytes handed to lws */
 	struct api_chunk *q_head, *q_tail;
 	size_t q_bytes;
-	bool headers_sent, stream_end, stream_abort, mc_paused;
+	uint64_t content_len, got, sent;
+	bool have_meta, headers_sent, stream_end, stream_abort, mc_paused;
+	/* list: NDJSON entries are collected in out; lines counted */
+	size_t list_lines;
 	/* PUT */
 	bool allowed, body_done, rx_paused;
 	struct api_buf pending;
@@ -392,16 +401,66 @@ static void op_on_decision(struct api_op *op, const struct wire_frame *f)
 		put_flush(op);
 }
 
-/* stream_push: queues one GET body chunk; pauses the manager when the
- * client is slower than the sandbox. */
-static void stream_push(struct api_op *op, const uint8_t *data, size_t len)
+/* stream_fail: a file read went wrong. Before the headers are out the
+ * client gets an error answer; after, only a connection closed short of
+ * Content-Length tells it the file is incomplete. */
+static void stream_fail(struct api_op *op, unsigned status, const char *code,
+                        const char *msg)
 {
-	struct api_chunk *c = malloc(sizeof(*c) + len);
-
-	if (c == NULL) {
-		op->stream_abort = true;
+	if (!op->headers_sent) {
+		op_reply_error(op, status, code, msg);
 		return;
 	}
+	log_warn("files_get %s: broken after the headers: %s", op->sbx, msg);
+	mgrconn_close(op->mc);
+	op->mc = NULL;
+	op->stream_abort = true;
+	op->state = OP_STREAM;
+	if (op->wsi != NULL)
+		lws_callback_on_writable(op->wsi);
+}
+
+/* stream_on_meta: META {"size":N} of a file read: the headers can go out
+ * with Content-Length N. Exactly one META, before any byte. */
+static void stream_on_meta(struct api_op *op, const struct wire_frame *f)
+{
+	json_error_t jerr;
+	json_t *m = json_loadb((const char *)f->payload, f->len,
+	                       JSON_REJECT_DUPLICATES, &jerr);
+	json_t *size = json_object_get(m, "size");
+
+	if (op->have_meta || !json_is_integer(size) ||
+	    json_integer_value(size) < 0) {
+		json_decref(m);
+		stream_fail(op, 502, "transport", "the sandbox sent an invalid META");
+		return;
+	}
+	op->content_len = (uint64_t)json_integer_value(size);
+	op->have_meta = true;
+	op->state = OP_STREAM;
+	json_decref(m);
+	lws_callback_on_writable(op->wsi);
+}
+
+/* stream_push: queues one GET body chunk; pauses the manager when the
+ * client is slower than the sandbox. More bytes than announced is a
+ * protocol violation, never passed on. */
+static void stream_push(struct api_op *op, const uint8_t *data, size_t len)
+{
+	struct api_chunk *c;
+
+	if (!op->have_meta || len > op->content_len - op->got) {
+		stream_fail(op, 502, "transport",
+		            op->have_meta ? "the sandbox sent more bytes than announced"
+		                          : "the sandbox sent bytes before META");
+		return;
+	}
+	c = malloc(sizeof(*c) + len);
+	if (c == NULL) {
+		stream_fail(op, 500, "internal", "out of memory");
+		return;
+	}
+	op->got += len;
 	c->next = NULL;
 	c->len = len;
 	memcpy(c->data, data, len);
@@ -418,18 +477,68 @@ static void stream_push(struct api_op *op, const uint8_t *data, size_t len)
 	}
 }
 
+/* list_feed: NDJSON bytes of a listing, bounded in entries and bytes (the
+ * guest is not trusted to keep its own limit). */
+static void list_feed(struct api_op *op, const uint8_t *data, size_t len)
+{
+	for (size_t i = 0; i < len; i++)
+		op->list_lines += data[i] == '\n';
+	if (op->list_lines > API_LIST_MAX) {
+		op_reply_error(op, 413, "too_large",
+		               "the directory has more than 10000 entries");
+		return;
+	}
+	if (buf_append(&op->out, data, len, API_LIST_BYTES_MAX) < 0) {
+		op_reply_error(op, 500, "internal", "out of memory");
+		return;
+	}
+	if (op->out.truncated)
+		op_reply_error(op, 413, "too_large", "the listing is over 4 MiB");
+}
+
+/* list_build: the collected NDJSON -> an "entries" array of objects; NULL
+ * when a line is not a JSON object or the count differs from the guest's
+ * entries_total. */
+static json_t *list_build(struct api_op *op, json_t *total)
+{
+	json_t *arr = json_array();
+	size_t off = 0;
+
+	if (arr == NULL || !json_is_integer(total) ||
+	    json_integer_value(total) != (json_int_t)op->list_lines ||
+	    (op->out.len > 0 && op->out.p[op->out.len - 1] != '\n'))
+		goto bad;
+	while (off < op->out.len) {
+		const uint8_t *nl = memchr(op->out.p + off, '\n', op->out.len - off);
+		size_t l = (size_t)(nl - (op->out.p + off));
+		json_error_t jerr;
+		json_t *e = json_loadb((const char *)op->out.p + off, l,
+		                       JSON_REJECT_DUPLICATES, &jerr);
+
+		if (!json_is_object(e) || json_array_append_new(arr, e) < 0) {
+			json_decref(e);
+			goto bad;
+		}
+		off += l + 1;
+	}
+	return arr;
+bad:
+	json_decref(arr);
+	return NULL;
+}
+
 /* op_on_result: RESULT ends the operation successfully. */
 static void op_on_result(struct api_op *op, const struct wire_frame *f)
 {
 	json_error_t jerr;
 	json_t *res = json_loadb((const char *)f->payload, f->len,
 	                         JSON_REJECT_DUPLICATES, &jerr);
+	json_t *entries;
 
 	if (!json_is_object(res)) {
 		json_decref(res);
-		if (op->route == R_FILES_GET && op->headers_sent) {
-			op->stream_abort = true;
-			lws_callback_on_writable(op->wsi);
+		if (op->route == R_FILES_GET) {
+			stream_fail(op, 502, "transport", "manager sent an invalid result");
 			return;
 		}
 		op_reply_error(op, 502, "transport", "manager sent an invalid result");
@@ -444,12 +553,34 @@ static void op_on_result(struct api_op *op, const struct wire_frame *f)
 		op_reply_json(op, 200, res);
 		return;
 	case R_FILES_GET:
+		/* Only the announced length, complete, ends a read well. */
+		if (!op->have_meta || op->got != op->content_len ||
+		    !json_is_integer(json_object_get(res, "size")) ||
+		    (uint64_t)json_integer_value(json_object_get(res, "size")) !=
+		            op->content_len) {
+			json_decref(res);
+			stream_fail(op, 502, "transport",
+			            "the sandbox ended the read short of its size");
+			return;
+		}
 		json_decref(res);
 		mgrconn_close(op->mc);
 		op->mc = NULL;
 		op->stream_end = true;
 		op->state = OP_STREAM;
 		lws_callback_on_writable(op->wsi);
+		return;
+	case R_LIST:
+		entries = list_build(op, json_object_get(res, "entries_total"));
+		if (entries == NULL) {
+			json_decref(res);
+			op_reply_error(op, 502, "transport",
+			               "the sandbox sent an invalid listing");
+			return;
+		}
+		json_object_del(res, "entries_total");
+		json_object_set_new(res, "entries", entries);
+		op_reply_json(op, 200, res);
 		return;
 	default:
 		op_reply_json(op, 200, res);
@@ -467,15 +598,12 @@ static void op_on_error(struct api_op *op, const struct wire_frame *f)
 	const char *msg = json_string_value(json_object_get(obj, "message"));
 
 	if (op->route == R_FILES_GET && op->headers_sent) {
-		/* Bytes already went out: only a broken transfer tells the
-		 * client the file is incomplete. */
-		log_warn("files_get %s: error after the body started: %s",
-		         op->sbx, code ? code : "?");
+		/* The headers promised a length: only a broken transfer tells
+		 * the client the file is incomplete. */
+		log_warn("files_get %s: error after the headers: %s: %s", op->sbx,
+		         code ? code : "?", msg ? msg : "");
 		json_decref(obj);
-		mgrconn_close(op->mc);
-		op->mc = NULL;
-		op->stream_abort = true;
-		lws_callback_on_writable(op->wsi);
+		stream_fail(op, 500, "internal", "error after the headers");
 		return;
 	}
 	/* A stream that got no byte yet answers like any other error. */
@@ -503,13 +631,20 @@ static void op_on_frame(void *arg, const struct wire_frame *f)
 		return;
 	}
 	switch (f->type) {
+	case WIRE_META:
+		if (op->route == R_FILES_GET)
+			stream_on_meta(op, f);
+		break;
 	case WIRE_DATA_OUT:
 		if (op->route == R_EXEC) {
 			if (buf_append(&op->out, f->payload, f->len, API_OUT_MAX) < 0)
 				op_reply_error(op, 500, "internal", "out of memory");
 		} else if (op->route == R_FILES_GET && f->len > 0) {
 			stream_push(op, f->payload, f->len);
-			lws_callback_on_writable(op->wsi);
+			if (op->state == OP_STREAM && !op->stream_abort)
+				lws_callback_on_writable(op->wsi);
+		} else if (op->route == R_LIST) {
+			list_feed(op, f->payload, f->len);
 		}
 		break;
 	case WIRE_STDERR:
@@ -537,10 +672,7 @@ static void op_on_end(void *arg, const struct tt_err *err)
 		return;
 	log_warn("%s %s: %s", route_names[op->route], op->sbx, err->msg);
 	if (op->route == R_FILES_GET && op->headers_sent) {
-		mgrconn_close(op->mc);
-		op->mc = NULL;
-		op->stream_abort = true;
-		lws_callback_on_writable(op->wsi);
+		stream_fail(op, 502, "transport", "lost the manager connection");
 		return;
 	}
 	if (err->code == TT_ERR_IO)
@@ -931,8 +1063,20 @@ static int api_on_body_done(struct api_op *op)
 	return 0;
 }
 
-/* stream_write: one step of a streamed GET: headers, one chunk, the end,
- * or an abort. Chunked encoding makes a cut-off transfer detectable. */
+/* stream_done: the whole announced length is out: count, free, and finish
+ * the HTTP transaction (keep-alive). */
+static int stream_done(struct lws *wsi, struct api_pss *pss, struct api_op *op)
+{
+	api_count(op->route, 200, op->t0_us);
+	pss->op = NULL;
+	op_free(op);
+	return lws_http_transaction_completed(wsi) ? -1 : 0;
+}
+
+/* stream_write: one step of a streamed GET: the headers with
+ * Content-Length, one body piece, or an abort (closing the connection short
+ * of the announced length). The last piece goes out, marked final, only
+ * once the guest's RESULT confirmed the read. */
 static int stream_write(struct lws *wsi, struct api_pss *pss, struct api_op *op)
 {
 	if (op->stream_abort) {
@@ -941,6 +1085,8 @@ static int stream_write(struct lws *wsi, struct api_pss *pss, struct api_op *op)
 		op_free(op);
 		return -1;
 	}
+	if (!op->have_meta)
+		return 0;
 	if (!op->headers_sent) {
 		uint8_t hb[LWS_PRE + 512], *start = hb + LWS_PRE, *p = start,
 		        *end = hb + sizeof(hb);
@@ -948,54 +1094,48 @@ static int stream_write(struct lws *wsi, struct api_pss *pss, struct api_op *op)
 		if (lws_add_http_header_status(wsi, 200 | LWSAHH_FLAG_NO_SERVER_NAME, &p, end) ||
 		    lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CONTENT_TYPE,
 		            (const uint8_t *)"application/octet-stream", 24, &p, end) ||
-		    lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING,
-		            (const uint8_t *)"chunked", 7, &p, end) ||
+		    lws_add_http_header_content_length(wsi, op->content_len, &p, end) ||
 		    lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CACHE_CONTROL,
 		            (const uint8_t *)"no-store", 8, &p, end) ||
 		    lws_finalize_write_http_header(wsi, start, &p, end))
 			return -1;
 		op->headers_sent = true;
-		lws_callback_on_writable(wsi);
+		if (op->q_head != NULL || op->stream_end)
+			lws_callback_on_writable(wsi);
 		return 0;
 	}
 	if (op->q_head != NULL) {
 		struct api_chunk *c = op->q_head;
-		_cleanup_free_ uint8_t *b = malloc(LWS_PRE + 20 + c->len + 2);
-		int h;
+		bool last = op->sent + c->len == op->content_len;
+		_cleanup_free_ uint8_t *b = NULL;
 
+		if (last && !op->stream_end)
+			return 0; /* wait for RESULT; it asks for a write again */
+		b = malloc(LWS_PRE + c->len);
 		if (b == NULL)
 			return -1;
-		h = snprintf((char *)b + LWS_PRE, 20, "%zx\r\n", c->len);
-		memcpy(b + LWS_PRE + h, c->data, c->len);
-		memcpy(b + LWS_PRE + h + c->len, "\r\n", 2);
-		if (lws_write(wsi, b + LWS_PRE, (size_t)h + c->len + 2, LWS_WRITE_HTTP) < 0)
+		memcpy(b + LWS_PRE, c->data, c->len);
+		if (lws_write(wsi, b + LWS_PRE, c->len,
+		              last ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP) < (int)c->len)
 			return -1;
+		op->sent += c->len;
 		op->q_head = c->next;
 		if (op->q_head == NULL)
 			op->q_tail = NULL;
 		op->q_bytes -= c->len;
 		free(c);
+		if (last)
+			return stream_done(wsi, pss, op);
 		if (op->mc_paused && op->q_bytes < API_STREAM_LOW && op->mc != NULL) {
 			op->mc_paused = false;
 			mgrconn_resume(op->mc);
 		}
-		if (op->q_head != NULL || op->stream_end || op->stream_abort)
+		if (op->q_head != NULL)
 			lws_callback_on_writable(wsi);
 		return 0;
 	}
-	if (op->stream_end) {
-		uint8_t b[LWS_PRE + 8];
-		int rc;
-
-		memcpy(b + LWS_PRE, "0\r\n\r\n", 5);
-		if (lws_write(wsi, b + LWS_PRE, 5, LWS_WRITE_HTTP_FINAL) < 0)
-			return -1;
-		api_count(op->route, 200, op->t0_us);
-		pss->op = NULL;
-		op_free(op);
-		rc = lws_http_transaction_completed(wsi);
-		return rc ? -1 : 0;
-	}
+	if (op->stream_end && op->sent == op->content_len)
+		return stream_done(wsi, pss, op); /* an empty file */
 	return 0;
 }
 
@@ -1009,7 +1149,7 @@ static int api_on_writeable(struct lws *wsi, struct api_pss *pss)
 
 	if (op == NULL)
 		return 0;
-	if (op->state == OP_STREAM && !(op->headers_sent == false && op->stream_abort))
+	if (op->state == OP_STREAM)
 		return stream_write(wsi, pss, op);
 	if (op->state != OP_REPLY)
 		return 0;
@@ -1067,7 +1207,7 @@ static const struct lws_protocols api_protocols[] = {
 
 static const char *const usage_text =
 	"usage: tetherd node --id W --listen 127.0.0.1:PORT --cp URL "
-	"--node-token-file FILE --state DIR [--guest-bin PATH]\n";
+	"--node-token-file FILE --state DIR [--guest-bin PATH] [--snapshots DIR]\n";
 
 /* node_read_token: the node token file (first line, bounded). */
 static int node_read_token(struct node *n, const char *file, struct tt_err *err)
@@ -1122,6 +1262,7 @@ static int node_parse(struct node *n, int argc, char **argv, struct tt_err *err)
 		{ "node-token-file", required_argument, NULL, 't' },
 		{ "state", required_argument, NULL, 's' },
 		{ "guest-bin", required_argument, NULL, 'g' },
+		{ "snapshots", required_argument, NULL, 'S' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -1139,6 +1280,7 @@ static int node_parse(struct node *n, int argc, char **argv, struct tt_err *err)
 		case 't': token_file = optarg; break;
 		case 's': n->state_dir = optarg; break;
 		case 'g': n->guest_bin = optarg; break;
+		case 'S': n->snap_dir = optarg; break;
 		default:
 			return tt_err_set(err, TT_ERR_INVALID, "%s", usage_text);
 		}
@@ -1194,7 +1336,7 @@ static void node_on_manager_exit(uv_process_t *p, int64_t status, int sig)
 static int node_spawn_manager(struct node *n, struct tt_err *err)
 {
 	char pid[24], uid[24];
-	char *args[16];
+	char *args[20];
 	uv_process_options_t o;
 	uv_stdio_container_t stdio[3];
 	int i = 0, rc;
@@ -1216,6 +1358,10 @@ static int node_spawn_manager(struct node *n, struct tt_err *err)
 	if (n->guest_bin != NULL) {
 		args[i++] = (char *)"--guest-bin";
 		args[i++] = (char *)n->guest_bin;
+	}
+	if (n->snap_dir != NULL) { /* the snapshot store, passed through */
+		args[i++] = (char *)"--snapshots";
+		args[i++] = (char *)n->snap_dir;
 	}
 	args[i] = NULL;
 	memset(&o, 0, sizeof(o));

@@ -179,6 +179,163 @@ static void feed_ack(struct node_feed *f)
 }
 
 static void feed_apply(struct node_feed *f);
+static void feed_on_applied(void *arg, json_t *result, const struct tt_err *err);
+
+/* ---- pause progress (manager -> node-api -> cp, best effort) ---------- */
+
+#define FEED_PROGRESS_MIN_MS 200 /* at most 5 reports a second */
+
+/* One progress POST; owns its headers (they hold the node token). */
+struct feed_prog {
+	struct node *n;
+	struct curl_slist *hdrs;
+};
+
+/* prog_discard: the cp's answer to a progress report is not needed. */
+static size_t prog_discard(char *data, size_t size, size_t nmemb, void *arg)
+{
+	(void)data;
+	(void)arg;
+	return size * nmemb;
+}
+
+/* prog_done: frees the report (the token header is wiped first). */
+static void prog_done(CURL *easy, CURLcode rc, void *arg)
+{
+	struct feed_prog *p = arg;
+
+	(void)rc;
+	curl_easy_cleanup(easy);
+	p->n->progress_inflight = false;
+	for (struct curl_slist *s = p->hdrs; s != NULL; s = s->next)
+		sodium_memzero(s->data, strlen(s->data));
+	curl_slist_free_all(p->hdrs);
+	free(p);
+}
+
+/* feed_progress: forwards one manager progress frame {"progress":{...}} as
+ * POST /v1/feed/progress; dropped when one is running or the last was less
+ * than FEED_PROGRESS_MIN_MS ago (the next one carries newer numbers). */
+static void feed_progress(struct node_feed *f, json_t *frame)
+{
+	struct node *n = f->n;
+	json_t *pr = json_object_get(frame, "progress");
+	json_t *body;
+	_cleanup_free_ char *enc = NULL;
+	char url[1024], auth[NODE_TOKEN_MAX + 64];
+	struct tt_err err = { 0 };
+	struct feed_prog *p;
+	CURL *easy;
+
+	if (!json_is_object(pr) || n->progress_inflight ||
+	    uv_now(n->loop) - n->progress_last_ms < FEED_PROGRESS_MIN_MS)
+		return;
+	body = json_pack("{s:s,s:O?,s:O?,s:O?,s:O?}", "worker", n->id, "rev",
+	                 json_object_get(pr, "rev"), "sandbox",
+	                 json_object_get(pr, "sandbox"), "bytes",
+	                 json_object_get(pr, "bytes"), "total", json_object_get(pr, "total"));
+	enc = body ? json_dumps(body, JSON_COMPACT) : NULL;
+	json_decref(body);
+	p = enc ? calloc(1, sizeof(*p)) : NULL;
+	easy = p ? curl_easy_init() : NULL;
+	if (easy == NULL) {
+		free(p);
+		return;
+	}
+	p->n = n;
+	snprintf(auth, sizeof(auth), "Authorization: Node %s", n->node_token);
+	p->hdrs = curl_slist_append(NULL, auth);
+	sodium_memzero(auth, sizeof(auth));
+	if (p->hdrs != NULL)
+		p->hdrs = curl_slist_append(p->hdrs, "Content-Type: application/json");
+	snprintf(url, sizeof(url), "%s/v1/feed/progress", n->cp_url);
+	curl_easy_setopt(easy, CURLOPT_URL, url);
+	curl_easy_setopt(easy, CURLOPT_HTTPHEADER, p->hdrs);
+	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, 3000L);
+	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, prog_discard);
+	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(easy, CURLOPT_COPYPOSTFIELDS, enc);
+	n->progress_inflight = true;
+	n->progress_last_ms = uv_now(n->loop);
+	if (p->hdrs == NULL || httpc_start(n->httpc, easy, prog_done, p, &err) < 0)
+		prog_done(easy, CURLE_OK, p);
+}
+
+/* Context of the feed.apply call in flight (one at a time). */
+struct feed_callst {
+	struct node_feed *f;
+	struct mgrconn *c;
+};
+
+/* call_end: reports the call's outcome once and closes it. */
+static void call_end(struct feed_callst *st, json_t *result, const struct tt_err *err)
+{
+	struct node_feed *f = st->f;
+
+	mgrconn_close(st->c);
+	free(st);
+	feed_on_applied(f, result, err);
+}
+
+/* call_frame: progress frames (DATA_OUT) until RESULT or ERROR. */
+static void call_frame(void *arg, const struct wire_frame *fr)
+{
+	struct feed_callst *st = arg;
+	struct tt_err err = { 0 };
+	json_t *obj;
+
+	if (fr->type != WIRE_RESULT && fr->type != WIRE_ERROR && fr->type != WIRE_DATA_OUT)
+		return;
+	obj = json_loadb((const char *)fr->payload, fr->len, JSON_REJECT_DUPLICATES, NULL);
+	if (!json_is_object(obj)) {
+		json_decref(obj);
+		if (fr->type == WIRE_DATA_OUT)
+			return;
+		tt_err_set(&err, TT_ERR_MALFORMED, "manager sent invalid JSON");
+		call_end(st, NULL, &err);
+		return;
+	}
+	if (fr->type == WIRE_DATA_OUT) {
+		if (!st->f->stopping)
+			feed_progress(st->f, obj);
+		json_decref(obj);
+		return;
+	}
+	if (fr->type == WIRE_RESULT) {
+		call_end(st, obj, NULL);
+		return;
+	}
+	tt_err_set(&err, TT_ERR_TRANSPORT, "manager: %s: %s",
+	           json_string_value(json_object_get(obj, "error")) ?: "error",
+	           json_string_value(json_object_get(obj, "message")) ?: "");
+	json_decref(obj);
+	call_end(st, NULL, &err);
+}
+
+/* call_gone: the manager connection ended before a RESULT. */
+static void call_gone(void *arg, const struct tt_err *err)
+{
+	call_end(arg, NULL, err);
+}
+
+/* feed_call: sends one feed.apply to the manager; the answer (after any
+ * progress frames) lands in feed_on_applied. */
+static int feed_call(struct node_feed *f, json_t *req, struct tt_err *err)
+{
+	static const struct mgrconn_cbs cbs = { .on_frame = call_frame, .on_end = call_gone };
+	struct feed_callst *st = calloc(1, sizeof(*st));
+
+	if (st == NULL)
+		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+	st->f = f;
+	st->c = mgrconn_open(f->n->loop, f->n->sock_path, req, &cbs, st, err);
+	if (st->c == NULL) {
+		free(st);
+		return -1;
+	}
+	return 0;
+}
 
 /* feed_on_applied: the manager's answer to one feed.apply batch. */
 static void feed_on_applied(void *arg, json_t *result, const struct tt_err *err)
@@ -284,7 +441,7 @@ static void feed_apply(struct node_feed *f)
 		count /= 2;
 	}
 	f->next += count;
-	if (mgrconn_call(n->loop, n->sock_path, req, feed_on_applied, f, &err) < 0) {
+	if (feed_call(f, req, &err) < 0) {
 		log_error("feed: %s", err.msg);
 		f->next -= count;
 		feed_retry(f);

@@ -10,7 +10,9 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <sodium.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -25,6 +27,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "bridge/reason.h"
 #include "capcache.h"
 #include "cleanup.h"
 #include "decision.h"
@@ -32,7 +35,10 @@
 #include "log.h"
 #include "metrics.h"
 #include "node/ns.h"
+#include "snapshot.h"
+#include "snapstore.h"
 #include "node/records.h"
+#include "procid.h"
 #include "relay.h"
 #include "tetherd/roles.h"
 #include "timefmt.h"
@@ -54,8 +60,9 @@ struct mgr_exec {
 	pid_t bridge_pid;
 	int bridge_pidfd;
 	unsigned long long bridge_start;
-	dev_t bridge_dev;
-	ino_t bridge_ino;
+	/* The bridge as pinned at spawn (pid, start time, executable, uid):
+	 * every connection to it must reach exactly this process. */
+	struct proc_identity bridge_id;
 	bool own_children;        /* false when adopted after a restart */
 	uv_poll_t init_poll, bridge_poll;
 	int polls_open;
@@ -86,6 +93,7 @@ struct manager {
 	char sock_path[PATH_MAX];
 	char worker_id[TT_NAME_MAX + 1];
 	char guest_bin[PATH_MAX];
+	char snap_dir[PATH_MAX];   /* snapshot store root; "" = none */
 	pid_t peer_pid;
 	uid_t peer_uid;
 	struct records *db;
@@ -98,6 +106,8 @@ struct manager {
 };
 
 static void exec_stop(struct manager *m, struct mgr_exec *ex);
+static int layer_restore(struct manager *m, const struct rec_exec *rec,
+                         const char *key, struct tt_err *err);
 
 /* pidfd_open_raw: glibc 2.36 lacks a wrapper in older headers. */
 static int pidfd_open_raw(pid_t pid)
@@ -208,37 +218,6 @@ static void relay_done(struct relay *r, enum relay_end how, const char *msg, voi
 	conn_free(c);
 }
 
-/* bridge_verify: the peer of fd is the bridge this manager spawned for the
- * execution (pid, uid, start time and executable, SPEC §5). */
-static int bridge_verify(const struct mgr_exec *ex, int fd, char *why, size_t cap)
-{
-	struct ucred cr;
-	socklen_t len = sizeof(cr);
-	unsigned long long start = 0;
-	char exe[64];
-	struct stat st;
-
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
-		snprintf(why, cap, "SO_PEERCRED: %s", strerror(errno));
-		return -1;
-	}
-	if (cr.pid != ex->bridge_pid || cr.uid != geteuid()) {
-		snprintf(why, cap, "peer pid %d uid %u, expected pid %d uid %u", (int)cr.pid,
-		         (unsigned)cr.uid, (int)ex->bridge_pid, (unsigned)geteuid());
-		return -1;
-	}
-	if (proc_start_time(cr.pid, &start, NULL) < 0 || start != ex->bridge_start) {
-		snprintf(why, cap, "bridge pid %d start time changed", (int)cr.pid);
-		return -1;
-	}
-	snprintf(exe, sizeof(exe), "/proc/%d/exe", (int)cr.pid);
-	if (stat(exe, &st) < 0 || st.st_dev != ex->bridge_dev || st.st_ino != ex->bridge_ino) {
-		snprintf(why, cap, "bridge pid %d executable changed", (int)cr.pid);
-		return -1;
-	}
-	return 0;
-}
-
 /* bridge_connected: verify the bridge, re-check the lease, forward the
  * REQUEST without its token and start relaying. */
 static void bridge_connected(uv_connect_t *req, int status)
@@ -250,6 +229,7 @@ static void bridge_connected(uv_connect_t *req, int status)
 	uv_os_fd_t fd;
 	char why[160];
 	struct tt_err err = { 0 };
+	const char *reason;
 
 	if (status < 0) {
 		snprintf(why, sizeof(why), "cannot reach the bridge: %s", uv_strerror(status));
@@ -262,14 +242,21 @@ static void bridge_connected(uv_connect_t *req, int status)
 		conn_fail(c, "refresh_route", "execution replaced or retired");
 		return;
 	}
-	if (uv_fileno((uv_handle_t *)c->bridge, &fd) < 0 ||
-	    bridge_verify(ex, fd, why, sizeof(why)) < 0) {
-		char msg[200];
+	if (uv_fileno((uv_handle_t *)c->bridge, &fd) < 0) {
+		conn_fail(c, "internal", "bridge connection has no fd");
+		return;
+	}
+	/* Whatever listens at bridge.sock must be the process pinned at
+	 * spawn (SPEC §5) before a single byte of the operation goes out. */
+	if (verify_peer(fd, &ex->bridge_id, &err) < 0) {
+		char msg[300], labels[64];
 
-		snprintf(msg, sizeof(msg), "bridge verification failed: %s", why);
-		log_warn("refused bridge of %s: %s", c->sbx, why);
+		reason = bridge_refusal_reason(&err);
+		snprintf(msg, sizeof(msg), "bridge verification failed: %s", err.msg);
+		snprintf(labels, sizeof(labels), "reason=\"%s\"", reason);
+		log_warn("refused bridge of %s (%s): %s", c->sbx, reason, err.msg);
 		metrics_inc("tether_bridge_verify_failed_total", NULL);
-		metrics_inc("tether_bridge_refusals_total", "reason=\"bridge_identity\"");
+		metrics_inc("tether_bridge_refusals_total", labels);
 		conn_fail(c, "transport", msg);
 		return;
 	}
@@ -525,24 +512,111 @@ static int secret_pipe(const uint8_t secret[NS_SECRET_LEN], struct tt_err *err)
 	return p[0];
 }
 
-/* bridge_spawn: fork+exec of this binary as "bridge" for one execution,
- * handing it the activation secret on fd 3; returns once its socket
- * accepts connections. */
+/* bridge_bin: tether-bridge, next to this executable (a lean binary of its
+ * own: it is exec'd on every create). */
+static int bridge_bin(char *out, size_t cap, struct tt_err *err)
+{
+	char self[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	char *slash;
+
+	if (n <= 0)
+		return tt_err_sys(err, TT_ERR_SYS, "readlink /proc/self/exe");
+	self[n] = '\0';
+	slash = strrchr(self, '/');
+	if (slash == NULL)
+		return tt_err_set(err, TT_ERR_SYS, "odd /proc/self/exe: %.200s", self);
+	*slash = '\0';
+	if ((size_t)snprintf(out, cap, "%s/tether-bridge", self) >= cap)
+		return tt_err_set(err, TT_ERR_INVALID, "bridge binary path too long");
+	return 0;
+}
+
+/* bridge_wait_ready: "ready\n" on the readiness pipe, or a clear error when
+ * the bridge exits first (its pidfd) or misses the deadline. Blocks only
+ * until the line arrives (the bridge writes it right after listen()). */
+static int bridge_wait_ready(int fd, int pidfd, struct tt_err *err)
+{
+	int64_t deadline = now_ms() + MGR_BRIDGE_READY_MS;
+	char buf[8];
+	size_t got = 0;
+
+	while (got < 6 && memchr(buf, '\n', got) == NULL) {
+		struct pollfd pf[2] = { { .fd = fd, .events = POLLIN },
+		                        { .fd = pidfd, .events = POLLIN } };
+		int64_t left = deadline - now_ms();
+		ssize_t n;
+		int r;
+
+		if (left <= 0)
+			return tt_err_set(err, TT_ERR_TRANSPORT,
+			                  "bridge not ready within %d ms", MGR_BRIDGE_READY_MS);
+		r = poll(pf, 2, (int)left);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return tt_err_sys(err, TT_ERR_SYS, "poll bridge readiness");
+		if (r == 0)
+			continue;
+		/* The line first: a bridge that said ready and then died is
+		 * the exit watcher's business, not a start failure. */
+		if (pf[0].revents == 0)
+			return tt_err_set(err, TT_ERR_TRANSPORT,
+			                  "bridge exited at start (see its log)");
+		n = read(fd, buf + got, 6 - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return tt_err_sys(err, TT_ERR_IO, "reading bridge readiness");
+		if (n == 0)
+			return tt_err_set(err, TT_ERR_TRANSPORT,
+			                  "bridge exited at start (see its log)");
+		got += (size_t)n;
+	}
+	if (got != 6 || memcmp(buf, "ready\n", 6) != 0)
+		return tt_err_set(err, TT_ERR_TRANSPORT, "bridge sent a bad readiness line");
+	return 0;
+}
+
+/* bridge_pin: records the identity of the bridge that just said ready (our
+ * child: its pid cannot be reused before we reap it) and checks that it
+ * runs the binary we exec'd. */
+static int bridge_pin(struct mgr_exec *ex, const char *bin, struct tt_err *err)
+{
+	struct stat st;
+
+	if (procid_pin(ex->bridge_pid, &ex->bridge_id, NULL, err) < 0)
+		return -1;
+	if (stat(bin, &st) < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "stat %s", bin);
+	if (st.st_dev != ex->bridge_id.exe_dev || st.st_ino != ex->bridge_id.exe_ino)
+		return tt_err_set(err, TT_ERR_VERIFY, "bridge pid %d does not run %s",
+		                  (int)ex->bridge_pid, bin);
+	ex->bridge_start = ex->bridge_id.start_time;
+	return 0;
+}
+
+/* bridge_spawn: fork+exec of tether-bridge for one execution, handing it
+ * the activation secret on fd 3 and a readiness pipe on fd 4; returns once
+ * it listens, with its identity pinned (SPEC §5). */
 static int bridge_spawn(const struct rec_exec *rec, struct mgr_exec *ex,
                         const char *dir, const uint8_t secret[NS_SECRET_LEN],
                         struct tt_err *err)
 {
-	char sock[PATH_MAX], gen[24], att[16], ipid[16], istart[24], mpid[16], exe[64];
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int64_t deadline = now_ms() + MGR_BRIDGE_READY_MS;
-	struct stat st;
+	char sock[PATH_MAX], bin[PATH_MAX], gen[24], att[16], ipid[16], istart[24], mpid[16];
+	struct sockaddr_un sa;
+	_cleanup_close_ int sfd = -1;
+	_cleanup_close_ int rfd = -1;
+	int ready[2];
 	pid_t pid;
-	int sfd;
 
 	snprintf(sock, sizeof(sock), "%.4000s/bridge.sock", dir);
 	if (strlen(sock) >= sizeof(sa.sun_path))
 		return tt_err_set(err, TT_ERR_INVALID, "bridge socket path too long");
-	memcpy(sa.sun_path, sock, strlen(sock) + 1);
+	if (bridge_bin(bin, sizeof(bin), err) < 0)
+		return -1;
+	if (access(bin, X_OK) < 0)
+		return tt_err_sys(err, TT_ERR_NOT_FOUND, "bridge binary %s", bin);
 	unlink(sock);
 	snprintf(gen, sizeof(gen), "%" PRIu64, rec->id.gen);
 	snprintf(att, sizeof(att), "%" PRIu32, rec->id.att);
@@ -552,63 +626,50 @@ static int bridge_spawn(const struct rec_exec *rec, struct mgr_exec *ex,
 	sfd = secret_pipe(secret, err);
 	if (sfd < 0)
 		return -1;
+	if (pipe2(ready, O_CLOEXEC) < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "bridge readiness pipe");
+	rfd = ready[0];
 	pid = fork();
 	if (pid < 0) {
-		close(sfd);
+		close(ready[1]);
 		return tt_err_sys(err, TT_ERR_SYS, "fork bridge");
 	}
 	if (pid == 0) {
-		char *argv[] = { "tetherd", "bridge", "--sbx", (char *)rec->id.sbx,
+		char *argv[] = { "tether-bridge", "--sbx", (char *)rec->id.sbx,
 		                 "--gen", gen, "--att", att, "--listen", sock,
 		                 "--guest-socket", ex->sb.guest_socket, "--init-pid", ipid,
 		                 "--init-start", istart, "--manager-pid", mpid,
-		                 "--secret-fd", "3", NULL };
+		                 "--secret-fd", "3", "--ready-fd", "4", NULL };
+		/* Out of the way of 3 and 4 first, whatever numbers they had. */
+		int hs = fcntl(sfd, F_DUPFD_CLOEXEC, 10);
+		int hr = fcntl(ready[1], F_DUPFD_CLOEXEC, 10);
 
-		/* The bridge inherits nothing but stdio and the secret's pipe:
-		 * not our listening socket, not other executions' pidfds, not
-		 * the database. dup2 clears close-on-exec; on the same fd,
-		 * fcntl does. */
-		if (sfd == 3 ? fcntl(3, F_SETFD, 0) < 0 : dup2(sfd, 3) < 0)
+		/* The bridge inherits nothing but stdio, the secret's pipe and
+		 * the readiness pipe: not our listening socket, not other
+		 * executions' pidfds, not the database. dup2 clears
+		 * close-on-exec. */
+		if (hs < 0 || hr < 0 || dup2(hs, 3) < 0 || dup2(hr, 4) < 0)
 			_exit(127);
-		close_range(4, ~0u, 0);
-		execv("/proc/self/exe", argv);
+		close_range(5, ~0u, 0);
+		execv(bin, argv);
 		_exit(127);
 	}
-	close(sfd);
+	close(ready[1]);
 	ex->bridge_pid = pid;
 	ex->bridge_pidfd = pidfd_open_raw(pid);
 	if (ex->bridge_pidfd < 0) {
 		tt_err_sys(err, TT_ERR_SYS, "pidfd_open bridge");
 		goto fail;
 	}
-	for (;;) {
-		_cleanup_close_ int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-		if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
-			break;
-		if (waitpid(pid, NULL, WNOHANG) == pid) {
-			ex->bridge_pid = 0;
-			tt_err_set(err, TT_ERR_SYS, "bridge exited at start (see its log)");
-			goto fail;
-		}
-		if (now_ms() > deadline) {
-			tt_err_set(err, TT_ERR_SYS, "bridge did not listen within %d ms",
-			           MGR_BRIDGE_READY_MS);
-			goto fail;
-		}
-		usleep(2000);
-	}
-	snprintf(exe, sizeof(exe), "/proc/%d/exe", (int)pid);
-	if (proc_start_time(pid, &ex->bridge_start, err) < 0)
+	if (bridge_wait_ready(rfd, ex->bridge_pidfd, err) < 0 || bridge_pin(ex, bin, err) < 0)
 		goto fail;
-	if (stat(exe, &st) < 0) {
-		tt_err_sys(err, TT_ERR_SYS, "stat %s", exe);
-		goto fail;
-	}
-	ex->bridge_dev = st.st_dev;
-	ex->bridge_ino = st.st_ino;
 	return 0;
 fail:
+	if (ex->bridge_pidfd < 0) {
+		/* Still our child: kill and reap it by pid. */
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+	}
 	bridge_kill(ex);
 	if (ex->bridge_pidfd >= 0)
 		close(ex->bridge_pidfd);
@@ -724,13 +785,17 @@ static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 	const char *wrk = str_field(u, "worker", TT_NAME_MAX, false);
 	const char *sst = str_field(u, "substrate", TT_NAME_MAX, false);
 	const char *pod = str_field(u, "pod", TT_NAME_MAX, true);
+	json_t *jsnap = json_object_get(u, "snapshot");
+	const char *snap = json_string_value(jsnap); /* resume: restore first */
 	uint64_t gen = u64_field(u, "generation"), att = u64_field(u, "activation");
 	const struct rec_exec *cur;
 	struct rec_exec rec = { 0 };
 	struct mgr_exec *ex;
 
 	if (sbx == NULL || !sbx_id_valid(sbx) || wrk == NULL || sst == NULL ||
-	    pod == NULL || gen == 0 || att == 0 || att > UINT32_MAX)
+	    pod == NULL || gen == 0 || att == 0 || att > UINT32_MAX ||
+	    (jsnap != NULL && !json_is_null(jsnap) &&
+	     (snap == NULL || strlen(snap) >= SNAPSTORE_KEY_MAX)))
 		return tt_err_set(err, TT_ERR_MALFORMED, "install: bad or missing fields");
 	if (strcmp(wrk, m->worker_id) != 0)
 		return records_set_applied_rev(m->db, rev, err); /* not ours */
@@ -759,7 +824,8 @@ static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 		return -1;
 	if (records_put(m->db, &rec, 0, err) < 0)
 		return -1;
-	ex = exec_start(m, &rec, err);
+	ex = snap != NULL && layer_restore(m, &rec, snap, err) < 0 ? NULL
+	                                                             : exec_start(m, &rec, err);
 	if (ex == NULL) {
 		struct tt_err e2 = { 0 };
 
@@ -869,44 +935,471 @@ static int apply_one(struct manager *m, json_t *u, uint64_t rev, struct tt_err *
 	return rc;
 }
 
-/* handle_feed_apply: {"op":"feed.apply","updates":[...]} -> RESULT. */
-static json_t *handle_feed_apply(struct manager *m, json_t *req)
-{
-	json_t *updates = json_object_get(req, "updates");
-	json_t *results = json_array(), *u;
-	size_t i;
+/* ---- pause and snapshots (lifecycle.md, SPEC §7) ------------------------
+ * A pause update suspends its feed.apply: the manager retires the execution
+ * (persisted), waits for in-flight operations (bounded), freezes the
+ * sandbox, packs <sandbox_dir>/layer into the snapshot store on a libuv
+ * worker thread (the loop keeps serving other sandboxes), then stops the
+ * processes and records the result. While the snapshot is written, progress
+ * goes to node-api on the feed.apply connection as DATA_OUT frames holding
+ * {"progress":{"rev","sandbox","bytes","total"}} (at most 5/s), before
+ * the final RESULT; node-api forwards them to the cp. */
 
-	if (!json_is_array(updates) || json_array_size(updates) > MGR_UPDATES_MAX) {
-		json_decref(results);
-		return NULL;
+#define MGR_DRAIN_MS 5000    /* in-flight operations may finish within */
+#define MGR_DRAIN_POLL_MS 5
+#define MGR_FREEZE_MS 5000
+#define MGR_PROGRESS_MS 200
+
+struct mgr_apply;
+
+/* One pause in progress (feed.apply is sequential: at most one). Owned by
+ * its mgr_apply; freed when its timer has closed. */
+struct mgr_pause {
+	struct manager *m;
+	struct mgr_apply *ap;
+	char sbx[TT_SBX_ID_LEN + 1];
+	uint64_t gen, rev;
+	uid_t uid_base;
+	char layer[PATH_MAX];
+	uv_timer_t timer;            /* drain polling, then progress */
+	int64_t drain_deadline;
+	int64_t started_ms;
+	uv_work_t work;
+	_Atomic uint64_t done, total; /* written by the worker thread */
+	uint64_t sent;               /* last progress reported */
+	/* Results of the worker thread (read after it finished). */
+	int rc;
+	struct tt_err err;
+	struct snapstore_info info;
+};
+
+/* A feed.apply in progress: updates applied in order. Owns c (and so the
+ * request whose updates it walks) and results. */
+struct mgr_apply {
+	struct manager *m;
+	struct mgr_conn *c;
+	json_t *updates;             /* borrowed from c->req */
+	size_t i;
+	json_t *results;
+};
+
+static void apply_continue(struct mgr_apply *ap);
+
+/* uid_base_of: the host id base of a record's slot (as exec_start maps it). */
+static uid_t uid_base_of(const struct rec_exec *rec)
+{
+	return MGR_UID_BASE + MGR_UID_COUNT * rec->slot;
+}
+
+/* layer_restore: replaces <sandbox_dir>/layer by the complete snapshot key
+ * (checksum verified while unpacking, all or nothing; ids shifted to this
+ * slot's uid base). Missing or partial snapshots fail. */
+static int layer_restore(struct manager *m, const struct rec_exec *rec,
+                         const char *key, struct tt_err *err)
+{
+	char ksbx[SNAPSTORE_SBX_MAX + 1], dir[PATH_MAX];
+	struct snapshot_unpack_opts o = { 0 };
+	struct snapshot_stats st = { 0 };
+	struct snapstore *s = NULL;
+	_cleanup_close_ int dfd = -1;
+	uint64_t kgen;
+	int64_t t0 = now_ms();
+	int rc;
+
+	if (snapstore_key_parse(key, ksbx, &kgen, err) < 0)
+		return -1;
+	if (strcmp(ksbx, rec->id.sbx) != 0 || kgen >= rec->id.gen)
+		return tt_err_set(err, TT_ERR_INVALID, "install: snapshot %s is not an "
+		                  "older generation of %s", key, rec->id.sbx);
+	if (!m->snap_dir[0])
+		return tt_err_set(err, TT_ERR_INVALID, "install: this worker has no "
+		                  "snapshot store (--snapshots)");
+	if (sandbox_dir(m, rec->id.sbx, dir, sizeof(dir)) < 0)
+		return tt_err_set(err, TT_ERR_INVALID, "state path too long");
+	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+		return tt_err_sys(err, TT_ERR_IO, "mkdir %s", dir);
+	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd < 0)
+		return tt_err_sys(err, TT_ERR_IO, "open %s", dir);
+	/* A layer left by an older execution here is never reused. */
+	if (snapshot_rm_tree(dfd, "layer", err) < 0)
+		return -1;
+	if (snapstore_dir_open(m->snap_dir, &s, err) < 0)
+		return -1;
+	o.chown = true;
+	o.id_base = uid_base_of(rec);
+	o.gid_base = uid_base_of(rec);
+	rc = snapstore_get_tree(s, ksbx, kgen, dfd, "layer", &o, &st, err);
+	snapstore_close(s);
+	if (rc < 0) {
+		char why[sizeof(err->msg)];
+
+		memcpy(why, err->msg, sizeof(why)); /* the message is rewritten in place */
+		return tt_err_set(err, err->code, "install: snapshot %s: %s", key, why);
 	}
-	json_array_foreach(updates, i, u) {
+	log_info("restored %s from snapshot %s: %" PRIu64 " entries, %" PRIu64
+	         " bytes in %" PRId64 " ms", rec->id.sbx, key, st.entries,
+	         st.data_bytes, now_ms() - t0);
+	return 0;
+}
+
+/* ops_of: admitted operations of sbx still relaying. */
+static size_t ops_of(struct manager *m, const char *sbx)
+{
+	size_t n = 0;
+
+	for (struct mgr_conn *c = m->ops; c; c = c->next)
+		if (strcmp(c->sbx, sbx) == 0 && c->relay != NULL)
+			n++;
+	return n;
+}
+
+/* pause_closed: frees the pause once its timer is closed. */
+static void pause_closed(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+/* pause_send_progress: one DATA_OUT progress frame to node-api. */
+static void pause_send_progress(struct mgr_pause *p, uint64_t done, uint64_t total)
+{
+	json_t *o;
+
+	if (p->ap->c->conn == NULL)
+		return;
+	o = json_pack("{s:{s:I,s:s,s:I,s:I}}", "progress", "rev", (json_int_t)p->rev,
+	              "sandbox", p->sbx, "bytes", (json_int_t)done, "total",
+	              (json_int_t)total);
+	if (o != NULL)
+		relay_write_json((uv_stream_t *)p->ap->c->conn, WIRE_DATA_OUT, o, NULL);
+	json_decref(o);
+	p->sent = done;
+}
+
+/* pause_end: stops the (retired) execution's processes, records the
+ * result and resumes the feed.apply. */
+static void pause_end(struct mgr_pause *p, int rc)
+{
+	struct manager *m = p->m;
+	struct mgr_apply *ap = p->ap;
+	struct mgr_exec *ex = exec_find(m, p->sbx);
+	struct tt_err e2 = { 0 };
+	char key[SNAPSTORE_KEY_MAX], sum[2 * SNAPSTORE_HASH_LEN + 1], dir[PATH_MAX];
+	json_t *r;
+
+	/* Only now do the processes go: the snapshot is published (or the
+	 * pause failed and the execution stays retired either way). */
+	if (ex != NULL)
+		exec_stop(m, ex);
+	mark_state(m, p->sbx, REC_STOPPED);
+	if (rc == 0) {
+		_cleanup_close_ int dfd = -1;
+
+		sodium_bin2hex(sum, sizeof(sum), p->info.blake2b, sizeof(p->info.blake2b));
+		snapstore_key(key, p->sbx, p->gen, NULL);
+		r = json_pack("{s:I,s:b,s:{s:s,s:I,s:I,s:s+}}", "rev", (json_int_t)p->rev,
+		              "ok", 1, "snapshot", "key", key, "generation",
+		              (json_int_t)p->gen, "size", (json_int_t)p->info.size,
+		              "checksum", "blake2b:", sum);
+		log_info("paused %s generation %" PRIu64 ": snapshot %s, %" PRIu64
+		         " bytes, %" PRId64 " ms", p->sbx, p->gen, key, p->info.size,
+		         now_ms() - p->started_ms);
+		/* The layer now lives in the store; resumes always restore it. */
+		if (sandbox_dir(m, p->sbx, dir, sizeof(dir)) == 0 &&
+		    (dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) >= 0 &&
+		    snapshot_rm_tree(dfd, "layer", &e2) < 0)
+			log_warn("removing the layer of %s: %s", p->sbx, e2.msg);
+	} else {
+		log_warn("pause of %s generation %" PRIu64 " failed: %s", p->sbx, p->gen,
+		         p->err.msg);
+		r = json_pack("{s:I,s:b,s:s}", "rev", (json_int_t)p->rev, "ok", 0, "error",
+		              p->err.msg);
+	}
+	if (records_applied_rev(m->db) < p->rev &&
+	    records_set_applied_rev(m->db, p->rev, &e2) < 0)
+		log_error("persisting applied revision: %s", e2.msg);
+	json_array_append_new(ap->results, r);
+	uv_timer_stop(&p->timer);
+	uv_close((uv_handle_t *)&p->timer, pause_closed);
+	apply_continue(ap);
+}
+
+/* pause_progress_cb: reports snapshot progress when it moved. */
+static void pause_progress_cb(uv_timer_t *t)
+{
+	struct mgr_pause *p = t->data;
+	uint64_t done = atomic_load(&p->done);
+
+	if (done != p->sent)
+		pause_send_progress(p, done, atomic_load(&p->total));
+}
+
+/* pause_on_progress: snapshot progress (worker thread). */
+static void pause_on_progress(void *ctx, uint64_t done, uint64_t total)
+{
+	struct mgr_pause *p = ctx;
+
+	(void)total;
+	atomic_store(&p->done, done);
+}
+
+static _Thread_local uint64_t walk_bytes; /* layer_estimate's accumulator */
+static _Thread_local size_t walk_root_len;
+
+/* walk_cb: adds one entry's archive bytes (see snapshot.h's format). */
+static int walk_cb(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+	size_t len = strlen(path);
+	size_t rel = len > walk_root_len ? len - walk_root_len - 1 : 0;
+
+	(void)ftw;
+	if (type == FTW_NS || type == FTW_DNR)
+		return 0;
+	if (S_ISREG(st->st_mode) || S_ISLNK(st->st_mode))
+		walk_bytes += SNAPSHOT_ENTRY_HDR_LEN + rel + (uint64_t)st->st_size;
+	else if (S_ISDIR(st->st_mode))
+		walk_bytes += SNAPSHOT_ENTRY_HDR_LEN + rel;
+	return 0;
+}
+
+/* layer_estimate: the archive size of the (frozen) layer, for progress
+ * totals; never follows symlinks. 0 when unknown. */
+static uint64_t layer_estimate(const char *layer)
+{
+	walk_bytes = SNAPSHOT_HDR_LEN + SNAPSHOT_TRAILER_LEN;
+	walk_root_len = strlen(layer);
+	if (nftw(layer, walk_cb, 32, FTW_PHYS | FTW_MOUNT) < 0)
+		return 0;
+	return walk_bytes;
+}
+
+/* pause_work: packs the layer into the store (worker thread: touches only
+ * the pause, its own store handle and the frozen layer). */
+static void pause_work(uv_work_t *w)
+{
+	struct mgr_pause *p = w->data;
+	struct snapshot_pack_opts o = { 0 };
+	struct snapstore *s = NULL;
+	_cleanup_close_ int fd = -1;
+
+	atomic_store(&p->total, layer_estimate(p->layer));
+	p->rc = -1;
+	fd = open(p->layer, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0) {
+		tt_err_sys(&p->err, TT_ERR_IO, "open %s", p->layer);
+		return;
+	}
+	if (snapstore_dir_open(p->m->snap_dir, &s, &p->err) < 0)
+		return;
+	o.id_base = p->uid_base;
+	o.gid_base = p->uid_base;
+	o.progress = pause_on_progress;
+	o.progress_ctx = p;
+	o.total_hint = atomic_load(&p->total);
+	if (snapstore_put_tree(s, p->sbx, p->gen, fd, &o, NULL, &p->err) == 0 &&
+	    snapstore_stat(s, p->sbx, p->gen, &p->info, &p->err) == 0) {
+		if (p->info.complete)
+			p->rc = 0;
+		else
+			tt_err_set(&p->err, TT_ERR_IO, "snapshot not published");
+	}
+	snapstore_close(s);
+}
+
+/* pause_after_work: back on the loop once the snapshot is done. */
+static void pause_after_work(uv_work_t *w, int status)
+{
+	struct mgr_pause *p = w->data;
+
+	if (status < 0 && p->rc == 0)
+		p->rc = -1;
+	if (p->rc == 0)
+		pause_send_progress(p, p->info.size, p->info.size);
+	pause_end(p, p->rc);
+}
+
+/* pause_freeze: in-flight operations are over: freeze, then snapshot. */
+static void pause_freeze(struct mgr_pause *p)
+{
+	struct mgr_exec *ex = exec_find(p->m, p->sbx);
+	int rc;
+
+	if (ex == NULL) {
+		tt_err_set(&p->err, TT_ERR_CONFLICT, "the execution exited during the pause");
+		pause_end(p, -1);
+		return;
+	}
+	if (ns_sandbox_freeze(&ex->sb, MGR_FREEZE_MS, &p->err) < 0) {
+		pause_end(p, -1);
+		return;
+	}
+	uv_timer_start(&p->timer, pause_progress_cb, MGR_PROGRESS_MS, MGR_PROGRESS_MS);
+	p->work.data = p;
+	rc = uv_queue_work(p->m->loop, &p->work, pause_work, pause_after_work);
+	if (rc < 0) {
+		tt_err_set(&p->err, TT_ERR_SYS, "cannot start the snapshot: %s", uv_strerror(rc));
+		pause_end(p, -1);
+	}
+}
+
+/* pause_drain_cb: waits for in-flight operations of the retired execution
+ * to finish; past the bound they fail (never silently retried). */
+static void pause_drain_cb(uv_timer_t *t)
+{
+	struct mgr_pause *p = t->data;
+	struct mgr_conn *c, *next;
+
+	if (ops_of(p->m, p->sbx) > 0 && now_ms() < p->drain_deadline)
+		return;
+	uv_timer_stop(t);
+	for (c = p->m->ops; c; c = next) {
+		next = c->next;
+		if (strcmp(c->sbx, p->sbx) == 0 && c->relay != NULL) {
+			log_warn("pause of %s: failing an operation still running after %d ms",
+			         p->sbx, MGR_DRAIN_MS);
+			relay_abort(c->relay, "transport",
+			            "the sandbox was paused while this operation ran");
+		}
+	}
+	pause_freeze(p);
+}
+
+/* pause_start: pause {sandbox,generation,snapshot}. Retires at once
+ * (persisted), then continues asynchronously; -1 when it cannot start. */
+static int pause_start(struct mgr_apply *ap, json_t *u, uint64_t rev,
+                       struct tt_err *err)
+{
+	struct manager *m = ap->m;
+	const char *sbx = str_field(u, "sandbox", TT_SBX_ID_LEN, false);
+	const char *snap = str_field(u, "snapshot", SNAPSTORE_KEY_MAX, false);
+	uint64_t gen = u64_field(u, "generation");
+	const struct rec_exec *cur;
+	char key[SNAPSTORE_KEY_MAX], dir[PATH_MAX];
+	struct mgr_pause *p;
+
+	if (sbx == NULL || !sbx_id_valid(sbx) || gen == 0 || snap == NULL)
+		return tt_err_set(err, TT_ERR_MALFORMED, "pause: bad or missing fields");
+	if (snapstore_key(key, sbx, gen, err) < 0 || strcmp(key, snap) != 0)
+		return tt_err_set(err, TT_ERR_INVALID, "pause: snapshot key must be %s/%" PRIu64,
+		                  sbx, gen);
+	cur = records_get(m->db, sbx);
+	if (cur == NULL || cur->id.gen != gen || cur->retired ||
+	    cur->state != REC_RUNNING || exec_find(m, sbx) == NULL)
+		return tt_err_set(err, TT_ERR_CONFLICT, "pause: generation %" PRIu64
+		                  " of %s is not running here", gen, sbx);
+	if (!m->snap_dir[0])
+		return tt_err_set(err, TT_ERR_INVALID, "pause: this worker has no snapshot "
+		                  "store (--snapshots)");
+	if (sandbox_dir(m, sbx, dir, sizeof(dir)) < 0 || strlen(dir) + 7 > sizeof(dir))
+		return tt_err_set(err, TT_ERR_INVALID, "state path too long");
+	p = calloc(1, sizeof(*p));
+	if (p == NULL)
+		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+	p->uid_base = uid_base_of(cur);
+	/* Retire first, durably: from here admission answers RefreshRoute. */
+	if (records_retire(m->db, sbx, gen, 0, err) < 0) {
+		free(p);
+		return -1;
+	}
+	p->m = m;
+	p->ap = ap;
+	snprintf(p->sbx, sizeof(p->sbx), "%s", sbx);
+	p->gen = gen;
+	p->rev = rev;
+	snprintf(p->layer, sizeof(p->layer), "%.4000s/layer", dir);
+	p->started_ms = now_ms();
+	p->drain_deadline = p->started_ms + MGR_DRAIN_MS;
+	uv_timer_init(m->loop, &p->timer);
+	p->timer.data = p;
+	log_info("pausing %s generation %" PRIu64 " (rev %" PRIu64 "): retired, "
+	         "%zu operation(s) in flight", sbx, gen, rev, ops_of(m, sbx));
+	uv_timer_start(&p->timer, pause_drain_cb, 0, MGR_DRAIN_POLL_MS);
+	return 0;
+}
+
+/* apply_finish: RESULT {"applied_rev","results"} and close. */
+static void apply_finish(struct mgr_apply *ap)
+{
+	struct mgr_conn *c = ap->c;
+	json_t *res = json_pack("{s:I,s:O}", "applied_rev",
+	                        (json_int_t)records_applied_rev(ap->m->db), "results",
+	                        ap->results);
+	struct tt_err err = { 0 };
+
+	if (res == NULL || relay_write_json((uv_stream_t *)c->conn, WIRE_RESULT, res, &err) < 0)
+		log_warn("answering feed.apply: %s", res ? err.msg : "out of memory");
+	json_decref(res);
+	json_decref(ap->results);
+	free(ap);
+	relay_close_after_writes((uv_stream_t *)c->conn);
+	c->conn = NULL;
+	conn_free(c);
+}
+
+/* apply_continue: applies updates in order until one runs asynchronously
+ * (a pause) or all are done. */
+static void apply_continue(struct mgr_apply *ap)
+{
+	struct manager *m = ap->m;
+
+	while (ap->i < json_array_size(ap->updates)) {
+		json_t *u = json_array_get(ap->updates, ap->i++);
+		const char *kind = json_string_value(json_object_get(u, "kind"));
 		struct tt_err err = { 0 };
 		uint64_t rev = u64_field(u, "rev");
-		json_t *r;
+		int rc;
 
 		if (rev == 0) {
-			json_array_append_new(results, json_pack("{s:I,s:b,s:s}", "rev",
+			json_array_append_new(ap->results, json_pack("{s:I,s:b,s:s}", "rev",
 			                      (json_int_t)0, "ok", 0, "error", "update without rev"));
 			continue;
 		}
 		if (rev <= records_applied_rev(m->db)) {
 			/* Already applied (a replay after a lost ack). */
-			json_array_append_new(results, json_pack("{s:I,s:b}", "rev",
+			json_array_append_new(ap->results, json_pack("{s:I,s:b}", "rev",
 			                      (json_int_t)rev, "ok", 1));
 			continue;
 		}
-		if (apply_one(m, u, rev, &err) == 0) {
-			r = json_pack("{s:I,s:b}", "rev", (json_int_t)rev, "ok", 1);
+		if (kind != NULL && strcmp(kind, "pause") == 0) {
+			if (pause_start(ap, u, rev, &err) == 0)
+				return; /* pause_end continues */
+			rc = -1;
+			if (records_set_applied_rev(m->db, rev, &(struct tt_err){ 0 }) < 0)
+				log_error("persisting applied revision %" PRIu64, rev);
+		} else {
+			rc = apply_one(m, u, rev, &err);
+		}
+		if (rc == 0) {
+			json_array_append_new(ap->results, json_pack("{s:I,s:b}", "rev",
+			                      (json_int_t)rev, "ok", 1));
 		} else {
 			log_warn("update rev %" PRIu64 " failed: %s", rev, err.msg);
-			r = json_pack("{s:I,s:b,s:s}", "rev", (json_int_t)rev, "ok", 0,
-			              "error", err.msg);
+			json_array_append_new(ap->results, json_pack("{s:I,s:b,s:s}", "rev",
+			                      (json_int_t)rev, "ok", 0, "error", err.msg));
 		}
-		json_array_append_new(results, r);
 	}
-	return json_pack("{s:I,s:o}", "applied_rev",
-	                 (json_int_t)records_applied_rev(m->db), "results", results);
+	apply_finish(ap);
+}
+
+/* handle_feed_apply: {"op":"feed.apply","updates":[...]}: starts applying;
+ * the RESULT follows (maybe after a pause). -1: bad request. */
+static int handle_feed_apply(struct mgr_conn *c)
+{
+	json_t *updates = json_object_get(c->req, "updates");
+	struct mgr_apply *ap;
+
+	if (!json_is_array(updates) || json_array_size(updates) > MGR_UPDATES_MAX)
+		return -1;
+	ap = calloc(1, sizeof(*ap));
+	if (ap == NULL || (ap->results = json_array()) == NULL) {
+		free(ap);
+		return -1;
+	}
+	ap->m = c->m;
+	ap->c = c;
+	ap->updates = updates;
+	apply_continue(ap);
+	return 0;
 }
 
 /* handle_status: {"op":"status"} -> the records and the applied revision. */
@@ -928,17 +1421,19 @@ static json_t *handle_status(struct manager *m)
 	                 (json_int_t)records_applied_rev(m->db), "executions", list);
 }
 
-/* handle_control: feed.apply / status; answers RESULT and closes. */
+/* handle_control: feed.apply / status; answers RESULT and closes (a
+ * feed.apply holding a pause answers when the pause ends). */
 static void handle_control(struct mgr_conn *c, const char *op)
 {
-	json_t *res = strcmp(op, "status") == 0 ? handle_status(c->m)
-	                                        : handle_feed_apply(c->m, c->req);
 	struct tt_err err = { 0 };
+	json_t *res;
 
-	if (res == NULL) {
-		conn_fail(c, "bad_request", "feed.apply needs an updates array (<= 1000)");
+	if (strcmp(op, "status") != 0) {
+		if (handle_feed_apply(c) < 0)
+			conn_fail(c, "bad_request", "feed.apply needs an updates array (<= 1000)");
 		return;
 	}
+	res = handle_status(c->m);
 	if (relay_write_json((uv_stream_t *)c->conn, WIRE_RESULT, res, &err) < 0)
 		log_warn("answering %s: %s", op, err.msg);
 	json_decref(res);
@@ -1089,12 +1584,14 @@ static void recover(struct manager *m)
 		bool bridge_ok = proc_matches(r->bridge_pid, r->bridge_start);
 		struct mgr_exec *ex;
 		struct tt_err err = { 0 };
-		char dir[1200], exe[64];
-		struct stat st;
+		char dir[1200];
+		bool pinned;
 
 		if (r->state != REC_RUNNING || r->retired || !init_ok || !bridge_ok) {
 			kill_verified(r->bridge_pid, r->bridge_start);
 			kill_verified(r->init_pid, r->init_start);
+			/* A pause cut short by our death left it frozen. */
+			ns_freezer_release(r->id.sbx, r->id.gen);
 			if (r->state == REC_RUNNING || r->state == REC_STARTING) {
 				log_warn("execution %s generation %" PRIu64 " lost across restart",
 				         r->id.sbx, r->id.gen);
@@ -1115,9 +1612,13 @@ static void recover(struct manager *m)
 		snprintf(ex->sb.guest_socket, sizeof(ex->sb.guest_socket), "%s/run/guest.sock", dir);
 		ex->bridge_pid = r->bridge_pid;
 		ex->bridge_start = r->bridge_start;
-		ex->bridge_pidfd = pidfd_open_raw(r->bridge_pid);
-		snprintf(exe, sizeof(exe), "/proc/%d/exe", (int)r->bridge_pid);
-		if (ex->sb.pidfd < 0 || ex->bridge_pidfd < 0 || stat(exe, &st) < 0 ||
+		ex->bridge_pidfd = -1;
+		/* The bridge as it runs now, pinned (pidfd + recheck): the
+		 * identity its connections are verified against, provided its
+		 * start time is the recorded one. */
+		pinned = procid_pin(r->bridge_pid, &ex->bridge_id, &ex->bridge_pidfd, &err) == 0 &&
+		         ex->bridge_id.start_time == r->bridge_start;
+		if (ex->sb.pidfd < 0 || !pinned ||
 		    !proc_matches(r->init_pid, r->init_start) || exec_watch(m, ex, &err) < 0) {
 			if (ex->sb.pidfd >= 0)
 				close(ex->sb.pidfd);
@@ -1127,8 +1628,6 @@ static void recover(struct manager *m)
 			mark_state(m, r->id.sbx, REC_LOST);
 			continue;
 		}
-		ex->bridge_dev = st.st_dev;
-		ex->bridge_ino = st.st_ino;
 		log_info("adopted %s generation %" PRIu64 " (init pid %d)", r->id.sbx,
 		         r->id.gen, (int)r->init_pid);
 	}
@@ -1186,6 +1685,7 @@ static int parse_args(struct manager *m, int argc, char **argv)
 		{ "peer-pid", required_argument, NULL, 'p' },
 		{ "peer-uid", required_argument, NULL, 'u' },
 		{ "guest-bin", required_argument, NULL, 'g' },
+		{ "snapshots", required_argument, NULL, 'S' },
 		{ NULL, 0, NULL, 0 },
 	};
 	bool have_pid = false, have_uid = false;
@@ -1201,13 +1701,15 @@ static int parse_args(struct manager *m, int argc, char **argv)
 		case 'p': m->peer_pid = (pid_t)atoi(optarg); have_pid = true; break;
 		case 'u': m->peer_uid = (uid_t)strtoul(optarg, NULL, 10); have_uid = true; break;
 		case 'g': snprintf(m->guest_bin, sizeof(m->guest_bin), "%s", optarg); break;
+		case 'S': snprintf(m->snap_dir, sizeof(m->snap_dir), "%s", optarg); break;
 		default: return -1;
 		}
 	}
 	if (!m->state_dir[0] || strlen(m->state_dir) > 900 || !m->sock_path[0] || !m->worker_id[0] || !have_pid ||
 	    !have_uid || m->peer_pid <= 0) {
 		fprintf(stderr, "usage: tetherd manager --state DIR --socket PATH --worker-id W"
-		                " --peer-pid PID --peer-uid UID [--guest-bin PATH]\n");
+		                " --peer-pid PID --peer-uid UID [--guest-bin PATH]"
+		                " [--snapshots DIR]\n");
 		return -1;
 	}
 	return 0;

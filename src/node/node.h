@@ -24,6 +24,7 @@ struct node {
 	const char *cp_url;        /* control plane base URL */
 	const char *state_dir;
 	const char *guest_bin;     /* may be NULL */
+	const char *snap_dir;      /* --snapshots, passed to the manager; may be NULL */
 	char listen_host[64];
 	int port;
 	char node_url[128];        /* what we register: http://host:port */
@@ -35,6 +36,8 @@ struct node {
 	bool manager_running;
 	uint64_t applied_rev;      /* last rev the manager durably applied */
 	struct node_feed *feed;
+	bool progress_inflight;    /* a POST /v1/feed/progress is running */
+	uint64_t progress_last_ms; /* uv_now of the last one (<= 5/s) */
 	int exit_code;
 };
 

@@ -723,14 +723,237 @@ fail:
 	return rc;
 }
 
+/* ---- freezer (pause, SPEC §7) ------------------------------------------ */
+
+#define NS_FREEZER_ROOT "/sys/fs/cgroup/freezer"
+#define NS_FREEZE_PASSES 50
+
+/* ns_fz_write: writes val to dir/file in one write. */
+static int ns_fz_write(const char *dir, const char *file, const char *val,
+                       struct tt_err *err)
+{
+	char path[PATH_MAX];
+
+	if (snprintf(path, sizeof path, "%s/%s", dir, file) >= (int)sizeof path)
+		return tt_err_set(err, TT_ERR_INVALID, "freezer path too long");
+	_cleanup_close_ int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "freezer: open %s", path);
+	ssize_t w = write(fd, val, strlen(val));
+	if (w < 0 || (size_t)w != strlen(val))
+		return tt_err_sys(err, TT_ERR_SYS, "freezer: write %s", path);
+	return 0;
+}
+
+/* ns_fz_read: reads dir/file (bounded) into buf; -1 when unreadable. */
+static ssize_t ns_fz_read(const char *dir, const char *file, char *buf, size_t cap)
+{
+	char path[PATH_MAX];
+	size_t got = 0;
+
+	if (snprintf(path, sizeof path, "%s/%s", dir, file) >= (int)sizeof path)
+		return -1;
+	_cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	while (got + 1 < cap) {
+		ssize_t n = read(fd, buf + got, cap - 1 - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	buf[got] = '\0';
+	return (ssize_t)got;
+}
+
+/* ns_fz_pids_cgroup: the pids cgroup dir of pid from /proc/<pid>/cgroup
+ * (v1 line "N:pids:/path"). */
+static int ns_fz_pids_cgroup(pid_t pid, char out[PATH_MAX], struct tt_err *err)
+{
+	char dir[64], buf[4096];
+
+	snprintf(dir, sizeof dir, "/proc/%d", (int)pid);
+	if (ns_fz_read(dir, "cgroup", buf, sizeof buf) < 0)
+		return tt_err_sys(err, TT_ERR_NOT_FOUND, "cannot read /proc/%d/cgroup", (int)pid);
+	for (char *save = NULL, *l = strtok_r(buf, "\n", &save); l;
+	     l = strtok_r(NULL, "\n", &save)) {
+		char *c1 = strchr(l, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+		if (c2 == NULL || (size_t)(c2 - c1 - 1) != 4 || strncmp(c1 + 1, "pids", 4) != 0)
+			continue;
+		/* The path must be one of ours: tether/<name>, nothing else. */
+		if (strncmp(c2 + 1, "/tether/", 8) != 0 || strchr(c2 + 9, '/') != NULL ||
+		    !ns_id_ok(c2 + 9))
+			break;
+		if (snprintf(out, PATH_MAX, "/sys/fs/cgroup/pids%s", c2 + 1) >= PATH_MAX)
+			break;
+		return 0;
+	}
+	return tt_err_set(err, TT_ERR_SYS, "sandbox init %d is not in a tether pids cgroup",
+	                  (int)pid);
+}
+
+/* ns_fz_move: moves every task listed in src/cgroup.procs that is not yet
+ * in the freezer; returns how many it moved, -1 on error. */
+static int ns_fz_move(const char *src, const char *fz, struct tt_err *err)
+{
+	static char have[65536], want[65536]; /* manager is single-threaded here */
+	char procs[PATH_MAX];
+	int moved = 0;
+
+	if (snprintf(procs, sizeof procs, "%s/cgroup.procs", fz) >= (int)sizeof procs)
+		return tt_err_set(err, TT_ERR_INVALID, "freezer path too long");
+	_cleanup_close_ int pfd = open(procs, O_WRONLY | O_CLOEXEC);
+	if (pfd < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "freezer: open %s", procs);
+	if (ns_fz_read(src, "cgroup.procs", want, sizeof want) < 0 ||
+	    ns_fz_read(fz, "cgroup.procs", have, sizeof have) < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "freezer: cannot list tasks");
+	for (char *save = NULL, *t = strtok_r(want, "\n", &save); t;
+	     t = strtok_r(NULL, "\n", &save)) {
+		char needle[32];
+		size_t tl = strlen(t);
+		int found = 0;
+
+		if (tl == 0 || tl > 20)
+			continue;
+		snprintf(needle, sizeof needle, "%s\n", t);
+		for (const char *h = have; (h = strstr(h, needle)) != NULL; h++)
+			if (h == have || h[-1] == '\n') {
+				found = 1;
+				break;
+			}
+		if (found)
+			continue;
+		/* Privileged: moving the sandbox's tasks into its freezer cgroup. */
+		if (write(pfd, t, tl) != (ssize_t)tl) {
+			if (errno == ESRCH)
+				continue; /* exited meanwhile */
+			return tt_err_sys(err, TT_ERR_SYS, "freezer: move task %s", t);
+		}
+		moved++;
+	}
+	return moved;
+}
+
+int ns_sandbox_freeze(struct ns_sandbox *sb, unsigned timeout_ms, struct tt_err *err)
+{
+	char src[PATH_MAX], fz[PATH_MAX], state[64];
+	const char *name;
+	struct timespec t0;
+
+	if (sb->init_pid <= 0)
+		return tt_err_set(err, TT_ERR_INVALID, "freeze: sandbox not running");
+	if (access(NS_FREEZER_ROOT "/cgroup.procs", F_OK) < 0)
+		return tt_err_set(err, TT_ERR_SYS, "freeze: no cgroup v1 freezer at %s",
+		                  NS_FREEZER_ROOT);
+	if (ns_fz_pids_cgroup(sb->init_pid, src, err) < 0)
+		return -1;
+	name = strrchr(src, '/') + 1;
+	if (snprintf(fz, sizeof fz, "%s/tether/%s", NS_FREEZER_ROOT, name) >= (int)sizeof fz)
+		return tt_err_set(err, TT_ERR_INVALID, "freezer path too long");
+	/* Privileged: a freezer cgroup per sandbox, made on demand. */
+	if ((mkdir(NS_FREEZER_ROOT "/tether", 0755) < 0 && errno != EEXIST) ||
+	    (mkdir(fz, 0755) < 0 && errno != EEXIST))
+		return tt_err_sys(err, TT_ERR_SYS, "freeze: mkdir %s", fz);
+	memcpy(sb->cgroup_freezer, fz, sizeof fz);
+	/* Tasks forked while we move others land in the pids cgroup of their
+	 * parent: repeat until a pass after FROZEN finds nobody left out
+	 * (a task moved into a frozen cgroup is frozen too). */
+	int passes = 0, moved;
+	do {
+		moved = ns_fz_move(src, fz, err);
+		if (moved < 0)
+			goto fail;
+		if (passes == 0 && ns_fz_write(fz, "freezer.state", "FROZEN", err) < 0)
+			goto fail;
+	} while ((moved > 0 || passes == 0) && ++passes < NS_FREEZE_PASSES);
+	if (moved > 0) {
+		tt_err_set(err, TT_ERR_SYS, "freeze: tasks keep appearing (fork storm)");
+		goto fail;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		struct timespec t1;
+
+		if (ns_fz_read(fz, "freezer.state", state, sizeof state) < 0) {
+			tt_err_sys(err, TT_ERR_SYS, "freeze: read freezer.state");
+			goto fail;
+		}
+		if (strncmp(state, "FROZEN", 6) == 0)
+			return 0;
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		if ((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000 >
+		    (long)timeout_ms) {
+			tt_err_set(err, TT_ERR_SYS, "freeze: not FROZEN after %u ms", timeout_ms);
+			goto fail;
+		}
+		/* FREEZING: writing FROZEN again retries tasks that were busy. */
+		ns_fz_write(fz, "freezer.state", "FROZEN", &(struct tt_err){ 0 });
+		nanosleep(&(struct timespec){ .tv_nsec = 2 * 1000 * 1000 }, NULL);
+	}
+fail:
+	ns_sandbox_thaw(sb, &(struct tt_err){ 0 });
+	return -1;
+}
+
+int ns_sandbox_thaw(struct ns_sandbox *sb, struct tt_err *err)
+{
+	if (!sb->cgroup_freezer[0])
+		return 0;
+	/* Privileged: thawing the sandbox's freezer cgroup. */
+	return ns_fz_write(sb->cgroup_freezer, "freezer.state", "THAWED", err);
+}
+
+/* ns_fz_remove: removes the freezer cgroup once its tasks are gone. */
+static void ns_fz_remove(struct ns_sandbox *sb)
+{
+	if (!sb->cgroup_freezer[0])
+		return;
+	for (int i = 0; i < 200; i++) {
+		if (rmdir(sb->cgroup_freezer) == 0 || errno == ENOENT)
+			break;
+		if (errno != EBUSY) {
+			log_warn("ns: rmdir %s: %s", sb->cgroup_freezer, strerror(errno));
+			break;
+		}
+		nanosleep(&(struct timespec){ .tv_nsec = 10 * 1000 * 1000 }, NULL);
+	}
+	sb->cgroup_freezer[0] = '\0';
+}
+
+void ns_freezer_release(const char *sbx_id, uint64_t gen)
+{
+	struct ns_sandbox sb;
+
+	if (!ns_id_ok(sbx_id))
+		return;
+	ns_sandbox_init(&sb);
+	snprintf(sb.cgroup_freezer, sizeof sb.cgroup_freezer, "%s/tether/%s-g%" PRIu64,
+	         NS_FREEZER_ROOT, sbx_id, gen);
+	if (access(sb.cgroup_freezer, F_OK) < 0)
+		return;
+	ns_sandbox_thaw(&sb, &(struct tt_err){ 0 });
+	ns_fz_remove(&sb);
+}
+
 int ns_sandbox_stop(struct ns_sandbox *sb, struct tt_err *err)
 {
 	if (sb->init_pid > 0 && sb->pidfd >= 0) {
+		/* A frozen init cannot die: kill it first (nothing may run
+		 * after a pause's snapshot), then thaw so the kill lands. */
+		if (sb->cgroup_freezer[0]) {
+			syscall(SYS_pidfd_send_signal, sb->pidfd, SIGKILL, NULL, 0);
+			ns_sandbox_thaw(sb, &(struct tt_err){ 0 });
+		}
 		ns_kill_reap(sb);
 		close(sb->pidfd);
 	}
 	sb->pidfd = -1;
 	sb->init_pid = 0;
+	ns_sandbox_thaw(sb, &(struct tt_err){ 0 });
+	ns_fz_remove(sb);
 	/* The pid namespace's other processes died with its init (the kernel
 	 * reaps them before the init's own exit completes). */
 	return ns_cgroup_remove(sb, err);

@@ -67,6 +67,8 @@ struct ns_sandbox {
 	char cgroup_pids[PATH_MAX];       /* v1 pids cgroup dir (v2: same as memory) */
 	char cgroup_cpu[PATH_MAX];        /* v1 cpu cgroup dir, "" when unused */
 	int exit_status;                  /* wait status once reaped, else -1 */
+	char cgroup_freezer[PATH_MAX];    /* v1 freezer dir while frozen by
+	                                   * ns_sandbox_freeze, else "" */
 };
 
 /* ns_sandbox_start: builds and starts one execution; returns 0 once the init
@@ -78,6 +80,20 @@ int ns_sandbox_start(const struct ns_config *cfg, struct ns_sandbox *out,
  * init), reap, remove the cgroups, close fds. Idempotent; a zeroed or
  * already stopped sandbox is fine. */
 int ns_sandbox_stop(struct ns_sandbox *sb, struct tt_err *err);
+/* ns_sandbox_freeze: stops every process of the sandbox (cgroup v1
+ * freezer, SPEC §7 pause): moves the tasks of its pids cgroup (found from
+ * /proc/<init>/cgroup, so adopted executions work too) into a freezer
+ * cgroup, freezes it and waits, up to timeout_ms, until the kernel reports
+ * FROZEN. On failure the sandbox is thawed again. */
+int ns_sandbox_freeze(struct ns_sandbox *sb, unsigned timeout_ms,
+                      struct tt_err *err);
+/* ns_sandbox_thaw: lets a frozen sandbox run again; the freezer cgroup
+ * stays until ns_sandbox_stop (which kills, thaws and removes it). */
+int ns_sandbox_thaw(struct ns_sandbox *sb, struct tt_err *err);
+/* ns_freezer_release: thaws and removes the freezer cgroup a pause left
+ * for execution sbx_id/gen (after a manager restart, once its tasks were
+ * sent SIGKILL: frozen tasks only die when thawed). Absent is fine. */
+void ns_freezer_release(const char *sbx_id, uint64_t gen);
 /* ns_sandbox_init: puts a sandbox record in the "not running" state (so
  * ns_sandbox_stop on it is a no-op). */
 void ns_sandbox_init(struct ns_sandbox *sb);

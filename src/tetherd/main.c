@@ -1,6 +1,7 @@
 /* tetherd: one binary, one daemon role per invocation ("tetherd cp", ...).
  * Roles are linked weakly so that the binary builds while a role is being
- * written; a role that is absent says so instead of failing to link. */
+ * written; a role that is absent says so instead of failing to link. The
+ * host bridge is not a role: it is its own lean binary, tether-bridge. */
 #include <stdio.h>
 #include <string.h>
 
@@ -12,7 +13,6 @@
 #pragma weak edge_main
 #pragma weak node_main
 #pragma weak manager_main
-#pragma weak bridge_main
 #pragma weak gateway_main
 
 struct role {
@@ -30,7 +30,6 @@ static const struct role roles[] = {
 	{ "keygen", keygen_main, "write a k4.secret key file (mode 0600)", 0 },
 	{ "signer", signer_main, "capability signer (spawned by cp)", 1 },
 	{ "manager", manager_main, "sbx-manager (spawned by node)", 1 },
-	{ "bridge", bridge_main, "host bridge (spawned by sbx-manager)", 1 },
 };
 
 /* usage: lists the roles that are built into this binary. */

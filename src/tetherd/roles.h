@@ -9,7 +9,6 @@ int signer_main(int argc, char **argv);  /* src/cp: signer, spawned by cp */
 int edge_main(int argc, char **argv);    /* src/edge */
 int node_main(int argc, char **argv);    /* src/node: node-api */
 int manager_main(int argc, char **argv); /* src/node: sbx-manager, spawned by node */
-int bridge_main(int argc, char **argv);  /* src/bridge: spawned by the manager */
 int gateway_main(int argc, char **argv); /* src/gateway */
 
 #endif

@@ -152,6 +152,69 @@ code=$(curl -s -m 60 -o "$WORK/r" -w '%{http_code}' -H "Authorization: Bearer wr
 	"http://127.0.0.1:$((BASE + 1))/v1/sandboxes/$S1/exec")
 if [ "$code" = 401 ]; then ok "edge: operation with a wrong API key is 401 (cp decides)"; else notok "edge: operation with a wrong API key is 401 (cp decides)" "$code $(cat "$WORK/r")"; fi
 
+# ---- file downloads: Content-Length, broken reads, listings ------------------
+KEY=$(sed -n 's/^api_key=//p' "$cfg")
+EDGE=http://127.0.0.1:$((BASE + 1))
+insz=$((3 * 1024 * 1024 + 17))
+# hdr FILE NAME: the value of header NAME in a curl -D dump ("" if absent).
+hdr() { tr -d '\r' <"$1" | sed -n "s/^$2: *//Ip" | tail -n 1; }
+code=$(curl -s -m 60 -D "$WORK/h" -o "$WORK/dl" -w '%{http_code}' -H "Authorization: Capability $TOK" \
+	"$W1/v1/sandboxes/$S1/files?path=/tmp/in.bin")
+if [ "$code" = 200 ] && [ "$(hdr "$WORK/h" Content-Length)" = "$insz" ] &&
+   [ -z "$(hdr "$WORK/h" Transfer-Encoding)" ] && cmp -s "$WORK/in.bin" "$WORK/dl"; then
+	ok "node: file GET has Content-Length = file size, no chunking, exact bytes"
+else notok "node: file GET has Content-Length = file size, no chunking, exact bytes" "$code $(cat "$WORK/h")"; fi
+code=$(curl -s -m 60 -D "$WORK/h" -o "$WORK/dl" -w '%{http_code}' -H "Authorization: Bearer $KEY" \
+	"$EDGE/v1/sandboxes/$S1/files?path=/tmp/in.bin")
+if [ "$code" = 200 ] && [ "$(hdr "$WORK/h" Content-Length)" = "$insz" ] &&
+   [ -z "$(hdr "$WORK/h" Transfer-Encoding)" ] && cmp -s "$WORK/in.bin" "$WORK/dl"; then
+	ok "edge: passes Content-Length through, exact bytes"
+else notok "edge: passes Content-Length through, exact bytes" "$code $(cat "$WORK/h")"; fi
+"$T" exec "$S1" -- sh -c ': > /tmp/empty' >/dev/null 2>&1
+code=$(curl -s -m 60 -D "$WORK/h" -o "$WORK/dl" -w '%{http_code}' -H "Authorization: Bearer $KEY" \
+	"$EDGE/v1/sandboxes/$S1/files?path=/tmp/empty")
+if [ "$code" = 200 ] && [ "$(hdr "$WORK/h" Content-Length)" = 0 ] && [ ! -s "$WORK/dl" ]; then
+	ok "empty file: 200, Content-Length 0"
+else notok "empty file: 200, Content-Length 0" "$code $(cat "$WORK/h")"; fi
+# A 64 MiB file read by a slow client, truncated in the sandbox meanwhile:
+# the download must fail (closed short of Content-Length), never succeed short.
+# shrink_read URL AUTH: prints "curl-exit bytes content-length".
+shrink_read() {
+	"$T" exec "$S1" -- sh -c 'head -c 67108864 /dev/zero > /tmp/shrink' >/dev/null 2>&1
+	curl -s -m 120 --limit-rate 4M -D "$WORK/sh" -o "$WORK/sdl" -H "Authorization: $2" \
+		"$1/v1/sandboxes/$S1/files?path=/tmp/shrink" &
+	local cpid=$!
+	sleep 1
+	"$T" exec "$S1" -- truncate -s 1000 /tmp/shrink >/dev/null 2>&1
+	wait $cpid
+	echo "$? $(stat -c %s "$WORK/sdl" 2>/dev/null) $(hdr "$WORK/sh" Content-Length)"
+}
+read -r rc got len <<<"$(shrink_read "$W1" "Capability $TOK")"
+if [ "$rc" = 18 ] && [ "$len" = 67108864 ] && [ "$got" -lt 67108864 ]; then
+	ok "node: file shrinking during the read -> transfer cut short (curl 18, $got of $len bytes)"
+else notok "node: file shrinking during the read -> transfer cut short" "rc=$rc got=$got len=$len"; fi
+read -r rc got len <<<"$(shrink_read "$EDGE" "Bearer $KEY")"
+if [ "$rc" = 18 ] && [ "$len" = 67108864 ] && [ "$got" -lt 67108864 ]; then
+	ok "edge: file shrinking during the read -> transfer cut short (curl 18, $got of $len bytes)"
+else notok "edge: file shrinking during the read -> transfer cut short" "rc=$rc got=$got len=$len"; fi
+code=$(curl -s -m 60 -o "$WORK/dl" -w '%{http_code}' -H "Authorization: Bearer $KEY" \
+	"$EDGE/v1/sandboxes/$S1/files?path=/tmp/shrink")
+if [ "$code" = 200 ] && [ "$(stat -c %s "$WORK/dl")" = 1000 ]; then ok "the honest read of the shrunk file: 1000 bytes"
+else notok "the honest read of the shrunk file: 1000 bytes" "$code $(stat -c %s "$WORK/dl")"; fi
+# Listings larger than one 64 KiB frame stream through; over 10000 is 413.
+"$T" exec "$S1" -- sh -c 'mkdir /tmp/many && cd /tmp/many && i=0; while [ $i -lt 3000 ]; do : > "entry-with-a-longish-name-$i"; i=$((i+1)); done' >/dev/null 2>&1
+code=$(curl -s -m 60 -o "$WORK/ls.json" -w '%{http_code}' -H "Authorization: Bearer $KEY" \
+	"$EDGE/v1/sandboxes/$S1/list?path=/tmp/many")
+cnt=$(jget 'len(d["entries"]), d["entries"][0]["name"], "entries_total" in d' <"$WORK/ls.json" 2>&1)
+if [ "$code" = 200 ] && [ "$cnt" = "(3000, 'entry-with-a-longish-name-0', False)" ] &&
+   [ "$(stat -c %s "$WORK/ls.json")" -gt 65536 ]; then ok "list: 3000 entries (over 64 KiB) in one JSON body"
+else notok "list: 3000 entries (over 64 KiB) in one JSON body" "$code $cnt"; fi
+"$T" exec "$S1" -- sh -c 'cd /tmp/many && i=3000; while [ $i -lt 10001 ]; do : > "entry-with-a-longish-name-$i"; i=$((i+1)); done' >/dev/null 2>&1
+code=$(curl -s -m 60 -o "$WORK/ls.json" -w '%{http_code}' -H "Authorization: Bearer $KEY" \
+	"$EDGE/v1/sandboxes/$S1/list?path=/tmp/many")
+if [ "$code" = 413 ] && [ "$(jget 'd["error"]' <"$WORK/ls.json")" = too_large ]; then ok "list: 10001 entries -> 413 too_large"
+else notok "list: 10001 entries -> 413 too_large" "$code $(head -c 300 "$WORK/ls.json")"; fi
+
 # ---- isolation through exec ---------------------------------------------------
 pids=$("$T" exec "$S1" -- sh -c 'ls /proc | grep -E "^[0-9]+$"' 2>&1); rc=$?
 if [ $rc = 0 ] && [ -n "$pids" ] && ! echo "$pids" | grep -qvE '^[0-9]+$' &&

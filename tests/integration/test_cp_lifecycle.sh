@@ -79,6 +79,24 @@ feed() {
 		"$U/v1/feed?worker=$1&after=${AFTER[$1]}&wait=${2:-5}"
 	AFTER[$1]=$(jget '["rev"]' "$ST/feed.$1")
 }
+# feedfor W KIND SBX: polls as W until a KIND update for SBX arrived (a
+# background call may append it after an earlier update woke the poll);
+# feed.W then holds every update seen meanwhile.
+feedfor() {
+	local acc=$ST/acc.$1
+	echo '{"rev":0,"updates":[]}' >"$acc"
+	for _ in 1 2 3 4 5 6; do
+		feed "$1" 2
+		python3 -c "
+import json,sys
+a=json.load(open(sys.argv[1])); f=json.load(open(sys.argv[2]))
+a['updates']+=f['updates']; a['rev']=f['rev']
+json.dump(a,open(sys.argv[1],'w'))" "$acc" "$ST/feed.$1"
+		cp "$acc" "$ST/feed.$1"
+		[ "$(count "$1" "$2" "$3")" != 0 ] && return 0
+	done
+	return 1
+}
 # upd W KIND SBX FIELD: FIELD of the first KIND update for SBX in feed.W.
 upd() {
 	python3 -c "
@@ -131,7 +149,7 @@ check "no snapshot yet" test "$(jget '["snapshot"]')" = None
 # --- pause with progress ---------------------------------------------------
 ok "$([ "$(status POST "/v1/sandboxes/$S/pause?wait=0" "Bearer $KEY")" = 202 ] && [ "$(jget '["state"]')" = pausing ] && [ "$(jget '["progress"]')" = "{'bytes': 0, 'total': None}" ]; echo $?)" \
 	"pause?wait=0: 202 pausing with empty progress"
-feed w1
+feedfor w1 pause "$S"
 PREV=$(upd w1 pause "$S" rev)
 check "w1 sees a pause update for gen 1, snapshot key $S/1" test "$(upd w1 pause "$S" generation) $(upd w1 pause "$S" snapshot)" = "1 $S/1"
 ok "$([ "$(status POST /v1/feed/progress "Node $NT" "{\"worker\":\"w1\",\"rev\":$PREV,\"sandbox\":\"$S\",\"bytes\":4096,\"total\":10485760}")" = 200 ]; echo $?)" \
@@ -159,7 +177,7 @@ ok "$([ "$(status POST "/v1/sandboxes/$S/capabilities" "Bearer $KEY" '{"purpose"
 
 # --- resume on w2 ----------------------------------------------------------
 go r1 POST "/v1/sandboxes/$S/resume" '{"worker":"w2"}'
-feed w2
+feedfor w2 install "$S"
 IREV=$(upd w2 install "$S" rev)
 check "w2 gets install gen 2 for w2 with snapshot $S/1" test "$(upd w2 install "$S" generation) $(upd w2 install "$S" worker) $(upd w2 install "$S" snapshot)" = "2 w2 $S/1"
 check "while the install is pending the sandbox is resuming" test "$(sbx "$S")" = "resuming 2 w2"
@@ -191,11 +209,11 @@ ok "$([ "$(status POST "/v1/sandboxes/$S/pause" "Bearer ttk_wrong")" = 401 ]; ec
 # --- two concurrent migrates: exactly one wins ------------------------------
 go m1 POST "/v1/sandboxes/$S/migrate" '{"worker":"w1"}'
 go m2 POST "/v1/sandboxes/$S/migrate" '{"worker":"w1"}'
-feed w2
+feedfor w2 pause "$S"
 check "exactly one pause reached w2" test "$(count w2 pause "$S")" = 1
 PREV=$(upd w2 pause "$S" rev)
 ack w2 "$PREV" "{\"rev\":$PREV,$(snapok "$S" 2)}" >/dev/null
-feed w1
+feedfor w1 install "$S"
 check "w1 gets install gen 3 with snapshot $S/2" test "$(upd w1 install "$S" generation) $(upd w1 install "$S" snapshot)" = "3 $S/2"
 IREV=$(upd w1 install "$S" rev)
 ack w1 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
@@ -209,36 +227,36 @@ start_cp; ok $? "cp restarts"
 check "state survived the restart" test "$(sbx "$S")" = "running 3 w1"
 sleep 0.5 # keep-alive loops poll the new cp
 go m3 POST "/v1/sandboxes/$S/migrate" '{"worker":"w2"}'
-feed w1; PREV=$(upd w1 pause "$S" rev)
+feedfor w1 pause "$S"; PREV=$(upd w1 pause "$S" rev)
 ack w1 "$PREV" "{\"rev\":$PREV,$(snapok "$S" 3)}" >/dev/null
-feed w2; IREV=$(upd w2 install "$S" rev)
+feedfor w2 install "$S"; IREV=$(upd w2 install "$S" rev)
 check "after the restart the install is gen 4 (never reused)" test "$(upd w2 install "$S" generation) $(upd w2 install "$S" snapshot)" = "4 $S/3"
 ack w2 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
 check "migrate after the restart: 200, running gen 4 on w2" test "$(cat "$ST/m3.code") $(sbx "$S")" = "200 running 4 w2"
 
 # --- a failed pause: failed, retired, resumable ------------------------------
 go p2 POST "/v1/sandboxes/$S/pause" ''
-feed w2; PREV=$(upd w2 pause "$S" rev)
+feedfor w2 pause "$S"; PREV=$(upd w2 pause "$S" rev)
 ack w2 "$PREV" "{\"rev\":$PREV,\"ok\":false,\"error\":\"disk full\"}" >/dev/null; waitgo
 check "pause acked ok:false answers 503" test "$(cat "$ST/p2.code")" = 503
 check "the sandbox is failed with the worker's error" sh -c "test \"\$(echo '$(sbx "$S")')\" = 'failed 4 w2' && grep -q 'disk full' '$ST/out'"
 check "the last complete snapshot is still gen 3" test "$(jget '["snapshot"]["generation"]')" = 3
-feed w2
+feedfor w2 retire "$S"
 check "a retire for gen 4 is on w2's feed" test "$(upd w2 retire "$S" generation)" = 4
 go r2 POST "/v1/sandboxes/$S/resume" '{"worker":"w1"}'
-feed w1; IREV=$(upd w1 install "$S" rev)
+feedfor w1 install "$S"; IREV=$(upd w1 install "$S" rev)
 check "resume from failed: install gen 5 from snapshot $S/3" test "$(upd w1 install "$S" generation) $(upd w1 install "$S" snapshot)" = "5 $S/3"
 ack w1 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
 check "resume from failed: 200 running gen 5 on w1" test "$(cat "$ST/r2.code") $(sbx "$S")" = "200 running 5 w1"
 
 # --- a pause ack with a snapshot that is not the one asked for --------------
 go p3 POST "/v1/sandboxes/$S/pause" ''
-feed w1; PREV=$(upd w1 pause "$S" rev)
+feedfor w1 pause "$S"; PREV=$(upd w1 pause "$S" rev)
 ack w1 "$PREV" "{\"rev\":$PREV,\"ok\":true,\"snapshot\":{\"key\":\"$S/3\",\"generation\":5,\"size\":1,\"checksum\":\"blake2b:00\"}}" >/dev/null; waitgo
 check "ok with a wrong snapshot key: 503 and failed" test "$(cat "$ST/p3.code") $(sbx "$S")" = "503 failed 5 w1"
 check "… the bogus snapshot is not recorded (latest still gen 3)" test "$(jget '["snapshot"]["generation"]')" = 3
 go r3 POST "/v1/sandboxes/$S/resume" '{"worker":"w1"}'
-feed w1; IREV=$(upd w1 install "$S" rev)
+feedfor w1 install "$S"; IREV=$(upd w1 install "$S" rev)
 ack w1 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
 check "resumed again: running gen 6 on w1" test "$(sbx "$S")" = "running 6 w1"
 
@@ -250,7 +268,7 @@ check "… unchanged" test "$(sbx "$S")" = "running 6 w1"
 ok "$([ "$(status POST "/v1/sandboxes/$S/pause" "Bearer $KEY")" = 409 ] && grep -q "w1 is down" "$ST/out"; echo $?)" \
 	"pause with the worker down: 409"
 go f1 POST "/v1/sandboxes/$S/resume" '{"worker":"w2","force":true}'
-feed w2; IREV=$(upd w2 install "$S" rev)
+feedfor w2 install "$S"; IREV=$(upd w2 install "$S" rev)
 check "forced: w2 gets install gen 7 from snapshot $S/3" test "$(upd w2 install "$S" generation) $(upd w2 install "$S" snapshot)" = "7 $S/3"
 ack w2 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
 check "forced resume: 200 forced:true resumed_from 3, running gen 7 on w2" test "$(cat "$ST/f1.code") $(jget '["forced"]' "$ST/f1.json") $(jget '["resumed_from"]' "$ST/f1.json") $(sbx "$S")" = "200 True 3 running 7 w2"
@@ -262,7 +280,7 @@ alive w1
 # --- the worker dies during a pause: failed + retire, resumable with force --
 sleep 0.5
 go p4 POST "/v1/sandboxes/$S/pause" ''
-feed w2; check "w2 gets the pause for gen 7" test "$(upd w2 pause "$S" generation)" = 7
+feedfor w2 pause "$S"; check "w2 gets the pause for gen 7" test "$(upd w2 pause "$S" generation)" = 7
 dead w2
 waitgo
 check "pause answers 503 once w2 is down" test "$(cat "$ST/p4.code")" = 503
@@ -270,7 +288,7 @@ check "the sandbox failed: worker went down during the pause" sh -c "test \"\$(e
 ok "$([ "$(status POST "/v1/sandboxes/$S/resume" "Bearer $KEY" '{}')" = 409 ] && grep -q "worker w2 is down; use --force" "$ST/out"; echo $?)" \
 	"resume from failed with the worker down needs --force (409)"
 go f2 POST "/v1/sandboxes/$S/resume" '{"force":true}'
-feed w1; IREV=$(upd w1 install "$S" rev)
+feedfor w1 install "$S"; IREV=$(upd w1 install "$S" rev)
 ack w1 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
 check "forced resume with placement: running gen 8 on w1 (the only up worker)" test "$(cat "$ST/f2.code") $(jget '["forced"]' "$ST/f2.json") $(sbx "$S")" = "200 True running 8 w1"
 feed w2 0
@@ -279,12 +297,12 @@ check "a retire for gen 7 is on w2's feed (its pause failed)" test "$(upd w2 ret
 # --- a failed install on resume: failed, retired, generation not reused ------
 alive w2; sleep 0.5
 go m4 POST "/v1/sandboxes/$S/migrate" '{"worker":"w2"}'
-feed w1; PREV=$(upd w1 pause "$S" rev)
+feedfor w1 pause "$S"; PREV=$(upd w1 pause "$S" rev)
 ack w1 "$PREV" "{\"rev\":$PREV,$(snapok "$S" 8)}" >/dev/null
-feed w2; IREV=$(upd w2 install "$S" rev)
+feedfor w2 install "$S"; IREV=$(upd w2 install "$S" rev)
 ack w2 "$IREV" "{\"rev\":$IREV,\"ok\":false,\"error\":\"snapshot checksum mismatch\"}" >/dev/null; waitgo
 check "install failure on the target: migrate 503, failed gen 9 on w2" test "$(cat "$ST/m4.code") $(sbx "$S")" = "503 failed 9 w2"
-feed w2
+feedfor w2 retire "$S"
 check "a retire for gen 9 is on w2's feed" test "$(upd w2 retire "$S" generation)" = 9
 go r4 POST "/v1/sandboxes/$S/resume" '{}'
 sleep 0.3; feed w1 1; feed w2 1

@@ -1,6 +1,7 @@
 /* Control-plane SQLite store on real database files: generations and feed
  * revs are never reused across reopen, API keys are stored hashed, the feed
- * is filtered per worker. */
+ * is filtered per worker, lifecycle transitions are compare-and-swaps that
+ * commit together with their feed updates, older files are migrated. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -226,6 +227,196 @@ static void test_feed_per_worker(void **state)
 	json_decref(body);
 }
 
+/* last_update: the newest feed update for worker (new reference). */
+static json_t *last_update(struct dbfix *f, const char *worker)
+{
+	struct tt_err err = { 0 };
+	json_t *ups = cpdb_feed_since(f->db, worker, 0, 1000, &err), *u;
+
+	assert_non_null(ups);
+	assert_true(json_array_size(ups) > 0);
+	u = json_incref(json_array_get(ups, json_array_size(ups) - 1));
+	json_decref(ups);
+	return u;
+}
+
+/* running_sbx: a sandbox created on w1 and acked (running, gen 1). */
+static void running_sbx(struct dbfix *f, const char *id, struct cp_sandbox *sb)
+{
+	struct tt_err err = { 0 };
+	int64_t rev;
+
+	assert_int_equal(cpdb_sandbox_create(f->db, id, "w1", 100, sb, &rev,
+	                                     &err), 0);
+	assert_int_equal(cpdb_sandbox_set_state(f->db, id, "running", NULL,
+	                                        &err), 0);
+	assert_int_equal(cpdb_sandbox_get(f->db, id, sb, &err), 1);
+}
+
+/* a complete snapshot record for (id, gen). */
+static struct cp_snapshot snap_of(const char *id, uint64_t gen)
+{
+	struct cp_snapshot sn = { .generation = gen, .size = 42,
+	                          .created_at = 7 };
+
+	snprintf(sn.sandbox, sizeof(sn.sandbox), "%s", id);
+	snprintf(sn.key, sizeof(sn.key), "%s/%llu", id, (unsigned long long)gen);
+	snprintf(sn.checksum, sizeof(sn.checksum), "blake2b:%02llx",
+	         (unsigned long long)gen);
+	return sn;
+}
+
+/* Pause is a CAS: the second of two pauses from the same view loses and
+ * appends nothing; only the matching ack (gen + rev) completes it. */
+static void test_pause_cas(void **state)
+{
+	struct dbfix *f = *state;
+	struct tt_err err = { 0 };
+	const char *id = "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa";
+	struct cp_sandbox sb, got;
+	struct cp_snapshot sn = snap_of(id, 1), latest;
+	int64_t rev, rev2, latest_rev;
+	json_t *u;
+
+	running_sbx(f, id, &sb);
+	assert_int_equal(cpdb_snapshot_latest(f->db, id, &latest, &err), 0);
+	assert_int_equal(cpdb_sandbox_pause(f->db, &sb, 200, &rev, &err), 1);
+	assert_int_equal(cpdb_sandbox_pause(f->db, &sb, 200, &rev2, &err), 0);
+	assert_int_equal(cpdb_feed_latest(f->db, &latest_rev, &err), 0);
+	assert_int_equal(latest_rev, rev); /* the loser appended nothing */
+	u = last_update(f, "w1");
+	assert_string_equal(json_string_value(json_object_get(u, "kind")),
+	                    "pause");
+	assert_int_equal(json_integer_value(json_object_get(u, "generation")), 1);
+	assert_string_equal(json_string_value(json_object_get(u, "snapshot")),
+	                    sn.key);
+	json_decref(u);
+	assert_int_equal(cpdb_sandbox_get(f->db, id, &got, &err), 1);
+	assert_string_equal(got.state, "pausing");
+	assert_int_equal(got.op_rev, rev);
+	assert_int_equal(got.progress_bytes, -1);
+	/* progress only for this pause's rev */
+	assert_int_equal(cpdb_sandbox_progress(f->db, id, rev + 1, 5, 10, &err),
+	                 0);
+	assert_int_equal(cpdb_sandbox_progress(f->db, id, rev, 5, -1, &err), 1);
+	assert_int_equal(cpdb_sandbox_get(f->db, id, &got, &err), 1);
+	assert_int_equal(got.progress_bytes, 5);
+	assert_int_equal(got.progress_total, -1);
+	/* a stale ack (other rev or gen) records no snapshot */
+	assert_int_equal(cpdb_sandbox_paused(f->db, id, 1, rev + 1, &sn, &err), 0);
+	assert_int_equal(cpdb_sandbox_paused(f->db, id, 2, rev, &sn, &err), 0);
+	assert_int_equal(cpdb_snapshot_latest(f->db, id, &latest, &err), 0);
+	assert_int_equal(cpdb_sandbox_paused(f->db, id, 1, rev, &sn, &err), 1);
+	assert_int_equal(cpdb_sandbox_get(f->db, id, &got, &err), 1);
+	assert_string_equal(got.state, "paused");
+	assert_int_equal(got.op_rev, 0);
+	assert_int_equal(cpdb_snapshot_latest(f->db, id, &latest, &err), 1);
+	assert_string_equal(latest.key, sn.key);
+	assert_string_equal(latest.checksum, "blake2b:01");
+	assert_int_equal(latest.size, 42);
+	/* a paused sandbox cannot be paused */
+	assert_int_equal(cpdb_sandbox_pause(f->db, &got, 201, &rev2, &err), 0);
+}
+
+/* Resume allocates N+1 together with its install; a racing resume from
+ * the same view loses; generations continue across reopen; a failure
+ * appends the retire in the same transaction. */
+static void test_resume_generations(void **state)
+{
+	struct dbfix *f = *state;
+	struct tt_err err = { 0 };
+	const char *id = "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa";
+	struct cp_sandbox sb, got;
+	struct cp_snapshot sn = snap_of(id, 1);
+	struct cpdb_resume r = { .from = "paused", .gen = 1, .worker = "w2",
+	                         .snapshot_key = sn.key };
+	int64_t rev, irev, irev2, rrev = 0, latest;
+	uint64_t gen = 0;
+	json_t *u;
+
+	running_sbx(f, id, &sb);
+	assert_int_equal(cpdb_sandbox_pause(f->db, &sb, 200, &rev, &err), 1);
+	assert_int_equal(cpdb_sandbox_paused(f->db, id, 1, rev, &sn, &err), 1);
+	assert_int_equal(cpdb_sandbox_resume(f->db, id, &r, 300, &gen, &irev,
+	                                     &rrev, &err), 1);
+	assert_int_equal(gen, 2);
+	assert_int_equal(cpdb_sandbox_resume(f->db, id, &r, 300, &gen, &irev2,
+	                                     &rrev, &err), 0);
+	assert_int_equal(cpdb_feed_latest(f->db, &latest, &err), 0);
+	assert_int_equal(latest, irev);
+	u = last_update(f, "w2");
+	assert_string_equal(json_string_value(json_object_get(u, "kind")),
+	                    "install");
+	assert_int_equal(json_integer_value(json_object_get(u, "generation")), 2);
+	assert_string_equal(json_string_value(json_object_get(u, "worker")), "w2");
+	assert_string_equal(json_string_value(json_object_get(u, "snapshot")),
+	                    sn.key);
+	json_decref(u);
+	assert_int_equal(cpdb_sandbox_get(f->db, id, &got, &err), 1);
+	assert_string_equal(got.state, "resuming");
+	assert_string_equal(got.worker, "w2");
+	assert_int_equal(got.op_rev, irev);
+	/* the install fails: failed + retire{gen 2} for w2, atomically */
+	assert_int_equal(cpdb_sandbox_cas(f->db, id, "resuming", 2, irev + 1,
+	                                  "failed", "x", "w2", 301, &rrev, &err),
+	                 0);
+	assert_int_equal(cpdb_sandbox_cas(f->db, id, "resuming", 2, irev,
+	                                  "failed", "no space", "w2", 301, &rrev,
+	                                  &err), 1);
+	assert_true(rrev > irev);
+	u = last_update(f, "w2");
+	assert_string_equal(json_string_value(json_object_get(u, "kind")),
+	                    "retire");
+	assert_int_equal(json_integer_value(json_object_get(u, "generation")), 2);
+	json_decref(u);
+	/* restart, then a forced resume from failed: gen 3, retire first */
+	reopen(f);
+	r.from = "failed";
+	r.gen = 2;
+	r.worker = "w1";
+	r.retire_worker = "w2";
+	assert_int_equal(cpdb_sandbox_resume(f->db, id, &r, 400, &gen, &irev2,
+	                                     &rrev, &err), 1);
+	assert_int_equal(gen, 3);
+	assert_true(rrev < irev2);
+	u = last_update(f, "w2");
+	assert_string_equal(json_string_value(json_object_get(u, "kind")),
+	                    "retire");
+	json_decref(u);
+	assert_int_equal(cpdb_sandbox_get(f->db, id, &got, &err), 1);
+	assert_string_equal(got.error, "");
+	assert_int_equal(got.generation, 3);
+}
+
+/* A database made before the lifecycle columns existed opens, gains them
+ * with their defaults, and keeps its rows. */
+static void test_migrate_old_schema(void **state)
+{
+	struct dbfix *f = *state;
+	struct tt_err err = { 0 };
+	struct cp_sandbox got;
+	const char *id = "sbx_cccccccccccccccccccccccccc";
+
+	cpdb_close(f->db);
+	f->db = NULL;
+	unlink(f->path);
+	raw_exec(f, "CREATE TABLE sandboxes(id TEXT PRIMARY KEY, state TEXT NOT"
+	         " NULL, generation INTEGER NOT NULL, worker TEXT NOT NULL,"
+	         " substrate TEXT NOT NULL, pod TEXT NOT NULL, activation"
+	         " INTEGER NOT NULL, created_at INTEGER NOT NULL, error TEXT);"
+	         "INSERT INTO sandboxes VALUES('sbx_cccccccccccccccccccccccccc',"
+	         "'running',7,'w1','ns','',1,5,NULL);");
+	f->db = cpdb_open(f->path, &err);
+	assert_non_null(f->db);
+	assert_int_equal(cpdb_sandbox_get(f->db, id, &got, &err), 1);
+	assert_int_equal(got.generation, 7);
+	assert_int_equal(got.op_rev, 0);
+	assert_int_equal(got.progress_bytes, -1);
+	reopen(f); /* migrating twice is a no-op */
+	assert_int_equal(cpdb_sandbox_get(f->db, id, &got, &err), 1);
+	assert_string_equal(got.state, "running");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -236,6 +427,11 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_apikey_hashing, setup,
 		                                teardown),
 		cmocka_unit_test_setup_teardown(test_feed_per_worker, setup,
+		                                teardown),
+		cmocka_unit_test_setup_teardown(test_pause_cas, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_resume_generations, setup,
+		                                teardown),
+		cmocka_unit_test_setup_teardown(test_migrate_old_schema, setup,
 		                                teardown),
 	};
 

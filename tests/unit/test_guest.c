@@ -44,6 +44,8 @@ struct op_out {
 	size_t out_len, err_len;
 	uint8_t end_type;       /* WIRE_RESULT, WIRE_ERROR, or 0 on EOF */
 	json_t *end;            /* the final JSON */
+	json_t *meta;           /* the META, if one came (before any byte) */
+	size_t out_frames;      /* DATA_OUT frames */
 };
 
 /* now_ms: monotonic milliseconds. */
@@ -199,23 +201,27 @@ static void append(char **buf, size_t *len, const uint8_t *p, size_t n)
 	(*buf)[*len] = '\0';
 }
 
-/* op_collect: reads frames until RESULT, ERROR or EOF. */
-static void op_collect(int fd, struct op_out *o)
+/* op_collect_more: reads frames into o until RESULT, ERROR or EOF; at most
+ * one META, and only before any DATA_OUT. */
+static void op_collect_more(int fd, struct op_out *o)
 {
 	struct tt_err err = { 0 };
 	struct wire_frame f;
 
-	memset(o, 0, sizeof(*o));
-	append(&o->out, &o->out_len, (const uint8_t *)"", 0);
-	append(&o->err, &o->err_len, (const uint8_t *)"", 0);
 	for (;;) {
 		int rc = wire_recv(fd, &f, rbuf, sizeof(rbuf), &err);
 
 		if (rc <= 0)
 			return;
-		if (f.type == WIRE_DATA_OUT)
+		if (f.type == WIRE_DATA_OUT) {
 			append(&o->out, &o->out_len, f.payload, f.len);
-		else if (f.type == WIRE_STDERR)
+			o->out_frames++;
+		} else if (f.type == WIRE_META) {
+			assert_null(o->meta);
+			assert_int_equal(o->out_len, 0);
+			o->meta = wire_frame_json(&f, &err);
+			assert_non_null(o->meta);
+		} else if (f.type == WIRE_STDERR)
 			append(&o->err, &o->err_len, f.payload, f.len);
 		else if (f.type == WIRE_RESULT || f.type == WIRE_ERROR) {
 			o->end_type = f.type;
@@ -225,6 +231,15 @@ static void op_collect(int fd, struct op_out *o)
 		} else
 			fail_msg("unexpected frame %s", wire_type_name(f.type));
 	}
+}
+
+/* op_collect: reads frames until RESULT, ERROR or EOF. */
+static void op_collect(int fd, struct op_out *o)
+{
+	memset(o, 0, sizeof(*o));
+	append(&o->out, &o->out_len, (const uint8_t *)"", 0);
+	append(&o->err, &o->err_len, (const uint8_t *)"", 0);
+	op_collect_more(fd, o);
 }
 
 /* op_run: one operation: REQUEST (raw JSON text), optional input as
@@ -273,6 +288,7 @@ static void op_free(struct op_out *o)
 	free(o->out);
 	free(o->err);
 	json_decref(o->end);
+	json_decref(o->meta);
 	memset(o, 0, sizeof(*o));
 }
 
@@ -529,6 +545,9 @@ static void test_fs_large_roundtrip(void **state)
 	opf(&o, "{\"op\":\"fs.read\",\"path\":\"/big.bin\"}");
 	expect_result(&o);
 	assert_int_equal(jint(&o, "size"), (long long)size);
+	assert_non_null(o.meta); /* the size came first */
+	assert_int_equal(json_integer_value(json_object_get(o.meta, "size")),
+	                 (long long)size);
 	assert_int_equal(o.out_len, size);
 	assert_memory_equal(o.out, data, size);
 	op_free(&o);
@@ -593,10 +612,33 @@ static void test_fs_write_aborted(void **state)
 	assert_int_equal(tmp_count(), 0);
 }
 
-/* entry_names: "a,b,c" from a fs.list RESULT. */
+/* list_entries: the entries of a fs.list answer: newline-delimited JSON
+ * objects in DATA_OUT, whose count RESULT states as entries_total. */
+static json_t *list_entries(const struct op_out *o)
+{
+	json_t *arr = json_array();
+	const char *p = o->out;
+
+	assert_non_null(arr);
+	while (*p != '\0') {
+		const char *nl = strchr(p, '\n');
+		json_error_t jerr;
+		json_t *e;
+
+		assert_non_null(nl); /* every entry ends with a newline */
+		e = json_loadb(p, (size_t)(nl - p), JSON_REJECT_DUPLICATES, &jerr);
+		assert_true(json_is_object(e));
+		json_array_append_new(arr, e);
+		p = nl + 1;
+	}
+	assert_int_equal(jint(o, "entries_total"), (long long)json_array_size(arr));
+	return arr;
+}
+
+/* entry_names: "a,b,c" from a fs.list answer. */
 static void entry_names(const struct op_out *o, char *out, size_t cap)
 {
-	json_t *arr = json_object_get(o->end, "entries"), *e;
+	json_t *arr = list_entries(o), *e;
 	size_t i;
 
 	out[0] = '\0';
@@ -606,6 +648,7 @@ static void entry_names(const struct op_out *o, char *out, size_t cap)
 		strncat(out, json_string_value(json_object_get(e, "name")),
 		        cap - strlen(out) - 1);
 	}
+	json_decref(arr);
 }
 
 static void test_fs_ops(void **state)
@@ -690,6 +733,167 @@ static void test_fs_ops(void **state)
 	expect_error(&o, "path_invalid");
 	op_free(&o);
 	assert_int_equal(access(rpath("/keep.txt"), F_OK), 0);
+}
+
+/* fill_file: a host file of size bytes of pattern (byte i = i % 251). */
+static void fill_file(const char *path, size_t size)
+{
+	uint8_t chunk[65536];
+	FILE *f = fopen(path, "w");
+
+	assert_non_null(f);
+	for (size_t off = 0; off < size;) {
+		size_t n = size - off < sizeof(chunk) ? size - off : sizeof(chunk);
+
+		for (size_t i = 0; i < n; i++)
+			chunk[i] = (uint8_t)((off + i) % 251);
+		assert_int_equal(fwrite(chunk, 1, n, f), n);
+		off += n;
+	}
+	assert_int_equal(fclose(f), 0);
+}
+
+/* read_open: starts an fs.read of path and returns the connection once the
+ * META arrived (the guest then blocks on the full socket for big files). */
+static int read_open(const char *path, struct op_out *o, uint64_t *size)
+{
+	char req[512];
+	struct tt_err err = { 0 };
+	struct wire_frame f;
+	int fd = g_connect();
+	int sz = 4096;
+
+	/* A small receive buffer so the guest is mid-file when we act. */
+	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+	snprintf(req, sizeof(req), "{\"op\":\"fs.read\",\"path\":\"%s\"}", path);
+	assert_int_equal(wire_send(fd, WIRE_REQUEST, req, (uint32_t)strlen(req), &err), 0);
+	assert_int_equal(wire_recv(fd, &f, rbuf, sizeof(rbuf), &err), 1);
+	assert_int_equal(f.type, WIRE_META);
+	memset(o, 0, sizeof(*o));
+	append(&o->out, &o->out_len, (const uint8_t *)"", 0);
+	append(&o->err, &o->err_len, (const uint8_t *)"", 0);
+	o->meta = wire_frame_json(&f, &err);
+	assert_non_null(o->meta);
+	*size = (uint64_t)json_integer_value(json_object_get(o->meta, "size"));
+	return fd;
+}
+
+/* test_fs_read_meta: META {"size":N} comes before the bytes; an empty file
+ * is META 0 and no DATA_OUT; a file that grows during the read is cut at
+ * the announced size, byte-exact. */
+static void test_fs_read_meta(void **state)
+{
+	const size_t size = 8u << 20;
+	struct op_out o;
+	uint64_t announced;
+	int fd, hf;
+
+	(void)state;
+	write_file(rpath("/empty"), "");
+	opf(&o, "{\"op\":\"fs.read\",\"path\":\"/empty\"}");
+	expect_result(&o);
+	assert_int_equal(json_integer_value(json_object_get(o.meta, "size")), 0);
+	assert_int_equal(o.out_frames, 0);
+	assert_int_equal(jint(&o, "size"), 0);
+	op_free(&o);
+
+	fill_file(rpath("/grow.bin"), size);
+	fd = read_open("/grow.bin", &o, &announced);
+	assert_int_equal(announced, size);
+	hf = open(rpath("/grow.bin"), O_WRONLY | O_APPEND);
+	assert_true(hf >= 0);
+	assert_int_equal(write(hf, "MORE BYTES THAT CAME LATER", 26), 26);
+	close(hf);
+	op_collect_more(fd, &o);
+	close(fd);
+	expect_result(&o);
+	assert_int_equal(o.out_len, size);
+	assert_int_equal(jint(&o, "size"), (long long)size);
+	for (size_t i = 0; i < size; i += 4093)
+		assert_int_equal((uint8_t)o.out[i], (uint8_t)(i % 251));
+	assert_int_equal((uint8_t)o.out[size - 1], (uint8_t)((size - 1) % 251));
+	op_free(&o);
+}
+
+/* test_fs_read_shrinks: a file truncated while it is being read ends in
+ * ERROR "changed" with fewer bytes than announced (never a short file
+ * presented as whole); the honest read afterwards is complete. */
+static void test_fs_read_shrinks(void **state)
+{
+	const size_t size = 8u << 20;
+	struct op_out o;
+	uint64_t announced;
+	int fd;
+
+	(void)state;
+	fill_file(rpath("/shrink.bin"), size);
+	fd = read_open("/shrink.bin", &o, &announced);
+	assert_int_equal(announced, size);
+	assert_int_equal(truncate(rpath("/shrink.bin"), 100), 0);
+	op_collect_more(fd, &o);
+	close(fd);
+	expect_error(&o, "changed");
+	assert_true(o.out_len < size);
+	op_free(&o);
+	/* The honest request on the now-short file: META 100, 100 bytes. */
+	opf(&o, "{\"op\":\"fs.read\",\"path\":\"/shrink.bin\"}");
+	expect_result(&o);
+	assert_int_equal(json_integer_value(json_object_get(o.meta, "size")), 100);
+	assert_int_equal(o.out_len, 100);
+	op_free(&o);
+}
+
+/* test_fs_list_stream: a listing far over one 64 KiB frame streams as
+ * whole NDJSON lines, sorted; over GUEST_LIST_MAX entries is too_large
+ * before any entry is sent. */
+static void test_fs_list_stream(void **state)
+{
+	const int count = 3000;
+	char name[300], pad[201];
+	struct op_out o;
+	json_t *arr, *e;
+	size_t i;
+
+	(void)state;
+	memset(pad, 'p', 200);
+	pad[200] = '\0';
+	assert_int_equal(mkdir(rpath("/many"), 0755), 0);
+	for (int k = 0; k < count; k++) {
+		snprintf(name, sizeof(name), "/many/%05d-%s", k, pad);
+		write_file(rpath(name), "x");
+	}
+	opf(&o, "{\"op\":\"fs.list\",\"path\":\"/many\"}");
+	expect_result(&o);
+	assert_null(json_object_get(o.end, "entries"));
+	assert_true(o.out_len > 4 * WIRE_PAYLOAD_MAX);
+	assert_true(o.out_frames > 4);
+	arr = list_entries(&o);
+	assert_int_equal(json_array_size(arr), (size_t)count);
+	json_array_foreach(arr, i, e) {
+		snprintf(name, sizeof(name), "%05d-%s", (int)i, pad);
+		assert_string_equal(json_string_value(json_object_get(e, "name")), name);
+		assert_string_equal(json_string_value(json_object_get(e, "type")), "file");
+		assert_int_equal(json_integer_value(json_object_get(e, "size")), 1);
+	}
+	json_decref(arr);
+	op_free(&o);
+	/* 10001 entries: refused whole, no partial listing. */
+	for (int k = count; k < 10001; k++) {
+		snprintf(name, sizeof(name), "/many/%05d", k);
+		write_file(rpath(name), "");
+	}
+	opf(&o, "{\"op\":\"fs.list\",\"path\":\"/many\"}");
+	expect_error(&o, "too_large");
+	assert_int_equal(o.out_len, 0);
+	op_free(&o);
+	/* Back to 10000: listed. */
+	assert_int_equal(unlink(rpath("/many/10000")), 0);
+	opf(&o, "{\"op\":\"fs.list\",\"path\":\"/many\"}");
+	expect_result(&o);
+	assert_int_equal(jint(&o, "entries_total"), 10000);
+	op_free(&o);
+	snprintf(name, sizeof(name), "rm -rf '%s'", rpath("/many"));
+	assert_int_equal(system(name), 0);
 }
 
 static void test_path_escapes(void **state)
@@ -905,6 +1109,9 @@ int main(void)
 		cmocka_unit_test(test_fs_large_roundtrip),
 		cmocka_unit_test(test_fs_write_aborted),
 		cmocka_unit_test(test_fs_ops),
+		cmocka_unit_test(test_fs_read_meta),
+		cmocka_unit_test(test_fs_read_shrinks),
+		cmocka_unit_test(test_fs_list_stream),
 		cmocka_unit_test(test_path_escapes),
 		cmocka_unit_test(test_garbage),
 		cmocka_unit_test(test_handshake_required),

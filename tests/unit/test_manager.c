@@ -225,11 +225,14 @@ static void start_manager(void)
 		                                               : "build/tether-guest";
 		char guest_abs[PATH_MAX];
 
+		char snaps[128];
+
 		if (realpath(guest, guest_abs) == NULL)
 			_exit(126);
+		snprintf(snaps, sizeof(snaps), "%s/snapshots", state_dir);
 		execl(bin, "tetherd", "manager", "--state", state_dir, "--socket", sock_path,
 		      "--worker-id", "w1", "--peer-pid", ppid, "--peer-uid", "0",
-		      "--guest-bin", guest_abs, (char *)NULL);
+		      "--guest-bin", guest_abs, "--snapshots", snaps, (char *)NULL);
 		_exit(127);
 	}
 	for (int i = 0; i < 500 && fd < 0; i++) {
@@ -565,6 +568,122 @@ static void test_retire_and_replace(void **state)
 	free(tok2);
 }
 
+/* pause_update: pause {sandbox, generation, snapshot "<sbx>/<gen>"}. */
+static json_t *pause_update(uint64_t rev, uint64_t gen)
+{
+	char key[64];
+
+	snprintf(key, sizeof(key), "%s/%llu", SBX, (unsigned long long)gen);
+	return json_pack("{s:I,s:s,s:s,s:s,s:I,s:s}", "rev", (json_int_t)rev, "kind",
+	                 "pause", "worker", "w1", "sandbox", SBX, "generation",
+	                 (json_int_t)gen, "snapshot", key);
+}
+
+/* install_from: an install of gen restoring snapshot key. */
+static json_t *install_from(uint64_t rev, uint64_t gen, const char *key)
+{
+	json_t *u = install(rev, gen, "w1");
+
+	json_object_set_new(u, "snapshot", json_string(key));
+	return u;
+}
+
+/* test_pause_and_restore: pause retires at once, lets the in-flight exec
+ * finish (its write is in the snapshot), publishes a checksummed snapshot
+ * with progress frames before the RESULT, stops the processes; a second
+ * pause is "not running here"; an install restores the snapshot byte for
+ * byte; a missing snapshot fails the install. */
+static void test_pause_and_restore(void **state)
+{
+	char *tok6 = mint(sk, 6, "w1", TT_OP_EXEC | TT_OP_FS_WRITE);
+	char *tok7 = mint(sk, 7, "w1", TT_OP_EXEC);
+	char *tok8 = mint(sk, 8, "w1", TT_OP_EXEC);
+	char key[64], path[256];
+	struct answer a, inflight;
+	json_t *res, *snap;
+	struct stat st;
+	int fd;
+
+	(void)state;
+	assert_true(feed(install(6, 6, "w1")));
+	call(exec_req(tok6, "echo keep >/workspace/k && head -c 3000000 /dev/urandom "
+	                    ">/home/r && md5sum /home/r"), &a);
+	expect_decision(&a, "allow", "ok");
+	char sum[64];
+	snprintf(sum, sizeof(sum), "%.32s", a.out);
+	answer_free(&a);
+
+	/* An operation in flight when the pause arrives. */
+	fd = connect_mgr();
+	assert_true(fd >= 0);
+	{
+		json_t *req = exec_req(tok6, "sleep 1; echo done >/workspace/late; echo finished");
+
+		assert_int_equal(wire_send_json(fd, WIRE_REQUEST, req, NULL), 0);
+		json_decref(req);
+	}
+	usleep(200 * 1000);
+	call(json_pack("{s:s,s:[o]}", "op", "feed.apply", "updates", pause_update(7, 6)), &a);
+	memset(&inflight, 0, sizeof(inflight));
+	read_answer(fd, &inflight);
+	close(fd);
+	expect_decision(&inflight, "allow", "ok");
+	assert_non_null(inflight.result);
+	assert_string_equal(inflight.out, "finished\n");
+	answer_free(&inflight);
+
+	assert_non_null(a.result);
+	assert_int_equal(json_integer_value(json_object_get(a.result, "applied_rev")), 7);
+	res = json_array_get(json_object_get(a.result, "results"), 0);
+	assert_true(json_is_true(json_object_get(res, "ok")));
+	snap = json_object_get(res, "snapshot");
+	snprintf(key, sizeof(key), "%s/6", SBX);
+	assert_string_equal(json_string_value(json_object_get(snap, "key")), key);
+	assert_int_equal(json_integer_value(json_object_get(snap, "generation")), 6);
+	assert_true(json_integer_value(json_object_get(snap, "size")) > 3000000);
+	assert_int_equal(strncmp(json_string_value(json_object_get(snap, "checksum")),
+	                         "blake2b:", 8), 0);
+	assert_int_equal(strlen(json_string_value(json_object_get(snap, "checksum"))), 8 + 64);
+	/* Progress went out as DATA_OUT frames before the RESULT. */
+	assert_non_null(strstr(a.out, "\"progress\""));
+	answer_free(&a);
+	snprintf(path, sizeof(path), "%s/snapshots/%s/6.meta", state_dir, SBX);
+	assert_int_equal(stat(path, &st), 0);
+
+	/* Retired: RefreshRoute; a second pause has nothing to pause. */
+	call(exec_req(tok6, "true"), &a);
+	expect_decision(&a, "refresh_route", "retired");
+	answer_free(&a);
+	call(json_pack("{s:s,s:[o]}", "op", "feed.apply", "updates", pause_update(8, 6)), &a);
+	res = json_array_get(json_object_get(a.result, "results"), 0);
+	assert_true(json_is_false(json_object_get(res, "ok")));
+	assert_non_null(strstr(json_string_value(json_object_get(res, "error")),
+	                       "not running here"));
+	answer_free(&a);
+
+	/* Resume from the snapshot: same bytes, including the drained write. */
+	assert_true(feed(install_from(9, 7, key)));
+	call(exec_req(tok7, "cat /workspace/k /workspace/late; md5sum /home/r"), &a);
+	expect_decision(&a, "allow", "ok");
+	{
+		char want[128];
+
+		snprintf(want, sizeof(want), "keep\ndone\n%s  /home/r\n", sum);
+		assert_string_equal(a.out, want);
+	}
+	answer_free(&a);
+
+	/* A snapshot that is not in the store: the install fails, nothing runs. */
+	snprintf(key, sizeof(key), "%s/5", SBX);
+	assert_false(feed(install_from(10, 8, key)));
+	call(exec_req(tok8, "true"), &a);
+	expect_decision(&a, "refresh_route", "retired");
+	answer_free(&a);
+	free(tok6);
+	free(tok7);
+	free(tok8);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -574,6 +693,7 @@ int main(void)
 		cmocka_unit_test(test_peer_refused),
 		cmocka_unit_test(test_garbage),
 		cmocka_unit_test(test_retire_and_replace),
+		cmocka_unit_test(test_pause_and_restore),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

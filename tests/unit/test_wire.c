@@ -96,6 +96,44 @@ static void test_hdr_violations(void **state)
 	assert_int_equal(err.code, TT_ERR_TOO_LARGE);
 }
 
+/* test_meta_frame: META (10) is the last type: its header decodes, it has
+ * a name, it travels as JSON over a socket, and 11 is still refused. */
+static void test_meta_frame(void **state)
+{
+	static const char meta[] = "{\"size\":123456789012}";
+	static uint8_t rbuf[WIRE_PAYLOAD_MAX + 1];
+	uint8_t h[WIRE_HDR_LEN];
+	struct tt_err err = { 0 };
+	struct wire_frame f;
+	uint8_t type;
+	uint32_t len;
+	int sv[2];
+
+	(void)state;
+	assert_int_equal(WIRE_META, 10);
+	assert_int_equal(WIRE_TYPE_MAX, WIRE_META);
+	assert_string_equal(wire_type_name(WIRE_META), "META");
+	assert_string_equal(wire_type_name(WIRE_META + 1), "UNKNOWN");
+	wire_hdr_encode(h, WIRE_META, 21);
+	assert_int_equal(h[5], 10);
+	assert_int_equal(wire_hdr_decode(h, &type, &len, &err), 0);
+	assert_int_equal(type, WIRE_META);
+	h[5] = WIRE_META + 1;
+	assert_int_equal(wire_hdr_decode(h, &type, &len, &err), -1);
+	assert_int_equal(err.code, TT_ERR_MALFORMED);
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	assert_int_equal(wire_send(sv[0], WIRE_META, meta, sizeof(meta) - 1, &err), 0);
+	assert_int_equal(wire_send(sv[0], WIRE_DATA_OUT, "ab", 2, &err), 0);
+	assert_int_equal(wire_recv(sv[1], &f, rbuf, sizeof(rbuf), &err), 1);
+	assert_int_equal(f.type, WIRE_META);
+	assert_string_equal((char *)f.payload, meta);
+	assert_int_equal(wire_recv(sv[1], &f, rbuf, sizeof(rbuf), &err), 1);
+	assert_int_equal(f.type, WIRE_DATA_OUT);
+	assert_int_equal(wire_send(sv[0], WIRE_META + 1, "{}", 2, &err), -1);
+	close(sv[0]);
+	close(sv[1]);
+}
+
 static void test_send_recv(void **state)
 {
 	static uint8_t big[WIRE_PAYLOAD_MAX], buf[WIRE_PAYLOAD_MAX + 1];
@@ -444,6 +482,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_hdr_roundtrip),
 		cmocka_unit_test(test_hdr_violations),
+		cmocka_unit_test(test_meta_frame),
 		cmocka_unit_test(test_send_recv),
 		cmocka_unit_test(test_send_refuses),
 		cmocka_unit_test(test_recv_violations),

@@ -1,0 +1,226 @@
+#!/bin/bash
+# Lifecycle across workers (issue 5, SPEC §7): a real cluster (`tether up
+# --workers 2` in a temp HOME, plus a hand-started worker w3 we can kill),
+# pause / resume / migrate through the CLI, byte-exact files across workers,
+# RefreshRoute for a capability minted before the pause, refused resumes and
+# migrations leaving the sandbox unchanged, a manager killed mid-snapshot
+# (the partial snapshot is never used), two racing migrates, and a control
+# plane restart between migrations. Prints TAP.
+#
+# Lifecycle verbs go to the control plane URL directly unless the edge
+# proxies them (the CLI works against either: same API).
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+WORK=$(mktemp -d /tmp/tether-lc.XXXXXX)
+export HOME=$WORK/home
+unset TETHER_URL TETHER_API_KEY
+mkdir -p "$HOME"
+BASE=$((27000 + $$ % 1000 * 10))
+[ "$BASE" -gt 36990 ] && BASE=$((BASE - 10000))
+STATE=$WORK/state
+CP=http://127.0.0.1:$BASE
+n=0
+fails=0
+UP_PID=
+W3_PID=
+
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+notok() {
+	n=$((n + 1)); fails=$((fails + 1)); echo "not ok $n - $1"
+	[ $# -gt 1 ] && printf '%s\n' "$2" | head -n 12 | sed 's/^/#   /'
+	return 0
+}
+# T: the CLI, bounded so a hang fails a check instead of the suite.
+T() { timeout 120 "$ROOT/build/tether" "$@"; }
+# LC: lifecycle verbs (against the cp, see above).
+LC() { TETHER_URL=$CP TETHER_API_KEY=$KEY timeout 120 "$ROOT/build/tether" "$@"; }
+jget() { python3 -c 'import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1]))' "$1"; }
+info() { LC info "$1" --json | jget "$2"; }
+
+stop_up() {
+	if [ -n "$UP_PID" ] && kill -0 "$UP_PID" 2>/dev/null; then
+		kill -TERM "$UP_PID"
+		for _ in $(seq 1 150); do kill -0 "$UP_PID" 2>/dev/null || break; sleep 0.1; done
+		kill -KILL "$UP_PID" 2>/dev/null
+	fi
+	UP_PID=
+}
+stop_w3() {
+	if [ -n "$W3_PID" ] && kill -0 "$W3_PID" 2>/dev/null; then
+		kill -TERM "$W3_PID"
+		for _ in $(seq 1 100); do kill -0 "$W3_PID" 2>/dev/null || break; sleep 0.1; done
+		kill -KILL "$W3_PID" 2>/dev/null
+	fi
+	W3_PID=
+}
+cleanup() {
+	stop_w3
+	stop_up
+	rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+start_up() {
+	"$ROOT/build/tether" up --workers 2 --state "$STATE" --port "$BASE" >"$WORK/up.out" 2>"$WORK/up.err" &
+	UP_PID=$!
+	for _ in $(seq 1 600); do
+		grep -q "tether is up" "$WORK/up.out" 2>/dev/null && return 0
+		kill -0 "$UP_PID" 2>/dev/null || break
+		sleep 0.1
+	done
+	return 1
+}
+start_w3() {
+	mkdir -p "$STATE/workers/w3"
+	"$ROOT/build/tetherd" node --id w3 --listen 127.0.0.1:$((BASE + 13)) --cp "$CP" \
+		--node-token-file "$STATE/cp/node.token" --state "$STATE/workers/w3" \
+		--guest-bin "$ROOT/build/tether-guest" --snapshots "$STATE/snapshots" \
+		>>"$WORK/w3.log" 2>&1 &
+	W3_PID=$!
+	for _ in $(seq 1 100); do
+		LC workers 2>/dev/null | grep -q "^w3 .*up" && return 0
+		sleep 0.1
+	done
+	return 1
+}
+# node_exec SBX TOKEN NODE_URL CMD: POST exec at a node; prints "STATUS BODY".
+node_exec() {
+	curl -s -o "$WORK/ne.body" -w '%{http_code}' -X POST -H "Authorization: Capability $2" \
+		-H 'Content-Type: application/json' --data "{\"cmd\":[\"sh\",\"-c\",\"$4\"]}" \
+		"$3/v1/sandboxes/$1/exec"
+	echo " $(cat "$WORK/ne.body")"
+}
+cap_json() { T cap "$1" --ops exec; }
+
+# ---- cluster -----------------------------------------------------------------
+if start_up; then ok "tether up: cluster with w1, w2"; else
+	notok "tether up: cluster with w1, w2" "$(cat "$WORK/up.err")"; echo "1..$n"; exit 1
+fi
+KEY=$(cat "$STATE/cp/admin.key")
+if [ -d "$STATE/snapshots" ] && grep -q -- "--snapshots" /proc/$(pgrep -f -o "tetherd manager --state $STATE/workers/w1")/cmdline 2>/dev/null; then
+	ok "tether up gives every manager the shared snapshot store"
+else notok "tether up gives every manager the shared snapshot store"; fi
+
+# ---- create, write, pause ----------------------------------------------------
+S=$(T create --worker w1 2>"$WORK/e")
+[[ $S =~ ^sbx_ ]] && ok "create on w1" || notok "create on w1" "$(cat "$WORK/e")"
+T exec "$S" -- sh -c 'head -c 10485760 /dev/urandom >/home/big && echo hello >/workspace/a.txt &&
+	mkdir -p /workspace/d/e && echo deep >/workspace/d/e/f && ln -s a.txt /workspace/link &&
+	chmod 640 /workspace/a.txt' >"$WORK/e" 2>&1 || notok "write files" "$(cat "$WORK/e")"
+SUMS='md5sum /home/big /workspace/a.txt /workspace/d/e/f; stat -c "%a %s %U" /workspace/a.txt; readlink /workspace/link'
+T exec "$S" -- sh -c "$SUMS" >"$WORK/sums1" 2>&1
+grep -q big "$WORK/sums1" && ok "files written (10 MiB among them)" || notok "files written" "$(cat "$WORK/sums1")"
+CAP1=$(cap_json "$S")
+TOK1=$(echo "$CAP1" | jget 'd["token"]')
+URL1=$(echo "$CAP1" | jget 'd["node_url"]')
+r=$(node_exec "$S" "$TOK1" "$URL1" 'echo pre')
+[[ $r == 200* && $r == *'"generation":1'* ]] && ok "honest exec at w1 before the pause (generation 1)" || notok "honest exec before the pause" "$r"
+
+if LC pause "$S" >"$WORK/p.out" 2>"$WORK/p.err" && grep -q "^paused $S: paused, generation 1 on w1" "$WORK/p.out"; then
+	ok "pause: CLI reports paused"; else notok "pause: CLI reports paused" "$(cat "$WORK/p.out" "$WORK/p.err")"; fi
+[ "$(info "$S" 'd["state"], d["snapshot"]["generation"], d["snapshot"]["checksum"][:8]')" = "('paused', 1, 'blake2b:')" ] &&
+	ok "info: paused with a complete, checksummed snapshot of generation 1" || notok "info after pause" "$(LC info "$S" --json)"
+[ -f "$STATE/snapshots/$S/1.meta" ] && ok "snapshot published in the shared store" || notok "snapshot published" "$(ls -R "$STATE/snapshots")"
+
+r=$(node_exec "$S" "$TOK1" "$URL1" 'echo stale')
+[[ $r == 409* && $r == *'"decision":"refresh_route"'* ]] && ok "paused: w1 answers 409 RefreshRoute to a capability minted before the pause" ||
+	notok "paused: RefreshRoute for the old capability" "$r"
+if LC pause "$S" >"$WORK/e" 2>&1; then notok "pause of a paused sandbox is refused"; else
+	grep -q "paused" "$WORK/e" && ok "pause of a paused sandbox is refused" || notok "pause of a paused sandbox is refused" "$(cat "$WORK/e")"; fi
+
+# ---- resume elsewhere -----------------------------------------------------------
+if LC resume "$S" --worker w2 >"$WORK/r.out" 2>&1 && grep -q "generation 2 on w2" "$WORK/r.out"; then
+	ok "resume --worker w2: generation 2 on w2"; else notok "resume --worker w2" "$(cat "$WORK/r.out")"; fi
+T exec "$S" -- sh -c "$SUMS" >"$WORK/sums2" 2>&1
+cmp -s "$WORK/sums1" "$WORK/sums2" && ok "files byte-exact on w2 (content, mode, owner, symlink)" ||
+	notok "files byte-exact on w2" "$(diff "$WORK/sums1" "$WORK/sums2")"
+CAP2=$(cap_json "$S")
+r=$(node_exec "$S" "$(echo "$CAP2" | jget 'd["token"]')" "$(echo "$CAP2" | jget 'd["node_url"]')" 'echo now')
+[[ $r == 200* && $r == *'"generation":2'* ]] && ok "exec on the new execution stamps generation 2" || notok "exec stamps generation 2" "$r"
+r=$(node_exec "$S" "$TOK1" "$URL1" 'echo stale')
+[[ $r == 409* ]] && ok "the generation-1 capability is still refused at w1" || notok "gen-1 capability at w1" "$r"
+r=$(node_exec "$S" "$TOK1" "$(echo "$CAP2" | jget 'd["node_url"]')" 'echo stale')
+[[ $r == 409* && $r == *refresh_route* ]] && ok "the generation-1 capability is refused at w2 (RefreshRoute)" || notok "gen-1 capability at w2" "$r"
+
+# ---- refusals leave the sandbox unchanged -------------------------------------------
+before=$(info "$S" 'd["state"], d["generation"], d["worker"]')
+if LC resume "$S" >"$WORK/e" 2>&1; then notok "resume of a running sandbox is refused"; else
+	grep -q "running" "$WORK/e" && ok "resume of a running sandbox: clear error" || notok "resume of a running sandbox: clear error" "$(cat "$WORK/e")"; fi
+[ "$(info "$S" 'd["state"], d["generation"], d["worker"]')" = "$before" ] && ok "... and the sandbox is unchanged" || notok "unchanged after refused resume" "$before"
+if LC migrate "$S" --worker w9 >"$WORK/e" 2>&1; then notok "migrate to an unknown worker is refused"; else
+	grep -q "w9" "$WORK/e" && ok "migrate to an unknown worker: clear error" || notok "migrate to an unknown worker: clear error" "$(cat "$WORK/e")"; fi
+[ "$(info "$S" 'd["state"], d["generation"], d["worker"]')" = "$before" ] && ok "... and the sandbox is unchanged" || notok "unchanged after refused migrate" "$before"
+
+# ---- migrate back ------------------------------------------------------------------
+if LC migrate "$S" --worker w1 >"$WORK/m.out" 2>&1 && grep -q "generation 3 on w1" "$WORK/m.out"; then
+	ok "migrate --worker w1: generation 3 on w1"; else notok "migrate back to w1" "$(cat "$WORK/m.out")"; fi
+T exec "$S" -- sh -c "$SUMS" >"$WORK/sums3" 2>&1
+cmp -s "$WORK/sums1" "$WORK/sums3" && ok "files byte-exact after the round trip" || notok "files after round trip" "$(diff "$WORK/sums1" "$WORK/sums3")"
+
+# ---- two concurrent migrates: exactly one wins ----------------------------------
+LC migrate "$S" --worker w2 >"$WORK/c1" 2>&1 & c1=$!
+LC migrate "$S" --worker w2 >"$WORK/c2" 2>&1 & c2=$!
+wait $c1; r1=$?
+wait $c2; r2=$?
+if [ $((r1 + r2)) = 1 ]; then ok "two concurrent migrates: exactly one wins"; else
+	notok "two concurrent migrates: exactly one wins" "rc $r1 $r2: $(cat "$WORK/c1" "$WORK/c2")"; fi
+[ "$(info "$S" 'd["state"], d["generation"], d["worker"]')" = "('running', 4, 'w2')" ] &&
+	ok "... the winner's result: generation 4 on w2" || notok "after concurrent migrates" "$(LC info "$S" --json)"
+
+# ---- a manager killed mid-snapshot ----------------------------------------------------
+if start_w3; then ok "extra worker w3 up"; else notok "extra worker w3 up" "$(tail -n 5 "$WORK/w3.log")"; fi
+K=$(T create --worker w3 2>"$WORK/e")
+T exec "$K" -- sh -c 'echo v1 >/workspace/keep' >/dev/null 2>&1
+LC pause "$K" >/dev/null 2>&1 && LC resume "$K" --worker w3 >/dev/null 2>&1
+[ "$(info "$K" 'd["state"], d["generation"], d["worker"], d["snapshot"]["generation"]')" = "('running', 2, 'w3', 1)" ] &&
+	ok "sandbox on w3 at generation 2 with a complete snapshot of generation 1" || notok "w3 sandbox setup" "$(LC info "$K" --json; cat "$WORK/e")"
+T exec "$K" -- sh -c 'echo v2 >/workspace/keep && head -c 600000000 /dev/zero >/home/huge' >"$WORK/e" 2>&1 ||
+	notok "write a large layer on w3" "$(cat "$WORK/e")"
+MGR3=$(pgrep -f -o "tetherd manager --state $STATE/workers/w3")
+curl -s -o /dev/null -X POST -H "Authorization: Bearer $KEY" "$CP/v1/sandboxes/$K/pause?wait=0"
+killed=0
+for _ in $(seq 1 1000); do
+	if [ -n "$(find "$STATE/snapshots/.partial" -type f -size +1M 2>/dev/null)" ]; then
+		kill -KILL "$MGR3" && killed=1
+		break
+	fi
+	sleep 0.01
+done
+[ $killed = 1 ] && ok "w3's manager killed with SIGKILL mid-snapshot" || notok "kill mid-snapshot" "no partial snapshot seen"
+for _ in $(seq 1 100); do kill -0 "$W3_PID" 2>/dev/null || break; sleep 0.1; done
+[ ! -e "$STATE/snapshots/$K/2.meta" ] && ok "the partial snapshot was never published" || notok "partial never published" "$(ls "$STATE/snapshots/$K")"
+# w3 comes back: its manager kills (and thaws) the frozen leftovers, hears
+# the pause again and fails it, since that execution is retired.
+W3_PID=
+start_w3 >/dev/null
+for _ in $(seq 1 400); do
+	[ "$(info "$K" 'd["state"]')" = failed ] && break
+	sleep 0.1
+done
+[ "$(info "$K" 'd["state"]')" = failed ] && ok "the cut pause leaves the sandbox failed (not paused)" || notok "state after the cut pause" "$(LC info "$K" --json)"
+[ ! -e "/sys/fs/cgroup/freezer/tether/$K-g2" ] && ok "the restarted manager released the frozen execution" ||
+	notok "frozen leftovers released" "$(cat "/sys/fs/cgroup/freezer/tether/$K-g2/cgroup.procs")"
+if LC resume "$K" --worker w2 >"$WORK/e" 2>&1 && [ "$(info "$K" 'd["generation"], d["worker"], d["resumed_from"] if "resumed_from" in d else 1')" = "(3, 'w2', 1)" ]; then
+	ok "resumable from its last complete snapshot (generation 1) as generation 3"
+else notok "resume after the cut pause" "$(cat "$WORK/e"; LC info "$K" --json)"; fi
+out=$(T exec "$K" -- sh -c 'cat /workspace/keep; ls /home' 2>&1)
+[ "$out" = "v1" ] && ok "content is the complete snapshot's (no trace of the partial)" || notok "content after failover" "$out"
+stop_w3
+
+# ---- progress and a control-plane restart between migrations ------------------------------
+T exec "$S" -- sh -c 'head -c 300000000 /dev/zero >/home/large' >/dev/null 2>&1
+if LC pause "$S" >"$WORK/p.out" 2>"$WORK/p.err" && grep -qE '^snapshot [0-9.]+ MiB / [0-9.]+ MiB$' "$WORK/p.err"; then
+	ok "pause of a large layer shows snapshot progress on stderr"
+else notok "pause progress" "$(cat "$WORK/p.out" "$WORK/p.err")"; fi
+stop_up
+if start_up; then ok "cluster (control plane included) restarted on the same state"; else notok "restart" "$(cat "$WORK/up.err")"; fi
+if LC resume "$S" --worker w1 >"$WORK/r.out" 2>&1 && grep -q "generation 5 on w1" "$WORK/r.out"; then
+	ok "after the restart: resume gives generation 5 (never reused)"; else notok "generation after restart" "$(cat "$WORK/r.out")"; fi
+T exec "$S" -- sh -c "$SUMS" >"$WORK/sums5" 2>&1
+cmp -s "$WORK/sums1" "$WORK/sums5" && ok "files byte-exact after the restart" || notok "files after restart" "$(diff "$WORK/sums1" "$WORK/sums5")"
+if LC migrate "$S" --worker w2 >"$WORK/m.out" 2>&1 && grep -q "generation 6 on w2" "$WORK/m.out"; then
+	ok "migrate after the restart: generation 6"; else notok "migrate after restart" "$(cat "$WORK/m.out")"; fi
+
+echo "1..$n"
+[ $fails = 0 ]

@@ -21,7 +21,7 @@
 #include "guest/hello.h"
 #include "wire.h"
 
-#define BENCH_SBX "sbx_benchbenchbenchbenchbenchbe"
+#define BENCH_SBX "sbx_benchbenchbenchbenchbenchb"
 
 /* The activation secret handed to the guest started by bench_guest_start;
  * bench_wire_op answers its handshake with it, as the bridge does. */

@@ -137,7 +137,7 @@ static void guest_start(struct proc *g, uint32_t att, const uint8_t *secret)
 static void bridge_start(struct proc *b, uint32_t att, const uint8_t *secret,
                          const char *guest_sock, pid_t init)
 {
-	const char *bin = getenv("TETHERD_BIN") ? getenv("TETHERD_BIN") : "build/tetherd";
+	const char *bin = getenv("TETHER_BRIDGE_BIN") ? getenv("TETHER_BRIDGE_BIN") : "build/tether-bridge";
 	char attv[16], ipid[16], istart[32], mpid[16];
 	unsigned long long start = 0;
 	struct tt_err err = { 0 };
@@ -161,7 +161,7 @@ static void bridge_start(struct proc *b, uint32_t att, const uint8_t *secret,
 		/* The secret on fd 3 exactly as the manager hands it. */
 		if (lfd < 0 || dup2(lfd, 2) < 0 || dup2(fd, 3) < 0)
 			_exit(126);
-		execl(bin, "tetherd", "bridge", "--sbx", SBX, "--gen", "3", "--att", attv,
+		execl(bin, "tether-bridge", "--sbx", SBX, "--gen", "3", "--att", attv,
 		      "--listen", b->sock, "--guest-socket", guest_sock, "--init-pid", ipid,
 		      "--init-start", istart, "--manager-pid", mpid, "--secret-fd", "3",
 		      (char *)NULL);
@@ -605,7 +605,7 @@ static void test_listener_refused(void **state)
 	guest_start(&g, 1, secret_a);
 	bridge_start(&b, 1, secret_a, g.sock, getpid());
 	bridge_exec(&b, "touch wrong-listener", &a);
-	expect_refused(&a, &b, "guest listener: listener pid", "listener");
+	expect_refused(&a, &b, "not held by expected pid", "listener_replaced");
 	answer_free(&a);
 	assert_false(file_exists("wrong-listener"));
 	proc_stop(&b);

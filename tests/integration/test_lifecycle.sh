@@ -33,8 +33,9 @@ notok() {
 }
 # T: the CLI, bounded so a hang fails a check instead of the suite.
 T() { timeout 120 "$ROOT/build/tether" "$@"; }
-# LC: lifecycle verbs (against the cp, see above).
-LC() { TETHER_URL=$CP TETHER_API_KEY=$KEY timeout 120 "$ROOT/build/tether" "$@"; }
+# LC: lifecycle verbs (against LC_URL: the edge once it proxies them, else
+# the cp, see above).
+LC() { TETHER_URL=$LC_URL TETHER_API_KEY=$KEY timeout 120 "$ROOT/build/tether" "$@"; }
 jget() { python3 -c 'import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1]))' "$1"; }
 info() { LC info "$1" --json | jget "$2"; }
 
@@ -98,6 +99,12 @@ if start_up; then ok "tether up: cluster with w1, w2"; else
 	notok "tether up: cluster with w1, w2" "$(cat "$WORK/up.err")"; echo "1..$n"; exit 1
 fi
 KEY=$(cat "$STATE/cp/admin.key")
+LC_URL=$CP
+if ! curl -s -X POST -H "Authorization: Bearer $KEY" -d '{}' \
+	"http://127.0.0.1:$((BASE + 1))/v1/sandboxes/sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa/resume" | grep -q "no route"; then
+	LC_URL=http://127.0.0.1:$((BASE + 1))
+fi
+echo "# lifecycle verbs via $LC_URL"
 if [ -d "$STATE/snapshots" ] && grep -q -- "--snapshots" /proc/$(pgrep -f -o "tetherd manager --state $STATE/workers/w1")/cmdline 2>/dev/null; then
 	ok "tether up gives every manager the shared snapshot store"
 else notok "tether up gives every manager the shared snapshot store"; fi

@@ -177,6 +177,10 @@ int http_body_append(struct http_body *b, const void *data, size_t len,
 	size_t max = b->max ? b->max : HTTP_BODY_MAX_DEFAULT;
 	char *nb;
 
+	/* lws reports an empty chunk at the end of some bodies: nothing to copy
+	 * (and memcpy from NULL is undefined even for 0 bytes). */
+	if (len == 0)
+		return 0;
 	if (len > max || b->len > max - len)
 		return tt_err_set(err, TT_ERR_TOO_LARGE,
 		                  "request body over %zu bytes", max);

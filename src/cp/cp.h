@@ -15,7 +15,7 @@
 #include "paserk.h"
 #include "timefmt.h"
 
-#define CP_WORKER_UP_SECS 60  /* default --worker-timeout: polled within -> up */
+#define CP_WORKER_UP_SECS 60  /* default --worker-timeout (s) */
 #define CP_ACK_WAIT_SECS 30   /* create/delete/pause/resume ack bound */
 #define CP_SWEEP_MS 1000      /* lifecycle timeout / worker-down check */
 #define CP_FEED_WAIT_MAX 30   /* long-poll bound */

@@ -92,8 +92,9 @@ static void diag_parse_one(const struct nlmsghdr *h, uint32_t hlen,
 	}
 }
 
-/* diag_request: sends the dump request for listening unix sockets. */
-static int diag_request(int nl, struct tt_err *err)
+/* diag_request: sends the dump request for listening unix sockets, tagged
+ * with seq so that its answer is told apart from any other. */
+static int diag_request(int nl, uint32_t seq, struct tt_err *err)
 {
 	struct {
 		struct nlmsghdr nlh;
@@ -103,7 +104,7 @@ static int diag_request(int nl, struct tt_err *err)
 			.nlmsg_len = sizeof(msg),
 			.nlmsg_type = SOCK_DIAG_BY_FAMILY,
 			.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP,
-			.nlmsg_seq = DIAG_SEQ,
+			.nlmsg_seq = seq,
 		},
 		.req = {
 			.sdiag_family = AF_UNIX,
@@ -119,17 +120,28 @@ static int diag_request(int nl, struct tt_err *err)
 	return 0;
 }
 
-/* sockdiag_unix_find_vfs: dumps listening unix sockets, matches the VFS pair. */
-int sockdiag_unix_find_vfs(uint32_t kdev, uint32_t vfs_ino,
-                           struct unix_listener_info *out, struct tt_err *err)
+/* diag_drain: discards whatever an earlier, abandoned query left queued on
+ * a reused socket (never blocks). */
+static void diag_drain(int nl)
 {
-	_cleanup_close_ int nl = -1;
-	uint32_t buf[8192]; /* 32 KiB, nlmsghdr-aligned */
+	uint32_t buf[1024];
 
-	nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
-	if (nl < 0)
-		return tt_err_sys(err, TT_ERR_SYS, "socket(NETLINK_SOCK_DIAG)");
-	if (diag_request(nl, err) < 0)
+	for (int i = 0; i < DIAG_MAX_ROUNDS; i++)
+		if (recv(nl, buf, sizeof(buf), MSG_DONTWAIT) < 0 && errno != EINTR)
+			return;
+}
+
+/* diag_find_on: one dump on nl (tagged seq), matching the VFS pair. With
+ * to_end the dump is read up to NLMSG_DONE even after a match, so a reused
+ * socket is left idle (the kernel refuses a new dump while one runs). */
+static int diag_find_on(int nl, uint32_t seq, bool to_end, uint32_t kdev,
+                        uint32_t vfs_ino, struct unix_listener_info *out,
+                        struct tt_err *err)
+{
+	uint32_t buf[8192]; /* 32 KiB, nlmsghdr-aligned */
+	bool found = false;
+
+	if (diag_request(nl, seq, err) < 0)
 		return -1;
 	for (int round = 0; round < DIAG_MAX_ROUNDS; round++) {
 		struct sockaddr_nl from;
@@ -160,10 +172,13 @@ int sockdiag_unix_find_vfs(uint32_t kdev, uint32_t vfs_ino,
 			if (hlen < sizeof(*h) || hlen > (size_t)(end - p))
 				return tt_err_set(err, TT_ERR_MALFORMED,
 				                  "sock_diag: bad message length %u", hlen);
-			if (h->nlmsg_seq == DIAG_SEQ) {
-				if (h->nlmsg_type == NLMSG_DONE)
+			if (h->nlmsg_seq == seq) {
+				if (h->nlmsg_type == NLMSG_DONE) {
+					if (found)
+						return 0;
 					return tt_err_set(err, TT_ERR_NOT_FOUND,
 					                  "no listening unix socket on that file");
+				}
 				if (h->nlmsg_type == NLMSG_ERROR) {
 					const struct nlmsgerr *e = NLMSG_DATA(h);
 
@@ -173,7 +188,7 @@ int sockdiag_unix_find_vfs(uint32_t kdev, uint32_t vfs_ino,
 						errno = EPROTO;
 					return tt_err_sys(err, TT_ERR_SYS, "sock_diag");
 				}
-				if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY &&
+				if (!found && h->nlmsg_type == SOCK_DIAG_BY_FAMILY &&
 				    hlen >= NLMSG_LENGTH(sizeof(struct unix_diag_msg))) {
 					struct unix_listener_info info;
 					bool has_vfs;
@@ -183,7 +198,9 @@ int sockdiag_unix_find_vfs(uint32_t kdev, uint32_t vfs_ino,
 					    info.vfs_dev == kdev &&
 					    info.state == UNIX_STATE_LISTEN) {
 						*out = info;
-						return 0;
+						found = true;
+						if (!to_end)
+							return 0;
 					}
 				}
 			}
@@ -194,6 +211,33 @@ int sockdiag_unix_find_vfs(uint32_t kdev, uint32_t vfs_ino,
 	}
 	return tt_err_set(err, TT_ERR_TOO_LARGE, "sock_diag: dump over %d rounds",
 	                  DIAG_MAX_ROUNDS);
+}
+
+/* sockdiag_unix_find_vfs: dumps listening unix sockets, matches the VFS pair. */
+int sockdiag_unix_find_vfs(uint32_t kdev, uint32_t vfs_ino,
+                           struct unix_listener_info *out, struct tt_err *err)
+{
+	_cleanup_close_ int nl = -1;
+
+	nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+	if (nl < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "socket(NETLINK_SOCK_DIAG)");
+	return diag_find_on(nl, DIAG_SEQ, false, kdev, vfs_ino, out, err);
+}
+
+/* sockdiag_unix_find_vfs_on: the same on a reused socket nl (see
+ * sockdiag_open_in_netns): leftovers drained first, a fresh sequence
+ * number per query, the dump read to its end. */
+int sockdiag_unix_find_vfs_on(int nl, uint32_t kdev, uint32_t vfs_ino,
+                              struct unix_listener_info *out, struct tt_err *err)
+{
+	static uint32_t seq = DIAG_SEQ;
+
+	if (nl < 0)
+		return tt_err_set(err, TT_ERR_INVALID, "no sock_diag socket");
+	diag_drain(nl);
+	seq = seq == UINT32_MAX ? 1 : seq + 1;
+	return diag_find_on(nl, seq, true, kdev, vfs_ino, out, err);
 }
 
 /* stat_socket_file: stat of path, which must be a socket file. */

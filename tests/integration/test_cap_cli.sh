@@ -4,23 +4,11 @@
 # here against build/libtethercore.a (cap_mint, the signer's own code path)
 # from the k4.secret file keygen wrote. Prints TAP.
 set -u
-cd "$(dirname "$0")/../.."
-ROOT=$PWD
+. "$(dirname "$0")/lib.sh"
 TD=${TETHERD:-$ROOT/build/tetherd}
 T=${TETHER:-$ROOT/build/tether}
-WORK=$(mktemp -d /tmp/tether-capcli.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
-n=0
+workdir tether-capcli
 
-# ok NAME / notok NAME [DETAIL]: one TAP line each.
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-notok() {
-	n=$((n + 1)); echo "not ok $n - $1"
-	[ $# -gt 1 ] && printf '%s\n' "$2" | head -n 8 | sed 's/^/#   /'
-	return 0
-}
-# expect NAME COND DETAIL: ok when the shell condition COND holds.
-expect() { if eval "$2"; then ok "$1"; else notok "$1" "$3"; fi; }
 # run OUT ERR CMD...: runs CMD with stdout/stderr to files, sets $rc.
 run() { local o=$1 e=$2; shift 2; rc=0; "$@" >"$o" 2>"$e" || rc=$?; }
 lines() { grep -c '' "$1"; }
@@ -169,4 +157,4 @@ run "$O" "$E" "$T" cap inspect "$TOK" --implicit x
 expect "--implicit without --key is a usage error" \
 	'[ $rc -eq 1 ] && [ "$(lines "$E")" = 1 ]' "rc=$rc $(cat "$E")"
 
-echo "1..$n"
+tap_done

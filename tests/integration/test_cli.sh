@@ -4,61 +4,21 @@
 # signature, Allow for the honest request) and sandbox isolation seen
 # through exec. Prints TAP; the cluster is stopped on exit.
 set -u
-cd "$(dirname "$0")/../.."
-ROOT=$PWD
-WORK=$(mktemp -d /tmp/tether-cli.XXXXXX)
+. "$(dirname "$0")/lib.sh"
+workdir tether-cli
 # every CLI call is bounded, so a hung operation fails its check instead
 # of hanging the suite
 T=$WORK/tether
 printf '#!/bin/sh\nexec timeout 60 %s "$@"\n' "$ROOT/build/tether" >"$T"
 chmod +x "$T"
-export HOME=$WORK/home
-unset TETHER_URL TETHER_API_KEY
-mkdir -p "$HOME"
-BASE=$((17000 + $$ % 1000 * 10))
-[ "$BASE" -gt 26990 ] && BASE=$((BASE - 10000))
+scratch_home
+BASE=$(port_base)
 STATE=$WORK/state
-n=0
-fails=0
-UP_PID=
 LISTENER_PID=
-
-# ok NAME / notok NAME [DETAIL]: one TAP line each.
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-notok() {
-	n=$((n + 1)); fails=$((fails + 1)); echo "not ok $n - $1"
-	[ $# -gt 1 ] && printf '%s\n' "$2" | head -n 8 | sed 's/^/#   /'
-	return 0
-}
-# check NAME CMD...: ok when CMD succeeds.
-check() { local name=$1; shift; if "$@" >"$WORK/out" 2>&1; then ok "$name"; else notok "$name" "$(cat "$WORK/out")"; fi; }
-
-cleanup() {
-	[ -n "$LISTENER_PID" ] && kill "$LISTENER_PID" 2>/dev/null
-	if [ -n "$UP_PID" ] && kill -0 "$UP_PID" 2>/dev/null; then
-		kill -TERM "$UP_PID"
-		for _ in $(seq 1 150); do kill -0 "$UP_PID" 2>/dev/null || break; sleep 0.1; done
-		kill -KILL "$UP_PID" 2>/dev/null
-	fi
-	rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-jget() { python3 -c 'import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1]))' "$1"; }
+at_exit '[ -n "$LISTENER_PID" ] && kill "$LISTENER_PID" 2>/dev/null'
 
 # ---- up ----------------------------------------------------------------------
-"$ROOT/build/tether" up --workers 2 --state "$STATE" --port "$BASE" >"$WORK/up.out" 2>"$WORK/up.err" &
-UP_PID=$!
-ready=0
-for _ in $(seq 1 600); do
-	grep -q "tether is up" "$WORK/up.out" 2>/dev/null && { ready=1; break; }
-	kill -0 "$UP_PID" 2>/dev/null || break
-	sleep 0.1
-done
-if [ $ready = 1 ]; then ok "tether up: cluster ready"; else
-	notok "tether up: cluster ready" "$(cat "$WORK/up.err"; tail -n 5 "$STATE"/logs/*.log 2>/dev/null)"
-	echo "1..$n"; exit 1
-fi
+cluster_up_or_bail "tether up: cluster ready" 2
 cfg=$HOME/.config/tether/config
 if [ "$(stat -c %a "$cfg")" = 600 ] && grep -q "^url=http://127.0.0.1:$((BASE + 1))$" "$cfg"; then
 	ok "up wrote a 0600 config pointing at the edge"
@@ -153,7 +113,7 @@ code=$(curl -s -m 60 -o "$WORK/r" -w '%{http_code}' -H "Authorization: Bearer wr
 if [ "$code" = 401 ]; then ok "edge: operation with a wrong API key is 401 (cp decides)"; else notok "edge: operation with a wrong API key is 401 (cp decides)" "$code $(cat "$WORK/r")"; fi
 
 # ---- file downloads: Content-Length, broken reads, listings ------------------
-KEY=$(sed -n 's/^api_key=//p' "$cfg")
+KEY=$(cluster_key)
 EDGE=http://127.0.0.1:$((BASE + 1))
 insz=$((3 * 1024 * 1024 + 17))
 # hdr FILE NAME: the value of header NAME in a curl -D dump ("" if absent).
@@ -263,5 +223,4 @@ if [ $stopped = 1 ] && [ $rc = 0 ] && [ "$left" = 0 ]; then ok "SIGTERM stops th
 else notok "SIGTERM stops the whole cluster (exit 0, no strays)" "stopped=$stopped rc=$rc left=$left"; fi
 UP_PID=
 
-echo "1..$n"
-[ $fails = 0 ]
+tap_done

@@ -5,42 +5,19 @@
 # long-poll the feed, acknowledge with results we choose; background loops
 # keep w1/w2 "up" until a test stops one. Prints TAP.
 set -u
-cd "$(dirname "$0")/../.."
-TETHERD=${TETHERD:-build/tetherd}
-ST=$(mktemp -d /tmp/tt-cplc-test.XXXXXX)
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+. "$(dirname "$0")/lib.sh"
+workdir tt-cplc-test
+ST=$WORK
+PORT=$(free_port)
 U=http://127.0.0.1:$PORT
-CP_PID=
 declare -A AFTER=([w1]=0 [w2]=0 [w3]=0) ALIVE=()
-n=0
-fails=0
 
-ok() {
-	n=$((n + 1))
-	if [ "$1" = 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fails=$((fails + 1)); fi
-}
-check() {
-	local name=$1; shift
-	"$@" >/dev/null 2>&1
-	ok $? "$name"
-}
-start_cp() {
-	"$TETHERD" cp --state "$ST" --listen "127.0.0.1:$PORT" --worker-timeout 2 >>"$ST/cp.log" 2>&1 &
-	CP_PID=$!
-	for _ in $(seq 50); do
-		curl -sf "$U/healthz" >/dev/null 2>&1 && return 0
-		sleep 0.1
-	done
-	return 1
-}
-stop_cp() {
-	[ -n "$CP_PID" ] && kill "$CP_PID" 2>/dev/null && wait "$CP_PID" 2>/dev/null
-	CP_PID=
-}
+start_cp() { cp_start "$ST" "$PORT" --worker-timeout 2; }
+stop_cp() { cp_stop; }
 # alive W: a background loop polls as W (wait=0, past the end) so the cp
 # sees W up; dead W stops it.
 alive() {
-	( while :; do curl -s -o /dev/null -H "Authorization: Node $NT" \
+	( while :; do tcurl -o /dev/null -H "Authorization: Node $NT" \
 		"$U/v1/feed?worker=$1&after=999999999&wait=0"; sleep 0.4; done ) &
 	ALIVE[$1]=$!
 }
@@ -48,23 +25,14 @@ dead() {
 	[ -n "${ALIVE[$1]:-}" ] && kill "${ALIVE[$1]}" 2>/dev/null && wait "${ALIVE[$1]}" 2>/dev/null
 	unset "ALIVE[$1]"
 }
-cleanup() {
-	for w in "${!ALIVE[@]}"; do dead "$w"; done
-	stop_cp
-	[ -n "${KEEP:-}" ] || rm -rf "$ST"
-}
-trap cleanup EXIT
+# the keep-alive loops stop at exit (lib.sh then stops the cp).
+at_exit 'for w in "${!ALIVE[@]}"; do dead "$w"; done'
 # status METHOD PATH AUTH [BODY]: prints the HTTP status, body in $ST/out.
-status() {
-	local args=(-s -o "$ST/out" -w '%{http_code}' -X "$1")
-	[ -n "$3" ] && args+=(-H "Authorization: $3")
-	[ $# -ge 4 ] && args+=(--data-binary "$4")
-	curl "${args[@]}" "$U$2"
-}
+status() { req_status "$1" "$U$2" "$3" "${@:4}"; }
 # bg NAME METHOD PATH BODY: a Bearer call in the background; status in
 # $ST/NAME.code, body in $ST/NAME.json.
 bg() {
-	curl -s -o "$ST/$1.json" -w '%{http_code}' -X "$2" -H "Authorization: Bearer $KEY" \
+	tcurl -o "$ST/$1.json" -w '%{http_code}' -X "$2" -H "Authorization: Bearer $KEY" \
 		--data-binary "$4" "$U$3" >"$ST/$1.code"
 }
 # go ...: bg in the background; waitgo waits for those calls only (not
@@ -72,12 +40,11 @@ bg() {
 BGP=()
 go() { bg "$@" & BGP+=($!); }
 waitgo() { for p in "${BGP[@]}"; do wait "$p"; done; BGP=(); }
-jget() { python3 -c "import json,sys; d=json.load(open(sys.argv[2])); print(eval('d'+sys.argv[1]))" "$1" "${2:-$ST/out}"; }
 # feed W [WAIT]: W's next updates into $ST/feed.W (AFTER[W] advances).
 feed() {
-	curl -s -o "$ST/feed.$1" -H "Authorization: Node $NT" \
+	tcurl -o "$ST/feed.$1" -H "Authorization: Node $NT" \
 		"$U/v1/feed?worker=$1&after=${AFTER[$1]}&wait=${2:-5}"
-	AFTER[$1]=$(jget '["rev"]' "$ST/feed.$1")
+	AFTER[$1]=$(jfield '["rev"]' "$ST/feed.$1")
 }
 # feedfor W KIND SBX: polls as W until a KIND update for SBX arrived (a
 # background call may append it after an earlier update woke the poll);
@@ -114,7 +81,7 @@ print(len([u for u in d['updates'] if u['kind']==sys.argv[2] and u.get('sandbox'
 }
 # ack W REV RESULT: acknowledges REV with one result object.
 ack() {
-	curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Node $NT" --data-binary \
+	tcurl -o /dev/null -w '%{http_code}' -H "Authorization: Node $NT" --data-binary \
 		"{\"worker\":\"$1\",\"rev\":$2,\"results\":[$3]}" "$U/v1/feed/ack"
 }
 # snapok SBX GEN: a pause result with a complete snapshot.
@@ -124,18 +91,18 @@ snapok() {
 # sbx SBX: GET the sandbox into $ST/out; prints "state gen worker".
 sbx() {
 	status GET "/v1/sandboxes/$1" "Bearer $KEY" >/dev/null
-	echo "$(jget '["state"]') $(jget '["generation"]') $(jget '["worker"]')"
+	echo "$(jfield '["state"]') $(jfield '["generation"]') $(jfield '["worker"]')"
 }
 
-start_cp; ok $? "cp starts with --worker-timeout 2"
-KEY=$(cat "$ST/admin.key"); NT=$(cat "$ST/node.token")
+start_cp; okrc $? "cp starts with --worker-timeout 2"
+cp_secrets "$ST"
 for w in w1 w2 w3; do
 	status POST /v1/workers/register "Node $NT" "{\"id\":\"$w\",\"node_url\":\"http://127.0.0.1:1\"}" >/dev/null
 	feed "$w" 0
 done
 alive w1; alive w2
 sleep 3.2 # w3 never polls again: down
-ok "$([ "$(status GET /v1/workers "Bearer $KEY")" = 200 ] && [ "$(python3 -c "import json; print(' '.join(w['state'] for w in json.load(open('$ST/out'))['workers']))")" = "up up down" ]; echo $?)" \
+okrc "$([ "$(status GET /v1/workers "Bearer $KEY")" = 200 ] && [ "$(python3 -c "import json; print(' '.join(w['state'] for w in json.load(open('$ST/out'))['workers']))")" = "up up down" ]; echo $?)" \
 	"w1, w2 up; w3 down after 2 s without a poll"
 
 # A running sandbox on w1 (gen 1).
@@ -144,35 +111,35 @@ feed w1
 S=$(python3 -c "import json; print(json.load(open('$ST/feed.w1'))['updates'][0]['sandbox'])")
 ack w1 "${AFTER[w1]}" "{\"rev\":${AFTER[w1]},\"ok\":true}" >/dev/null; waitgo
 check "sandbox created, running gen 1 on w1" test "$(cat "$ST/c1.code") $(sbx "$S")" = "201 running 1 w1"
-check "no snapshot yet" test "$(jget '["snapshot"]')" = None
+check "no snapshot yet" test "$(jfield '["snapshot"]')" = None
 
 # --- pause with progress ---------------------------------------------------
-ok "$([ "$(status POST "/v1/sandboxes/$S/pause?wait=0" "Bearer $KEY")" = 202 ] && [ "$(jget '["state"]')" = pausing ] && [ "$(jget '["progress"]')" = "{'bytes': 0, 'total': None}" ]; echo $?)" \
+okrc "$([ "$(status POST "/v1/sandboxes/$S/pause?wait=0" "Bearer $KEY")" = 202 ] && [ "$(jfield '["state"]')" = pausing ] && [ "$(jfield '["progress"]')" = "{'bytes': 0, 'total': None}" ]; echo $?)" \
 	"pause?wait=0: 202 pausing with empty progress"
 feedfor w1 pause "$S"
 PREV=$(upd w1 pause "$S" rev)
 check "w1 sees a pause update for gen 1, snapshot key $S/1" test "$(upd w1 pause "$S" generation) $(upd w1 pause "$S" snapshot)" = "1 $S/1"
-ok "$([ "$(status POST /v1/feed/progress "Node $NT" "{\"worker\":\"w1\",\"rev\":$PREV,\"sandbox\":\"$S\",\"bytes\":4096,\"total\":10485760}")" = 200 ]; echo $?)" \
+okrc "$([ "$(status POST /v1/feed/progress "Node $NT" "{\"worker\":\"w1\",\"rev\":$PREV,\"sandbox\":\"$S\",\"bytes\":4096,\"total\":10485760}")" = 200 ]; echo $?)" \
 	"progress report accepted"
 sbx "$S" >/dev/null
-check "progress shows in the sandbox object" test "$(jget '["progress"]["bytes"]') $(jget '["progress"]["total"]')" = "4096 10485760"
-ok "$([ "$(status POST /v1/feed/progress "Node $NT" "{\"worker\":\"w1\",\"rev\":$((PREV - 1)),\"sandbox\":\"$S\",\"bytes\":9,\"total\":null}")" = 409 ]; echo $?)" \
+check "progress shows in the sandbox object" test "$(jfield '["progress"]["bytes"]') $(jfield '["progress"]["total"]')" = "4096 10485760"
+okrc "$([ "$(status POST /v1/feed/progress "Node $NT" "{\"worker\":\"w1\",\"rev\":$((PREV - 1)),\"sandbox\":\"$S\",\"bytes\":9,\"total\":null}")" = 409 ]; echo $?)" \
 	"progress for another rev: 409"
-ok "$([ "$(status POST /v1/feed/progress "Node $NT" "{\"worker\":\"w2\",\"rev\":$PREV,\"sandbox\":\"$S\",\"bytes\":9}")" = 409 ]; echo $?)" \
+okrc "$([ "$(status POST /v1/feed/progress "Node $NT" "{\"worker\":\"w2\",\"rev\":$PREV,\"sandbox\":\"$S\",\"bytes\":9}")" = 409 ]; echo $?)" \
 	"progress from a worker that does not hold the sandbox: 409"
-ok "$([ "$(status POST /v1/feed/progress "Node $NT" "{\"worker\":\"w1\",\"rev\":$PREV,\"sandbox\":\"$S\",\"bytes\":-1}")" = 400 ]; echo $?)" \
+okrc "$([ "$(status POST /v1/feed/progress "Node $NT" "{\"worker\":\"w1\",\"rev\":$PREV,\"sandbox\":\"$S\",\"bytes\":-1}")" = 400 ]; echo $?)" \
 	"negative progress: 400"
-ok "$([ "$(status POST /v1/feed/progress "Bearer $KEY" "{\"worker\":\"w1\",\"rev\":$PREV,\"sandbox\":\"$S\",\"bytes\":1}")" = 401 ]; echo $?)" \
+okrc "$([ "$(status POST /v1/feed/progress "Bearer $KEY" "{\"worker\":\"w1\",\"rev\":$PREV,\"sandbox\":\"$S\",\"bytes\":1}")" = 401 ]; echo $?)" \
 	"progress with an API key instead of the node token: 401"
-check "the refused reports did not change the progress" test "$(sbx "$S" >/dev/null; jget '["progress"]["bytes"]')" = 4096
-ok "$([ "$(status POST "/v1/sandboxes/$S/pause" "Bearer $KEY")" = 409 ]; echo $?)" "a second pause while pausing: 409"
+check "the refused reports did not change the progress" test "$(sbx "$S" >/dev/null; jfield '["progress"]["bytes"]')" = 4096
+okrc "$([ "$(status POST "/v1/sandboxes/$S/pause" "Bearer $KEY")" = 409 ]; echo $?)" "a second pause while pausing: 409"
 ack w1 "$PREV" "{\"rev\":$PREV,$(snapok "$S" 1)}" >/dev/null
 check "ack with a complete snapshot: paused" test "$(sbx "$S")" = "paused 1 w1"
-check "the snapshot metadata is on the sandbox" test "$(jget '["snapshot"]["generation"]') $(jget '["snapshot"]["key"]') $(jget '["snapshot"]["size"]') $(jget '["snapshot"]["checksum"]')" = "1 $S/1 10485760 blake2b:00ff1"
-check "no progress once paused" test "$(jget '.get("progress")')" = None
-ok "$([ "$(status POST "/v1/sandboxes/$S/pause" "Bearer $KEY")" = 409 ] && grep -q "is paused" "$ST/out"; echo $?)" \
+check "the snapshot metadata is on the sandbox" test "$(jfield '["snapshot"]["generation"]') $(jfield '["snapshot"]["key"]') $(jfield '["snapshot"]["size"]') $(jfield '["snapshot"]["checksum"]')" = "1 $S/1 10485760 blake2b:00ff1"
+check "no progress once paused" test "$(jfield '.get("progress")')" = None
+okrc "$([ "$(status POST "/v1/sandboxes/$S/pause" "Bearer $KEY")" = 409 ] && grep -q "is paused" "$ST/out"; echo $?)" \
 	"pause of a paused sandbox: 409 \"… is paused\""
-ok "$([ "$(status POST "/v1/sandboxes/$S/capabilities" "Bearer $KEY" '{"purpose":"control","ops":["exec"]}')" = 409 ]; echo $?)" \
+okrc "$([ "$(status POST "/v1/sandboxes/$S/capabilities" "Bearer $KEY" '{"purpose":"control","ops":["exec"]}')" = 409 ]; echo $?)" \
 	"no capability while paused (409)"
 
 # --- resume on w2 ----------------------------------------------------------
@@ -182,29 +149,29 @@ IREV=$(upd w2 install "$S" rev)
 check "w2 gets install gen 2 for w2 with snapshot $S/1" test "$(upd w2 install "$S" generation) $(upd w2 install "$S" worker) $(upd w2 install "$S" snapshot)" = "2 w2 $S/1"
 check "while the install is pending the sandbox is resuming" test "$(sbx "$S")" = "resuming 2 w2"
 ack w2 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
-check "resume answers 200 running gen 2 on w2, resumed from 1" test "$(cat "$ST/r1.code") $(jget '["state"]' "$ST/r1.json") $(jget '["generation"]' "$ST/r1.json") $(jget '["worker"]' "$ST/r1.json") $(jget '["resumed_from"]' "$ST/r1.json")" = "200 running 2 w2 1"
-check "the resume is not marked forced" test "$(jget '.get("forced")' "$ST/r1.json")" = None
-ok "$([ "$(status POST "/v1/sandboxes/$S/capabilities" "Bearer $KEY" '{"purpose":"control","ops":["exec"]}')" = 201 ] && [ "$(jget '["generation"]') $(jget '["worker"]')" = "2 w2" ]; echo $?)" \
+check "resume answers 200 running gen 2 on w2, resumed from 1" test "$(cat "$ST/r1.code") $(jfield '["state"]' "$ST/r1.json") $(jfield '["generation"]' "$ST/r1.json") $(jfield '["worker"]' "$ST/r1.json") $(jfield '["resumed_from"]' "$ST/r1.json")" = "200 running 2 w2 1"
+check "the resume is not marked forced" test "$(jfield '.get("forced")' "$ST/r1.json")" = None
+okrc "$([ "$(status POST "/v1/sandboxes/$S/capabilities" "Bearer $KEY" '{"purpose":"control","ops":["exec"]}')" = 201 ] && [ "$(jfield '["generation"]') $(jfield '["worker"]')" = "2 w2" ]; echo $?)" \
 	"capabilities now name gen 2 on w2"
 
 # --- refusals that change nothing --------------------------------------------
-ok "$([ "$(status POST "/v1/sandboxes/$S/resume" "Bearer $KEY" '{"worker":"w1"}')" = 409 ] && grep -q "is running" "$ST/out"; echo $?)" \
+okrc "$([ "$(status POST "/v1/sandboxes/$S/resume" "Bearer $KEY" '{"worker":"w1"}')" = 409 ] && grep -q "is running" "$ST/out"; echo $?)" \
 	"resume of a running sandbox: 409"
 check "… unchanged" test "$(sbx "$S")" = "running 2 w2"
-ok "$([ "$(status POST "/v1/sandboxes/$S/migrate" "Bearer $KEY" '{"worker":"w9"}')" = 404 ] && grep -q "no worker w9" "$ST/out"; echo $?)" \
+okrc "$([ "$(status POST "/v1/sandboxes/$S/migrate" "Bearer $KEY" '{"worker":"w9"}')" = 404 ] && grep -q "no worker w9" "$ST/out"; echo $?)" \
 	"migrate to an unknown worker: 404"
 check "… unchanged" test "$(sbx "$S")" = "running 2 w2"
-ok "$([ "$(status POST "/v1/sandboxes/$S/migrate" "Bearer $KEY" '{"worker":"w3"}')" = 409 ] && grep -q "w3 is down" "$ST/out"; echo $?)" \
+okrc "$([ "$(status POST "/v1/sandboxes/$S/migrate" "Bearer $KEY" '{"worker":"w3"}')" = 409 ] && grep -q "w3 is down" "$ST/out"; echo $?)" \
 	"migrate to a down worker: 409"
 check "… unchanged" test "$(sbx "$S")" = "running 2 w2"
-ok "$([ "$(status POST "/v1/sandboxes/$S/migrate" "Bearer $KEY" '{"worker":"w2"}')" = 409 ]; echo $?)" \
+okrc "$([ "$(status POST "/v1/sandboxes/$S/migrate" "Bearer $KEY" '{"worker":"w2"}')" = 409 ]; echo $?)" \
 	"migrate to the worker it is on: 409"
-ok "$([ "$(status POST "/v1/sandboxes/$S/migrate" "Bearer $KEY" '{}')" = 400 ] && [ "$(status POST "/v1/sandboxes/$S/resume" "Bearer $KEY" '{"force":"yes"}')" = 400 ]; echo $?)" \
+okrc "$([ "$(status POST "/v1/sandboxes/$S/migrate" "Bearer $KEY" '{}')" = 400 ] && [ "$(status POST "/v1/sandboxes/$S/resume" "Bearer $KEY" '{"force":"yes"}')" = 400 ]; echo $?)" \
 	"malformed migrate/resume bodies: 400"
 feed w2 0
 check "none of the refusals reached a feed" test "$(count w2 pause "$S") $(count w2 install "$S")" = "0 0"
-ok "$([ "$(status POST /v1/sandboxes/sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa/pause "Bearer $KEY")" = 404 ]; echo $?)" "pause of an unknown sandbox: 404"
-ok "$([ "$(status POST "/v1/sandboxes/$S/pause" "Bearer ttk_wrong")" = 401 ]; echo $?)" "pause with a wrong key: 401"
+okrc "$([ "$(status POST /v1/sandboxes/sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa/pause "Bearer $KEY")" = 404 ]; echo $?)" "pause of an unknown sandbox: 404"
+okrc "$([ "$(status POST "/v1/sandboxes/$S/pause" "Bearer ttk_wrong")" = 401 ]; echo $?)" "pause with a wrong key: 401"
 
 # --- two concurrent migrates: exactly one wins ------------------------------
 go m1 POST "/v1/sandboxes/$S/migrate" '{"worker":"w1"}'
@@ -223,7 +190,7 @@ check "the sandbox migrated once: running gen 3 on w1" test "$(sbx "$S")" = "run
 
 # --- cp restart between migrations: generations continue ------------------
 stop_cp; sleep 0.2
-start_cp; ok $? "cp restarts"
+start_cp; okrc $? "cp restarts"
 check "state survived the restart" test "$(sbx "$S")" = "running 3 w1"
 sleep 0.5 # keep-alive loops poll the new cp
 go m3 POST "/v1/sandboxes/$S/migrate" '{"worker":"w2"}'
@@ -240,7 +207,7 @@ feedfor w2 pause "$S"; PREV=$(upd w2 pause "$S" rev)
 ack w2 "$PREV" "{\"rev\":$PREV,\"ok\":false,\"error\":\"disk full\"}" >/dev/null; waitgo
 check "pause acked ok:false answers 503" test "$(cat "$ST/p2.code")" = 503
 check "the sandbox is failed with the worker's error" sh -c "test \"\$(echo '$(sbx "$S")')\" = 'failed 4 w2' && grep -q 'disk full' '$ST/out'"
-check "the last complete snapshot is still gen 3" test "$(jget '["snapshot"]["generation"]')" = 3
+check "the last complete snapshot is still gen 3" test "$(jfield '["snapshot"]["generation"]')" = 3
 feedfor w2 retire "$S"
 check "a retire for gen 4 is on w2's feed" test "$(upd w2 retire "$S" generation)" = 4
 go r2 POST "/v1/sandboxes/$S/resume" '{"worker":"w1"}'
@@ -254,7 +221,7 @@ go p3 POST "/v1/sandboxes/$S/pause" ''
 feedfor w1 pause "$S"; PREV=$(upd w1 pause "$S" rev)
 ack w1 "$PREV" "{\"rev\":$PREV,\"ok\":true,\"snapshot\":{\"key\":\"$S/3\",\"generation\":5,\"size\":1,\"checksum\":\"blake2b:00\"}}" >/dev/null; waitgo
 check "ok with a wrong snapshot key: 503 and failed" test "$(cat "$ST/p3.code") $(sbx "$S")" = "503 failed 5 w1"
-check "… the bogus snapshot is not recorded (latest still gen 3)" test "$(jget '["snapshot"]["generation"]')" = 3
+check "… the bogus snapshot is not recorded (latest still gen 3)" test "$(jfield '["snapshot"]["generation"]')" = 3
 go r3 POST "/v1/sandboxes/$S/resume" '{"worker":"w1"}'
 feedfor w1 install "$S"; IREV=$(upd w1 install "$S" rev)
 ack w1 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
@@ -262,16 +229,16 @@ check "resumed again: running gen 6 on w1" test "$(sbx "$S")" = "running 6 w1"
 
 # --- forced resume with the old worker down ---------------------------------
 dead w1; sleep 3.2
-ok "$([ "$(status POST "/v1/sandboxes/$S/resume" "Bearer $KEY" '{"worker":"w2"}')" = 409 ] && grep -q "worker w1 is down; use --force to resume from the last complete snapshot (generation 3)" "$ST/out"; echo $?)" \
+okrc "$([ "$(status POST "/v1/sandboxes/$S/resume" "Bearer $KEY" '{"worker":"w2"}')" = 409 ] && grep -q "worker w1 is down; use --force to resume from the last complete snapshot (generation 3)" "$ST/out"; echo $?)" \
 	"resume with the worker down and no force: 409 naming --force and generation 3"
 check "… unchanged" test "$(sbx "$S")" = "running 6 w1"
-ok "$([ "$(status POST "/v1/sandboxes/$S/pause" "Bearer $KEY")" = 409 ] && grep -q "w1 is down" "$ST/out"; echo $?)" \
+okrc "$([ "$(status POST "/v1/sandboxes/$S/pause" "Bearer $KEY")" = 409 ] && grep -q "w1 is down" "$ST/out"; echo $?)" \
 	"pause with the worker down: 409"
 go f1 POST "/v1/sandboxes/$S/resume" '{"worker":"w2","force":true}'
 feedfor w2 install "$S"; IREV=$(upd w2 install "$S" rev)
 check "forced: w2 gets install gen 7 from snapshot $S/3" test "$(upd w2 install "$S" generation) $(upd w2 install "$S" snapshot)" = "7 $S/3"
 ack w2 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
-check "forced resume: 200 forced:true resumed_from 3, running gen 7 on w2" test "$(cat "$ST/f1.code") $(jget '["forced"]' "$ST/f1.json") $(jget '["resumed_from"]' "$ST/f1.json") $(sbx "$S")" = "200 True 3 running 7 w2"
+check "forced resume: 200 forced:true resumed_from 3, running gen 7 on w2" test "$(cat "$ST/f1.code") $(jfield '["forced"]' "$ST/f1.json") $(jfield '["resumed_from"]' "$ST/f1.json") $(sbx "$S")" = "200 True 3 running 7 w2"
 feed w1 0
 check "the retire for gen 6 is on w1's feed" test "$(upd w1 retire "$S" generation)" = 6
 check "… and w1 got no install" test "$(count w1 install "$S")" = 0
@@ -285,12 +252,12 @@ dead w2
 waitgo
 check "pause answers 503 once w2 is down" test "$(cat "$ST/p4.code")" = 503
 check "the sandbox failed: worker went down during the pause" sh -c "test \"\$(echo '$(sbx "$S")')\" = 'failed 7 w2' && grep -q 'w2 went down during the pause' '$ST/out'"
-ok "$([ "$(status POST "/v1/sandboxes/$S/resume" "Bearer $KEY" '{}')" = 409 ] && grep -q "worker w2 is down; use --force" "$ST/out"; echo $?)" \
+okrc "$([ "$(status POST "/v1/sandboxes/$S/resume" "Bearer $KEY" '{}')" = 409 ] && grep -q "worker w2 is down; use --force" "$ST/out"; echo $?)" \
 	"resume from failed with the worker down needs --force (409)"
 go f2 POST "/v1/sandboxes/$S/resume" '{"force":true}'
 feedfor w1 install "$S"; IREV=$(upd w1 install "$S" rev)
 ack w1 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
-check "forced resume with placement: running gen 8 on w1 (the only up worker)" test "$(cat "$ST/f2.code") $(jget '["forced"]' "$ST/f2.json") $(sbx "$S")" = "200 True running 8 w1"
+check "forced resume with placement: running gen 8 on w1 (the only up worker)" test "$(cat "$ST/f2.code") $(jfield '["forced"]' "$ST/f2.json") $(sbx "$S")" = "200 True running 8 w1"
 feed w2 0
 check "a retire for gen 7 is on w2's feed (its pause failed)" test "$(upd w2 retire "$S" generation) $(count w2 install "$S")" = "7 0"
 
@@ -317,12 +284,11 @@ go c2 POST /v1/sandboxes '{"worker":"w2"}'
 feed w2; IREV=$(python3 -c "import json; print([u for u in json.load(open('$ST/feed.w2'))['updates'] if u['kind']=='install'][0]['rev'])")
 T=$(python3 -c "import json; print([u for u in json.load(open('$ST/feed.w2'))['updates'] if u['kind']=='install'][0]['sandbox'])")
 ack w2 "$IREV" "{\"rev\":$IREV,\"ok\":false,\"error\":\"boom\"}" >/dev/null; waitgo
-ok "$([ "$(status POST "/v1/sandboxes/$T/resume" "Bearer $KEY" '{}')" = 409 ] && grep -q "no complete snapshot" "$ST/out"; echo $?)" \
+okrc "$([ "$(status POST "/v1/sandboxes/$T/resume" "Bearer $KEY" '{}')" = 409 ] && grep -q "no complete snapshot" "$ST/out"; echo $?)" \
 	"resume without any complete snapshot: 409"
 
 check "cp log records the forced resume" grep -q "forced resume: retire gen 6 on w1" "$ST/cp.log"
 curl -sf "$U/metrics" >"$ST/metrics"
 check "metrics count forced resumes since the restart" grep -q '^tether_cp_forced_resumes_total 2$' "$ST/metrics"
 
-echo "1..$n"
-[ "$fails" -eq 0 ]
+tap_done

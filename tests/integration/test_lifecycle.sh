@@ -10,68 +10,30 @@
 # Lifecycle verbs go to the control plane URL directly unless the edge
 # proxies them (the CLI works against either: same API).
 set -u
-cd "$(dirname "$0")/../.."
-ROOT=$PWD
-WORK=$(mktemp -d /tmp/tether-lc.XXXXXX)
-export HOME=$WORK/home
-unset TETHER_URL TETHER_API_KEY
-mkdir -p "$HOME"
-BASE=$((27000 + $$ % 1000 * 10))
-[ "$BASE" -gt 36990 ] && BASE=$((BASE - 10000))
+. "$(dirname "$0")/lib.sh"
+workdir tether-lc
+scratch_home
+BASE=$(port_base)
 STATE=$WORK/state
 CP=http://127.0.0.1:$BASE
-n=0
-fails=0
-UP_PID=
+TT_DETAIL_LINES=12
 W3_PID=
 
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-notok() {
-	n=$((n + 1)); fails=$((fails + 1)); echo "not ok $n - $1"
-	[ $# -gt 1 ] && printf '%s\n' "$2" | head -n 12 | sed 's/^/#   /'
-	return 0
-}
 # T: the CLI, bounded so a hang fails a check instead of the suite.
 T() { timeout 120 "$ROOT/build/tether" "$@"; }
 # LC: lifecycle verbs (against LC_URL: the edge once it proxies them, else
 # the cp, see above).
 LC() { TETHER_URL=$LC_URL TETHER_API_KEY=$KEY timeout 120 "$ROOT/build/tether" "$@"; }
-jget() { python3 -c 'import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1]))' "$1"; }
 info() { LC info "$1" --json | jget "$2"; }
 
-stop_up() {
-	if [ -n "$UP_PID" ] && kill -0 "$UP_PID" 2>/dev/null; then
-		kill -TERM "$UP_PID"
-		for _ in $(seq 1 150); do kill -0 "$UP_PID" 2>/dev/null || break; sleep 0.1; done
-		kill -KILL "$UP_PID" 2>/dev/null
-	fi
-	UP_PID=
-}
+stop_up() { cluster_down; }
 stop_w3() {
-	if [ -n "$W3_PID" ] && kill -0 "$W3_PID" 2>/dev/null; then
-		kill -TERM "$W3_PID"
-		for _ in $(seq 1 100); do kill -0 "$W3_PID" 2>/dev/null || break; sleep 0.1; done
-		kill -KILL "$W3_PID" 2>/dev/null
-	fi
+	stop_pid "$W3_PID" 100
 	W3_PID=
 }
-cleanup() {
-	stop_w3
-	stop_up
-	rm -rf "$WORK"
-}
-trap cleanup EXIT
+at_exit stop_w3
 
-start_up() {
-	"$ROOT/build/tether" up --workers 2 --state "$STATE" --port "$BASE" >"$WORK/up.out" 2>"$WORK/up.err" &
-	UP_PID=$!
-	for _ in $(seq 1 600); do
-		grep -q "tether is up" "$WORK/up.out" 2>/dev/null && return 0
-		kill -0 "$UP_PID" 2>/dev/null || break
-		sleep 0.1
-	done
-	return 1
-}
+start_up() { cluster_up 2; }
 start_w3() {
 	mkdir -p "$STATE/workers/w3"
 	"$ROOT/build/tetherd" node --id w3 --listen 127.0.0.1:$((BASE + 13)) --cp "$CP" \
@@ -79,12 +41,9 @@ start_w3() {
 		--guest-bin "$ROOT/build/tether-guest" --snapshots "$STATE/snapshots" \
 		>>"$WORK/w3.log" 2>&1 &
 	W3_PID=$!
-	for _ in $(seq 1 100); do
-		LC workers 2>/dev/null | grep -q "^w3 .*up" && return 0
-		sleep 0.1
-	done
-	return 1
+	wait_until 100 w3_up
 }
+w3_up() { LC workers 2>/dev/null | grep -q "^w3 .*up"; }
 # node_exec SBX TOKEN NODE_URL CMD: POST exec at a node; prints "STATUS BODY".
 node_exec() {
 	curl -s -o "$WORK/ne.body" -w '%{http_code}' -X POST -H "Authorization: Capability $2" \
@@ -95,9 +54,7 @@ node_exec() {
 cap_json() { T cap "$1" --ops exec; }
 
 # ---- cluster -----------------------------------------------------------------
-if start_up; then ok "tether up: cluster with w1, w2"; else
-	notok "tether up: cluster with w1, w2" "$(cat "$WORK/up.err")"; echo "1..$n"; exit 1
-fi
+cluster_up_or_bail "tether up: cluster with w1, w2" 2
 KEY=$(cat "$STATE/cp/admin.key")
 LC_URL=$CP
 if ! curl -s -X POST -H "Authorization: Bearer $KEY" -d '{}' \
@@ -229,5 +186,4 @@ cmp -s "$WORK/sums1" "$WORK/sums5" && ok "files byte-exact after the restart" ||
 if LC migrate "$S" --worker w2 >"$WORK/m.out" 2>&1 && grep -q "generation 6 on w2" "$WORK/m.out"; then
 	ok "migrate after the restart: generation 6"; else notok "migrate after restart" "$(cat "$WORK/m.out")"; fi
 
-echo "1..$n"
-[ $fails = 0 ]
+tap_done

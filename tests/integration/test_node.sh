@@ -5,27 +5,16 @@
 # manager role in build/tetherd; prints a SKIP line otherwise.
 # TETHERD=path overrides the binary (e.g. a build with a stand-in manager).
 set -u
-cd "$(dirname "$0")/../.."
-bin=${TETHERD:-build/tetherd}
-port=$((20000 + RANDOM % 20000))
+. "$(dirname "$0")/lib.sh"
+workdir tether-node
+bin=$TETHERD
+port=$(port_base 1)
 url=http://127.0.0.1:$port
-dir=$(mktemp -d /tmp/tether-node.XXXXXX)
+dir=$WORK
 sbx=sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa
-n=0
 node_pid=
+at_exit '[ -n "$node_pid" ] && kill "$node_pid" 2>/dev/null && wait "$node_pid" 2>/dev/null'
 
-cleanup() {
-	[ -n "$node_pid" ] && kill "$node_pid" 2>/dev/null && wait "$node_pid" 2>/dev/null
-	rm -rf "$dir"
-}
-trap cleanup EXIT
-
-# check NAME COND...: one TAP line.
-check() {
-	local name=$1; shift
-	n=$((n + 1))
-	if "$@"; then echo "ok $n - $name"; else echo "not ok $n - $name"; fi
-}
 # req ARGS...: curl; sets code and body.
 req() {
 	body=$(curl -s -o - -w '\n%{http_code}' "$@")
@@ -34,17 +23,14 @@ req() {
 }
 
 if ! "$bin" manager --help >/dev/null 2>&1 && "$bin" manager --help 2>&1 | grep -q "not part of this build"; then
-	echo "ok 1 - node-api # SKIP manager role not built yet"
-	exit 0
+	skip "node-api" "manager role not built yet"
+	tap_done; exit 0
 fi
 echo "tok-$RANDOM" >"$dir/node.token"
 "$bin" node --id w1 --listen 127.0.0.1:$port --cp http://127.0.0.1:1 \
 	--node-token-file "$dir/node.token" --state "$dir/w1" 2>"$dir/node.log" &
 node_pid=$!
-for _ in $(seq 100); do
-	curl -s -o /dev/null "$url/healthz" && break
-	sleep 0.1
-done
+wait_until 100 curl -s -o /dev/null "$url/healthz"
 
 req "$url/healthz"
 check "healthz answers" [ "$code" = 200 ]
@@ -78,3 +64,4 @@ check "metrics count refusals" grep -q 'tether_node_requests_total{route="exec",
 check "no token in the log" bash -c "! grep -q 'v4.public.garbage' '$dir/node.log'"
 kill -0 "$node_pid"
 check "node-api still running" [ $? = 0 ]
+tap_done

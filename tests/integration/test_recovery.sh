@@ -7,60 +7,24 @@
 # clearly, an exec is not repeated. Also measures route repair latency
 # (stale request -> success). Prints TAP; everything started is stopped.
 set -u
-cd "$(dirname "$0")/../.."
-ROOT=$PWD
-WORK=$(mktemp -d /tmp/tether-recovery.XXXXXX)
-export HOME=$WORK/home
-unset TETHER_URL TETHER_API_KEY
-mkdir -p "$HOME"
-BASE=$((27000 + $$ % 1000 * 10))
-[ "$BASE" -gt 36990 ] && BASE=$((BASE - 10000))
+. "$(dirname "$0")/lib.sh"
+workdir tether-recovery
+scratch_home
+BASE=$(port_base)
 STATE=$WORK/state
 CP=http://127.0.0.1:$BASE
 EDGE=http://127.0.0.1:$((BASE + 1))
 EDGE2=http://127.0.0.1:$((BASE + 6))
 PROXY_PORT=$((BASE + 5))
 W3=http://127.0.0.1:$((BASE + 13))
-n=0
-fails=0
-UP_PID= PROXY_PID= EDGE2_PID= W3_PID= W3_MGR=
+PROXY_PID= EDGE2_PID= W3_PID= W3_MGR=
+at_exit 'for p in $EDGE2_PID $PROXY_PID $W3_PID $W3_MGR; do [ -n "$p" ] && kill "$p" 2>/dev/null; done'
+TT_HDRS=$WORK/h
+TT_BODY=$WORK/r
 
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-notok() {
-	n=$((n + 1)); fails=$((fails + 1)); echo "not ok $n - $1"
-	[ $# -gt 1 ] && printf '%s\n' "$2" | head -n 8 | sed 's/^/#   /'
-	return 0
-}
-skip() { n=$((n + 1)); echo "ok $n - $1 # SKIP $2"; }
-# expect NAME COND DETAIL: ok when the shell condition COND holds.
-expect() { if eval "$2"; then ok "$1"; else notok "$1" "$3"; fi; }
-
-cleanup() {
-	for p in $EDGE2_PID $PROXY_PID $W3_PID $W3_MGR; do
-		[ -n "$p" ] && kill "$p" 2>/dev/null
-	done
-	if [ -n "$UP_PID" ] && kill -0 "$UP_PID" 2>/dev/null; then
-		kill -TERM "$UP_PID"
-		for _ in $(seq 1 150); do kill -0 "$UP_PID" 2>/dev/null || break; sleep 0.1; done
-		kill -KILL "$UP_PID" 2>/dev/null
-	fi
-	rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-jget() { python3 -c 'import json,sys; d=json.load(sys.stdin); print(eval(sys.argv[1]))' "$1"; }
-# metric URL NAME{LABELS}: the value of one sample (0 when absent).
-metric() {
-	curl -s -m 10 "$1/metrics" | awk -v k="$2" '$1 == k { v = $2 } END { print v + 0 }'
-}
 # call METHOD URL [BODY]: bearer-authenticated request; body -> $WORK/r,
 # headers -> $WORK/h, prints the status.
-call() {
-	local data=()
-	[ $# -gt 2 ] && data=(-H 'Content-Type: application/json' --data-binary "$3")
-	curl -s -m 60 -o "$WORK/r" -D "$WORK/h" -w '%{http_code}' -X "$1" \
-		-H "Authorization: Bearer $KEY" "${data[@]}" "$2"
-}
+call() { req_status "$1" "$2" "Bearer $KEY" "${@:3}"; }
 hdr_gen() { tr -d '\r' <"$WORK/h" | awk -F': ' 'tolower($1) == "x-tether-generation" { print $2 }'; }
 sbx_gen() { call GET "$CP/v1/sandboxes/$1" >/dev/null; jget 'd["generation"]' <"$WORK/r"; }
 sbx_worker() { call GET "$CP/v1/sandboxes/$1" >/dev/null; jget 'd["worker"]' <"$WORK/r"; }
@@ -77,19 +41,8 @@ other() { [ "$1" = w1 ] && echo w2 || echo w1; }
 pct() { sort -g "$1" | awk -v p="$2" '{ a[NR] = $1 } END { i = int(NR * p / 100 + 0.5); if (i < 1) i = 1; print a[i] }'; }
 
 # ---- cluster -------------------------------------------------------------------
-"$ROOT/build/tether" up --workers 2 --state "$STATE" --port "$BASE" >"$WORK/up.out" 2>"$WORK/up.err" &
-UP_PID=$!
-ready=0
-for _ in $(seq 1 600); do
-	grep -q "tether is up" "$WORK/up.out" 2>/dev/null && { ready=1; break; }
-	kill -0 "$UP_PID" 2>/dev/null || break
-	sleep 0.1
-done
-if [ $ready = 1 ]; then ok "tether up: cluster ready"; else
-	notok "tether up: cluster ready" "$(cat "$WORK/up.err"; tail -n 5 "$STATE"/logs/*.log 2>/dev/null)"
-	echo "1..$n"; exit 1
-fi
-KEY=$(sed -n 's/^api_key=//p' "$HOME/.config/tether/config")
+cluster_up_or_bail "tether up: cluster ready" 2
+KEY=$(cluster_key)
 
 # ---- the lifecycle routes go through the edge ------------------------------------
 S=$(call POST "$EDGE/v1/sandboxes" '{"worker":"w1"}' >/dev/null; jget 'd["id"]' <"$WORK/r")
@@ -221,10 +174,8 @@ PROXY_PID=$!
 "$ROOT/build/tetherd" edge --listen "127.0.0.1:$((BASE + 6))" --cp "http://127.0.0.1:$PROXY_PORT" \
 	>"$WORK/edge2.log" 2>&1 &
 EDGE2_PID=$!
-for _ in $(seq 1 100); do
-	curl -sf "$EDGE2/healthz" >/dev/null && curl -s -o /dev/null "http://127.0.0.1:$PROXY_PORT/x" && break
-	sleep 0.1
-done
+edge2_up() { curl -sf "$EDGE2/healthz" >/dev/null && curl -s -o /dev/null "http://127.0.0.1:$PROXY_PORT/x"; }
+wait_until 100 edge2_up
 
 SM=$(call POST "$EDGE/v1/sandboxes" '{"worker":"w1"}' >/dev/null; jget 'd["id"]' <"$WORK/r")
 echo misroute >"$WORK/mode"
@@ -263,12 +214,9 @@ mkdir -p "$WORK/w3"
 	--node-token-file "$STATE/cp/node.token" --state "$WORK/w3" \
 	--guest-bin "$ROOT/build/tether-guest" >"$WORK/w3.log" 2>&1 &
 W3_PID=$!
+w3_up() { call GET "$CP/v1/workers" >/dev/null; grep -q '"id":"w3"[^}]*"state":"up"' "$WORK/r"; }
 up3=0
-for _ in $(seq 1 100); do
-	call GET "$CP/v1/workers" >/dev/null
-	grep -q '"id":"w3"[^}]*"state":"up"' "$WORK/r" && { up3=1; break; }
-	sleep 0.1
-done
+wait_until 100 w3_up && up3=1
 W3_MGR=$(sed -n 's/.*started sbx-manager (pid \([0-9]*\)).*/\1/p' "$WORK/w3.log" | head -n1)
 S3=$(call POST "$EDGE/v1/sandboxes" '{"worker":"w3"}' >/dev/null; jget 'd["id"]' <"$WORK/r" 2>/dev/null)
 curl -s -m 30 -o /dev/null -X PUT -H "Authorization: Bearer $KEY" --data-binary data \
@@ -306,5 +254,4 @@ expect "exec on the dead node: 503, did not start, not retried" \
 out=$("$ROOT/build/tether" exec "$S3" -- true 2>&1); rc=$?
 expect "CLI: one clear line, exit 1" '[ $rc = 1 ] && [ "$(echo "$out" | wc -l)" = 1 ]' "rc=$rc $out"
 
-echo "1..$n"
-[ $fails = 0 ]
+tap_done

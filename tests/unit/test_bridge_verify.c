@@ -45,6 +45,7 @@
 #include "procid.h"
 #include "wire.h"
 #include "wire_json.h"
+#include "testutil.h"
 
 #define SBX "sbx_vvvvvvvvvvvvvvvvvvvvvvvvvv"
 #define SECRET_LEN 32
@@ -84,62 +85,10 @@ struct reuse_res {
 
 /* ---- helpers ------------------------------------------------------------ */
 
-/* skip_unless_root: namespaces, set_tid and setuid need root. */
-static void skip_unless_root(void)
-{
-	if (geteuid() != 0)
-		skip();
-}
-
-/* wait_line: reads "ready\n"/"r" style readiness from fd within 5 s; the
- * number of bytes read (0 on EOF or timeout). */
-static ssize_t wait_line(int fd, char *buf, size_t cap)
-{
-	struct pollfd pf = { .fd = fd, .events = POLLIN };
-
-	if (poll(&pf, 1, 5000) != 1)
-		return 0;
-	return read(fd, buf, cap);
-}
-
 /* secret_fd: a pipe holding the secret, write end closed; the read end. */
 static int secret_fd(void)
 {
-	int p[2];
-
-	assert_int_equal(pipe(p), 0);
-	assert_int_equal(write(p[1], secret, SECRET_LEN), SECRET_LEN);
-	close(p[1]);
-	return p[0];
-}
-
-/* try_connect: one connection to a unix socket, or -1. */
-static int try_connect(const char *path)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-	if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
-		return fd;
-	if (fd >= 0)
-		close(fd);
-	return -1;
-}
-
-/* listen_at: a listening unix socket at path (inheritable), or -1. */
-static int listen_at(const char *path)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 16) < 0) {
-		if (fd >= 0)
-			close(fd);
-		return -1;
-	}
-	return fd;
+	return tu_secret_pipe(secret, SECRET_LEN);
 }
 
 /* guest_start: the real agent on path (root_dir as its root), 0 on
@@ -167,7 +116,7 @@ static int guest_start(struct proc *g, const char *path)
 	}
 	close(s);
 	close(r[1]);
-	n = wait_line(r[0], line, sizeof(line));
+	n = tu_read_within(r[0], line, sizeof(line), 5000);
 	close(r[0]);
 	return n == 6 && memcmp(line, "ready\n", 6) == 0 ? 0 : -1;
 }
@@ -206,7 +155,7 @@ static int bridge_start_at(struct proc *b, const char *guest_sock, pid_t init,
 	}
 	close(s);
 	close(r[1]);
-	n = wait_line(r[0], line, sizeof(line));
+	n = tu_read_within(r[0], line, sizeof(line), 5000);
 	close(r[0]);
 	return n == 6 && memcmp(line, "ready\n", 6) == 0 ? 0 : -1;
 }
@@ -224,11 +173,7 @@ static int bridge_start(struct proc *b, const char *guest_sock, pid_t init)
 /* proc_stop: SIGKILL and reap. */
 static void proc_stop(struct proc *p)
 {
-	if (p->pid <= 0)
-		return;
-	kill(p->pid, SIGKILL);
-	waitpid(p->pid, NULL, 0);
-	p->pid = 0;
+	tu_kill_reap(&p->pid);
 }
 
 /* read_all: frames until RESULT, ERROR or EOF (10 s bound per read). */
@@ -269,7 +214,7 @@ static void bridge_exec(const char *sock, const char *script, struct answer *a)
 {
 	json_t *req = json_pack("{s:s,s:s,s:[s,s,s]}", "sbx", SBX, "op", "exec", "cmd", "sh",
 	                        "-c", script);
-	int fd = try_connect(sock);
+	int fd = tu_unix_connect(sock, SOCK_CLOEXEC);
 
 	memset(a, 0, sizeof(*a));
 	if (fd >= 0 && wire_send_json(fd, WIRE_REQUEST, req, NULL) == 0)
@@ -387,7 +332,7 @@ static void impostor_start(struct proc *p, const char *path, uid_t uid, const ch
 		 * another uid would be. */
 		if (uid != 0 && (setresgid(uid, uid, uid) < 0 || setresuid(uid, uid, uid) < 0))
 			_exit(3);
-		l = listen_at(path);
+		l = tu_unix_listen(path, 16, 0);
 		out = rec_open(rec);
 		if (l < 0 || out < 0)
 			_exit(2);
@@ -417,7 +362,7 @@ static void test_honest(void **state)
 	char path[256];
 
 	(void)state;
-	skip_unless_root();
+	tu_skip_unless_root();
 	snprintf(path, sizeof(path), "%s/honest.sock", dir);
 	assert_int_equal(guest_start(&g, path), 0);
 	assert_int_equal(bridge_start(&b, path, g.pid), 0);
@@ -440,7 +385,7 @@ static void test_listener_replaced(void **state)
 	char sub[256], path[300], aside[320], rec[300], script[600], mark[600];
 
 	(void)state;
-	skip_unless_root();
+	tu_skip_unless_root();
 	/* A directory another uid may bind in (like the sandbox's /run). */
 	snprintf(sub, sizeof(sub), "%s/run", dir);
 	assert_int_equal(mkdir(sub, 0755), 0);
@@ -510,7 +455,7 @@ static void test_exe_changed(void **state)
 	struct proc_identity before, after;
 
 	(void)state;
-	skip_unless_root();
+	tu_skip_unless_root();
 	snprintf(path, sizeof(path), "%s/exec.sock", dir);
 	snprintf(bin, sizeof(bin), "%s/impostor-bin", dir);
 	snprintf(rec, sizeof(rec), "%s/imp-exec.rec", dir);
@@ -524,7 +469,7 @@ static void test_exe_changed(void **state)
 
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		close(r[0]);
-		l = listen_at(path);
+		l = tu_unix_listen(path, 16, 0);
 		if (l < 0)
 			_exit(2);
 		(void)!write(r[1], "r", 1);
@@ -581,7 +526,7 @@ static void test_not_manager(void **state)
 	int st;
 
 	(void)state;
-	skip_unless_root();
+	tu_skip_unless_root();
 	snprintf(path, sizeof(path), "%s/notmgr.sock", dir);
 	assert_int_equal(guest_start(&g, path), 0);
 	assert_int_equal(bridge_start(&b, path, g.pid), 0);
@@ -606,23 +551,6 @@ static void test_not_manager(void **state)
 	proc_stop(&g);
 }
 
-/* clone3_at: fork-like clone3 whose child gets pid want in our pid
- * namespace (set_tid; needs CAP_SYS_ADMIN over that namespace). */
-static pid_t clone3_at(pid_t want)
-{
-	struct {
-		uint64_t flags, pidfd, child_tid, parent_tid, exit_signal;
-		uint64_t stack, stack_size, tls, set_tid, set_tid_size;
-	} args;
-	pid_t tid[1] = { want };
-
-	memset(&args, 0, sizeof(args));
-	args.exit_signal = SIGCHLD;
-	args.set_tid = (uint64_t)(uintptr_t)tid;
-	args.set_tid_size = 1;
-	return (pid_t)syscall(SYS_clone3, &args, sizeof(args));
-}
-
 /* reuse_fail: records the failed step; returns 1. */
 static int reuse_fail(struct reuse_res *r, const char *step)
 {
@@ -639,16 +567,15 @@ static int reuse_scenario(struct reuse_res *r, const char *script)
 {
 	struct proc g, b, b2;
 	unsigned long long gstart = 0;
+	const char *step;
 	char path[256], c;
 	int gate[2];
 	pid_t m, imp;
 
-	/* Privileged, in our own mount namespace only: a /proc that shows
-	 * this pid namespace's pids. */
-	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-		return reuse_fail(r, "make / private");
-	if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
-		return reuse_fail(r, "mount proc");
+	/* Privileged (in our own mount namespace): a /proc that shows this
+	 * pid namespace's pids. */
+	if ((step = tu_own_proc()) != NULL)
+		return reuse_fail(r, step);
 	snprintf(path, sizeof(path), "%s/reuse.sock", dir);
 	if (guest_start(&g, path) < 0)
 		return reuse_fail(r, "guest start");
@@ -677,7 +604,7 @@ static int reuse_scenario(struct reuse_res *r, const char *script)
 	r->manager_pid = m;
 	/* Start times count clock ticks: let a few pass. */
 	usleep(50 * 1000);
-	imp = clone3_at(m);
+	imp = tu_clone3_at(m);
 	if (imp < 0)
 		return reuse_fail(r, "clone3 set_tid");
 	if (imp == 0) {
@@ -710,7 +637,7 @@ static void test_manager_pid_reuse(void **state)
 	int st;
 
 	(void)state;
-	skip_unless_root();
+	tu_skip_unless_root();
 	marker_script("pwned-reuse", script, sizeof(script));
 	marker_path("pwned-reuse", mark, sizeof(mark));
 	r = mmap(NULL, sizeof(*r), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -757,7 +684,7 @@ static void test_init_reused_at_start(void **state)
 	char path[256];
 
 	(void)state;
-	skip_unless_root();
+	tu_skip_unless_root();
 	snprintf(path, sizeof(path), "%s/start.sock", dir);
 	assert_int_equal(guest_start(&g, path), 0);
 	assert_int_equal(procid_start_time(g.pid, &start, NULL), 0);

@@ -14,6 +14,7 @@
 #include "capcache.h"
 #include "paseto.h"
 #include "timefmt.h"
+#include "testutil.h"
 
 #define SBX   "sbx_abcdefghijklmnopqrstuvwxyz"
 #define OTHER "sbx_zyxwvutsrqponmlkjihgfedcba"
@@ -40,23 +41,8 @@ static int setup(void **state)
 	e->now = tt_now();
 	if (keyring_add(&e->kr, e->pk, e->now - 1000, 0, &err) < 0)
 		return -1;
-	strcpy(e->c.iss, "tether-cp");
-	strcpy(e->c.sub, "tenant-1");
-	strcpy(e->c.jti, "j1");
-	e->c.iat = e->now - 10;
-	e->c.exp = e->now + 110;
-	e->c.aud = TT_AUD_NODE;
-	strcpy(e->c.id.sbx, SBX);
-	e->c.id.gen = 7;
-	strcpy(e->c.id.wrk, "w1");
-	strcpy(e->c.id.sst, "ns");
-	e->c.id.att = 1;
-	e->c.pur = TT_PUR_CONTROL;
-	e->c.ops = TT_OP_EXEC;
-	e->req.receiver = TT_RCV_NODE;
-	e->req.sbx = SBX;
-	e->req.op = TT_OP_EXEC;
-	e->req.new_open = true;
+	tu_claims_control(&e->c, SBX, e->now, 7, 1, TT_OP_EXEC);
+	tu_request_exec(&e->req, SBX);
 	e->rec.present = true;
 	e->rec.id = e->c.id;
 	*state = e;
@@ -76,12 +62,7 @@ static int teardown(void **state)
 /* mint: a token for c (caller frees). */
 static char *mint(const struct env *e, const struct tt_claims *c)
 {
-	struct tt_err err = { 0 };
-	char *tok = NULL;
-
-	if (cap_mint(e->sk, c, &tok, &err) < 0)
-		fail_msg("cap_mint: %s", err.msg);
-	return tok;
+	return tu_mint(e->sk, c);
 }
 
 /* admit: cap_admit on a NUL-terminated token. */

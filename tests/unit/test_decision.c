@@ -13,6 +13,7 @@
 
 #include "decision.h"
 #include "keyring.h"
+#include "testutil.h"
 
 #define SBX   "sbx_abcdefghijklmnopqrstuvwxyz"
 #define OTHER "sbx_zyxwvutsrqponmlkjihgfedcba"
@@ -31,23 +32,8 @@ struct fixture {
 static void fixture_base(struct fixture *f)
 {
 	memset(f, 0, sizeof(*f));
-	strcpy(f->c.iss, "tether-cp");
-	strcpy(f->c.sub, "tenant-1");
-	strcpy(f->c.jti, "j1");
-	f->c.iat = NOW - 10;
-	f->c.exp = NOW + 110;
-	f->c.aud = TT_AUD_NODE;
-	strcpy(f->c.id.sbx, SBX);
-	f->c.id.gen = 7;
-	strcpy(f->c.id.wrk, "w1");
-	strcpy(f->c.id.sst, "ns");
-	f->c.id.att = 2;
-	f->c.pur = TT_PUR_CONTROL;
-	f->c.ops = TT_OP_EXEC | TT_OP_FS_READ;
-	f->req.receiver = TT_RCV_NODE;
-	f->req.sbx = SBX;
-	f->req.op = TT_OP_EXEC;
-	f->req.new_open = true;
+	tu_claims_control(&f->c, SBX, NOW, 7, 2, TT_OP_EXEC | TT_OP_FS_READ);
+	tu_request_exec(&f->req, SBX);
 	f->rec.present = true;
 	f->rec.id = f->c.id;
 	f->rec.epoch = 3;

@@ -34,6 +34,7 @@
 #include "node/ns.h"
 #include "wire.h"
 #include "wire_json.h"
+#include "testutil.h"
 
 #define SBX "sbx_hhhhhhhhhhhhhhhhhhhhhhhhhh"
 #define GEN 3
@@ -71,41 +72,7 @@ static void answer_free(struct answer *a)
 /* secret_fd: a pipe holding secret, write end closed; returns the read end. */
 static int secret_fd(const uint8_t *secret)
 {
-	int p[2];
-
-	assert_int_equal(pipe(p), 0);
-	assert_int_equal(write(p[1], secret, HELLO_SECRET_LEN), HELLO_SECRET_LEN);
-	close(p[1]);
-	return p[0];
-}
-
-/* try_connect: one connection to a unix socket, or -1. */
-static int try_connect(const char *path)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-	if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
-		return fd;
-	if (fd >= 0)
-		close(fd);
-	return -1;
-}
-
-/* wait_listening: polls until path accepts connections (5 s). */
-static void wait_listening(const char *path)
-{
-	for (int i = 0; i < 500; i++) {
-		int fd = try_connect(path);
-
-		if (fd >= 0) {
-			close(fd);
-			return;
-		}
-		usleep(10000);
-	}
-	fail_msg("%s never listened", path);
+	return tu_secret_pipe(secret, HELLO_SECRET_LEN);
 }
 
 /* guest_start: the real agent for SBX/GEN/att with secret. */
@@ -129,7 +96,7 @@ static void guest_start(struct proc *g, uint32_t att, const uint8_t *secret)
 		_exit(127);
 	}
 	close(fd);
-	wait_listening(g->sock);
+	tu_wait_listening(g->sock);
 }
 
 /* bridge_start: the real bridge for SBX/GEN/att with secret, in front of
@@ -168,25 +135,13 @@ static void bridge_start(struct proc *b, uint32_t att, const uint8_t *secret,
 		_exit(127);
 	}
 	close(fd);
-	wait_listening(b->sock);
+	tu_wait_listening(b->sock);
 }
 
-/* proc_stop: SIGTERM (SIGKILL after 3 s) and reap. */
+/* proc_stop: SIGTERM, 3 s to go, then SIGKILL; reaped. */
 static void proc_stop(struct proc *p)
 {
-	if (p->pid <= 0)
-		return;
-	kill(p->pid, SIGTERM);
-	for (int i = 0; i < 300; i++) {
-		if (waitpid(p->pid, NULL, WNOHANG) == p->pid) {
-			p->pid = 0;
-			return;
-		}
-		usleep(10000);
-	}
-	kill(p->pid, SIGKILL);
-	waitpid(p->pid, NULL, 0);
-	p->pid = 0;
+	tu_term_reap(&p->pid);
 }
 
 /* read_all: frames until RESULT, ERROR or EOF (10 s bound per read). */
@@ -217,7 +172,7 @@ static int bridge_open(const struct proc *b, const char *script)
 {
 	json_t *req = json_pack("{s:s,s:s,s:[s,s,s]}", "sbx", SBX, "op", "exec", "cmd", "sh",
 	                        "-c", script);
-	int fd = try_connect(b->sock);
+	int fd = tu_unix_connect(b->sock, SOCK_CLOEXEC);
 
 	assert_true(fd >= 0);
 	assert_int_equal(wire_send_json(fd, WIRE_REQUEST, req, NULL), 0);
@@ -398,7 +353,7 @@ static void impostor_start(struct proc *p, enum imp_mode mode)
 	assert_int_equal(read(r[0], &c, 1), 1);
 	close(r[0]);
 	{
-		int fd = try_connect(p->sock); /* the probe it expects */
+		int fd = tu_unix_connect(p->sock, SOCK_CLOEXEC); /* the probe it expects */
 
 		assert_true(fd >= 0);
 		close(fd);

@@ -21,33 +21,7 @@
 #include "b64url.h"
 #include "paserk.h"
 #include "tetherd/roles.h"
-
-/* load_vectors: the "tests" array of a vector file (caller decrefs root). */
-static json_t *load_vectors(const char *file, json_t **root)
-{
-	const char *dir = getenv("TETHER_PASETO_VECTORS");
-	char path[4096];
-	json_error_t jerr;
-
-	snprintf(path, sizeof(path), "%s/%s",
-	         dir != NULL ? dir : "../shared/testdata/paseto", file);
-	*root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-	if (*root == NULL)
-		fail_msg("cannot load %s: %s", path, jerr.text);
-	assert_true(json_is_array(json_object_get(*root, "tests")));
-	return json_object_get(*root, "tests");
-}
-
-/* hex_any: decodes a hex field of any length into out; returns the length. */
-static size_t hex_any(json_t *t, const char *field, uint8_t *out, size_t cap)
-{
-	const char *s = json_string_value(json_object_get(t, field));
-	size_t got = 0;
-
-	assert_non_null(s);
-	assert_int_equal(sodium_hex2bin(out, cap, s, strlen(s), NULL, &got, NULL), 0);
-	return got;
-}
+#include "testutil.h"
 
 /* encode_raw: prefix || b64url(raw) for feeding wrong-sized keys to the
  * decoders (the encoders take fixed-size arrays, so cannot be misfed). */
@@ -63,14 +37,14 @@ static void encode_raw(const char *prefix, const uint8_t *raw, size_t len,
 /* test_public_vectors: k4.public round trips; the failure does not decode. */
 static void test_public_vectors(void **state)
 {
-	json_t *root, *tests = load_vectors("k4.public.json", &root), *t;
+	json_t *root, *tests = tu_vectors_load("k4.public.json", &root), *t;
 	size_t i;
 	int ok = 0, failed = 0;
 
 	(void)state;
 	json_array_foreach(tests, i, t) {
 		uint8_t key[128], pk[32];
-		size_t n = hex_any(t, "key", key, sizeof(key));
+		size_t n = tu_hex(t, "key", key, sizeof(key));
 		char enc[PASERK_K4_PUBLIC_LEN + 1], raw[256];
 		struct tt_err err = { 0 };
 
@@ -105,14 +79,14 @@ static void test_public_vectors(void **state)
 /* test_secret_vectors: k4.secret round trips; failures do not decode. */
 static void test_secret_vectors(void **state)
 {
-	json_t *root, *tests = load_vectors("k4.secret.json", &root), *t;
+	json_t *root, *tests = tu_vectors_load("k4.secret.json", &root), *t;
 	size_t i;
 	int ok = 0, failed = 0;
 
 	(void)state;
 	json_array_foreach(tests, i, t) {
 		uint8_t key[128], sk[64], seed[32], pk[32], sk2[64];
-		size_t n = hex_any(t, "key", key, sizeof(key));
+		size_t n = tu_hex(t, "key", key, sizeof(key));
 		char enc[PASERK_K4_SECRET_LEN + 1], raw[256];
 		struct tt_err err = { 0 };
 
@@ -126,8 +100,8 @@ static void test_secret_vectors(void **state)
 			continue;
 		}
 		assert_int_equal(n, 64);
-		assert_int_equal(hex_any(t, "secret-key-seed", seed, sizeof(seed)), 32);
-		assert_int_equal(hex_any(t, "public-key", pk, sizeof(pk)), 32);
+		assert_int_equal(tu_hex(t, "secret-key-seed", seed, sizeof(seed)), 32);
+		assert_int_equal(tu_hex(t, "public-key", pk, sizeof(pk)), 32);
 		crypto_sign_seed_keypair(pk, sk2, seed);
 		assert_memory_equal(sk2, key, 64);
 		const char *want = json_string_value(json_object_get(t, "paserk"));
@@ -156,14 +130,14 @@ static void test_secret_vectors(void **state)
  * keys never become a k4.public, so never get a kid. */
 static void test_pid_vectors(void **state)
 {
-	json_t *root, *tests = load_vectors("k4.pid.json", &root), *t;
+	json_t *root, *tests = tu_vectors_load("k4.pid.json", &root), *t;
 	size_t i;
 	int ok = 0, failed = 0;
 
 	(void)state;
 	json_array_foreach(tests, i, t) {
 		uint8_t key[128], pk[32];
-		size_t n = hex_any(t, "key", key, sizeof(key));
+		size_t n = tu_hex(t, "key", key, sizeof(key));
 		char pid[PASERK_K4_PID_LEN + 1], raw[256];
 		struct tt_err err = { 0 };
 

@@ -14,39 +14,12 @@
 
 #include "b64url.h"
 #include "paseto.h"
-
-/* vectors_path: file in $TETHER_PASETO_VECTORS (default beside the clone). */
-static void vectors_path(char *out, size_t cap, const char *file)
-{
-	const char *dir = getenv("TETHER_PASETO_VECTORS");
-
-	snprintf(out, cap, "%s/%s", dir != NULL ? dir : "../shared/testdata/paseto",
-	         file);
-}
-
-/* load_vectors: the "tests" array of a vector file (caller decrefs root). */
-static json_t *load_vectors(const char *file, json_t **root)
-{
-	char path[4096];
-	json_error_t jerr;
-
-	vectors_path(path, sizeof(path), file);
-	*root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-	if (*root == NULL)
-		fail_msg("cannot load %s: %s", path, jerr.text);
-	assert_true(json_is_array(json_object_get(*root, "tests")));
-	return json_object_get(*root, "tests");
-}
+#include "testutil.h"
 
 /* hex: decodes a hex field of exactly len bytes. */
 static void hex(json_t *t, const char *field, uint8_t *out, size_t len)
 {
-	const char *s = json_string_value(json_object_get(t, field));
-	size_t got = 0;
-
-	assert_non_null(s);
-	assert_int_equal(sodium_hex2bin(out, len, s, strlen(s), NULL, &got, NULL), 0);
-	assert_int_equal(got, len);
+	assert_int_equal(tu_hex(t, field, out, len), len);
 }
 
 /* str: a string field, "" for null. */
@@ -60,7 +33,7 @@ static const char *str(json_t *t, const char *field)
 /* test_vectors_success: 4-S-* verify, give payload and footer, re-sign. */
 static void test_vectors_success(void **state)
 {
-	json_t *root, *tests = load_vectors("v4.json", &root), *t;
+	json_t *root, *tests = tu_vectors_load("v4.json", &root), *t;
 	size_t i;
 	int seen = 0;
 
@@ -117,7 +90,7 @@ static void test_vectors_success(void **state)
  * vector's own key when it has a public one, else with a fixed key. */
 static void test_vectors_failure(void **state)
 {
-	json_t *root, *tests = load_vectors("v4.json", &root), *t;
+	json_t *root, *tests = tu_vectors_load("v4.json", &root), *t;
 	size_t i;
 	int seen = 0;
 

@@ -29,97 +29,19 @@
 #include <unistd.h>
 
 #include "procid.h"
+#include "testutil.h"
 
 /* ---- helpers ---------------------------------------------------------- */
-
-/* A scratch dir holding one socket path per test. */
-struct scratch {
-	char dir[64];
-	char path[96];
-};
-
-/* scratch_new: a fresh dir under /tmp and a socket path in it. */
-static void scratch_new(struct scratch *s)
-{
-	snprintf(s->dir, sizeof(s->dir), "/tmp/tt-procid.XXXXXX");
-	assert_non_null(mkdtemp(s->dir));
-	snprintf(s->path, sizeof(s->path), "%s/s", s->dir);
-}
-
-/* scratch_free: removes the socket file and the dir. */
-static void scratch_free(struct scratch *s)
-{
-	unlink(s->path);
-	rmdir(s->dir);
-}
-
-/* listen_path: a listening unix socket bound at path, or -1. */
-static int listen_path(const char *path)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-	    listen(fd, 8) < 0) {
-		if (fd >= 0)
-			close(fd);
-		return -1;
-	}
-	return fd;
-}
-
-/* connect_path: a unix stream connection to path (no CLOEXEC: the exec
- * test keeps it across execve), or -1. */
-static int connect_path(const char *path)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
-
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-	if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		close(fd);
-		fd = -1;
-	}
-	return fd;
-}
-
-/* accept_within: accept on l within 3 s, or -1. */
-static int accept_within(int l)
-{
-	struct pollfd pf = { .fd = l, .events = POLLIN };
-
-	if (poll(&pf, 1, 3000) != 1)
-		return -1;
-	return accept4(l, NULL, NULL, SOCK_CLOEXEC);
-}
-
-/* count_until_eof: bytes read from fd until EOF (3 s bound), capped. */
-static int count_until_eof(int fd)
-{
-	struct pollfd pf = { .fd = fd, .events = POLLIN };
-	char b[64];
-	int total = 0;
-
-	while (poll(&pf, 1, 3000) == 1) {
-		ssize_t r = read(fd, b, sizeof(b));
-
-		if (r <= 0)
-			break;
-		total += (int)r;
-	}
-	return total > 200 ? 200 : total;
-}
 
 /* peer_run: child body: connect to path and exit with the number of bytes
  * received before EOF (255: could not connect). */
 static _Noreturn void peer_run(const char *path)
 {
-	int fd = connect_path(path);
+	int fd = tu_unix_connect(path, 0);
 
 	if (fd < 0)
 		_exit(255);
-	_exit(count_until_eof(fd));
+	_exit(tu_count_until_eof(fd));
 }
 
 /* gate_wait: child side: blocks until the parent writes one byte. */
@@ -135,23 +57,6 @@ static void gate_wait(int fd)
 static void gate_open(int fd)
 {
 	assert_int_equal(write(fd, "g", 1), 1);
-}
-
-/* exit_code: waits for pid; its exit code, or -1 if it did not exit. */
-static int exit_code(pid_t pid)
-{
-	int st;
-
-	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
-		return -1;
-	return WEXITSTATUS(st);
-}
-
-/* skip_unless_root: these tests need namespaces, setresuid and clone3. */
-static void skip_unless_root(void)
-{
-	if (geteuid() != 0)
-		skip();
 }
 
 /* ---- the parser ------------------------------------------------------- */
@@ -252,7 +157,7 @@ static void test_identity_self(void **state)
  * that is not the expected process is refused and receives nothing. */
 static void test_peer_honest_and_other(void **state)
 {
-	struct scratch s;
+	struct tu_scratch s;
 	struct proc_identity exp, other;
 	struct tt_err err = { 0 };
 	int l, a, gate[2], pidfd = -1;
@@ -260,9 +165,9 @@ static void test_peer_honest_and_other(void **state)
 	pid_t p;
 
 	(void)state;
-	skip_unless_root();
-	scratch_new(&s);
-	assert_true((l = listen_path(s.path)) >= 0);
+	tu_skip_unless_root();
+	tu_scratch_new(&s, "tt-procid");
+	assert_true((l = tu_unix_listen(s.path, 8, SOCK_CLOEXEC)) >= 0);
 	assert_int_equal(pipe2(gate, O_CLOEXEC), 0);
 	p = fork();
 	assert_true(p >= 0);
@@ -272,7 +177,7 @@ static void test_peer_honest_and_other(void **state)
 	}
 	assert_int_equal(proc_identity_read(p, &exp, &err), 0);
 	gate_open(gate[1]);
-	assert_true((a = accept_within(l)) >= 0);
+	assert_true((a = tu_accept_within(l, 3000)) >= 0);
 	/* Someone else (ourselves) expected: refused, nothing written. */
 	assert_int_equal(proc_identity_read(getpid(), &other, &err), 0);
 	assert_int_equal(verify_peer(a, &other, &err), -1);
@@ -297,21 +202,21 @@ static void test_peer_honest_and_other(void **state)
 	assert_int_equal(procid_pidfd_alive(pidfd, &err), 1);
 	assert_int_equal(write(a, "hello", 5), 5);
 	close(a);
-	assert_int_equal(exit_code(p), 5);
+	assert_int_equal(tu_exit_code(p), 5);
 	/* The pidfd now tells the peer is gone. */
 	assert_int_equal(procid_pidfd_alive(pidfd, &err), 0);
 	close(pidfd);
 	close(gate[0]);
 	close(gate[1]);
 	close(l);
-	scratch_free(&s);
+	tu_scratch_free(&s);
 }
 
 /* A peer that exited (zombie, then reaped) is refused as "peer exited",
  * although SO_PEERCRED still reports its pid. */
 static void test_peer_exited(void **state)
 {
-	struct scratch s;
+	struct tu_scratch s;
 	struct proc_identity exp;
 	struct tt_err err = { 0 };
 	struct ucred cr;
@@ -320,15 +225,15 @@ static void test_peer_exited(void **state)
 	pid_t p;
 
 	(void)state;
-	skip_unless_root();
-	scratch_new(&s);
-	assert_true((l = listen_path(s.path)) >= 0);
+	tu_skip_unless_root();
+	tu_scratch_new(&s, "tt-procid");
+	assert_true((l = tu_unix_listen(s.path, 8, SOCK_CLOEXEC)) >= 0);
 	assert_int_equal(pipe2(gate, O_CLOEXEC), 0);
 	p = fork();
 	assert_true(p >= 0);
 	if (p == 0) {
 		gate_wait(gate[0]);
-		if (connect_path(s.path) < 0)
+		if (tu_unix_connect(s.path, 0) < 0)
 			_exit(255);
 		_exit(0);
 	}
@@ -336,7 +241,7 @@ static void test_peer_exited(void **state)
 	pidfd = (int)syscall(SYS_pidfd_open, p, 0);
 	assert_true(pidfd >= 0);
 	gate_open(gate[1]);
-	assert_true((a = accept_within(l)) >= 0);
+	assert_true((a = tu_accept_within(l, 3000)) >= 0);
 	/* Wait until it has exited (zombie, not reaped yet). */
 	struct pollfd pf = { .fd = pidfd, .events = POLLIN };
 	assert_int_equal(poll(&pf, 1, 3000), 1);
@@ -344,7 +249,7 @@ static void test_peer_exited(void **state)
 	assert_int_equal(err.code, TT_ERR_VERIFY);
 	if (strstr(err.msg, "peer exited") == NULL)
 		fail_msg("zombie peer: %s", err.msg);
-	assert_int_equal(exit_code(p), 0);
+	assert_int_equal(tu_exit_code(p), 0);
 	assert_int_equal(getsockopt(a, SOL_SOCKET, SO_PEERCRED, &cr, &len), 0);
 	assert_int_equal(cr.pid, p); /* the kernel fact SPEC §5 notes */
 	assert_int_equal(verify_peer(a, &exp, &err), -1);
@@ -355,7 +260,7 @@ static void test_peer_exited(void **state)
 	close(gate[0]);
 	close(gate[1]);
 	close(l);
-	scratch_free(&s);
+	tu_scratch_free(&s);
 }
 
 /* ---- pid reuse in a fresh pid namespace -------------------------------- */
@@ -371,23 +276,6 @@ struct reuse_res {
 	unsigned long long first_start, impostor_start;
 };
 
-/* clone3_at: fork-like clone3 whose child gets pid `want` in the caller's
- * pid namespace (set_tid, Linux 5.5+; needs CAP_SYS_ADMIN over it). */
-static pid_t clone3_at(pid_t want)
-{
-	struct {
-		uint64_t flags, pidfd, child_tid, parent_tid, exit_signal;
-		uint64_t stack, stack_size, tls, set_tid, set_tid_size;
-	} args;
-	pid_t tid[1] = { want };
-
-	memset(&args, 0, sizeof(args));
-	args.exit_signal = SIGCHLD;
-	args.set_tid = (uint64_t)(uintptr_t)tid;
-	args.set_tid_size = 1;
-	return (pid_t)syscall(SYS_clone3, &args, sizeof(args));
-}
-
 /* reuse_fail: records which step failed; returns 1. */
 static int reuse_fail(struct reuse_res *r, const char *step)
 {
@@ -402,16 +290,15 @@ static int reuse_scenario(const char *path, struct reuse_res *r)
 {
 	struct proc_identity exp, imp;
 	struct tt_err err = { 0 };
+	const char *step;
 	int l, a, gate[2];
 	pid_t p1, p2;
 
-	/* Privileged, in our own mount namespace only: a /proc that shows
-	 * this pid namespace's pids. */
-	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
-		return reuse_fail(r, "make / private");
-	if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
-		return reuse_fail(r, "mount proc");
-	if ((l = listen_path(path)) < 0)
+	/* Privileged (in our own mount namespace): a /proc that shows this
+	 * pid namespace's pids. */
+	if ((step = tu_own_proc()) != NULL)
+		return reuse_fail(r, step);
+	if ((l = tu_unix_listen(path, 8, SOCK_CLOEXEC)) < 0)
 		return reuse_fail(r, "listen");
 	if (pipe2(gate, O_CLOEXEC) < 0)
 		return reuse_fail(r, "pipe");
@@ -427,24 +314,24 @@ static int reuse_scenario(const char *path, struct reuse_res *r)
 		return reuse_fail(r, err.msg);
 	if (write(gate[1], "g", 1) != 1)
 		return reuse_fail(r, "gate");
-	if ((a = accept_within(l)) < 0)
+	if ((a = tu_accept_within(l, 3000)) < 0)
 		return reuse_fail(r, "accept honest");
 	r->honest_rc = verify_peer(a, &exp, &err);
 	snprintf(r->honest_msg, sizeof(r->honest_msg), "%s", err.msg);
 	if (r->honest_rc == 0 && write(a, "hello", 5) != 5)
 		return reuse_fail(r, "write honest");
 	close(a);
-	r->honest_bytes = exit_code(p1);
+	r->honest_bytes = tu_exit_code(p1);
 	/* Start times count clock ticks: let a few pass. */
 	usleep(50 * 1000);
-	p2 = clone3_at(p1);
+	p2 = tu_clone3_at(p1);
 	if (p2 < 0)
 		return reuse_fail(r, "clone3 set_tid");
 	if (p2 == 0)
 		peer_run(path);
 	r->first_pid = p1;
 	r->impostor_pid = p2;
-	if ((a = accept_within(l)) < 0)
+	if ((a = tu_accept_within(l, 3000)) < 0)
 		return reuse_fail(r, "accept impostor");
 	if (proc_identity_read(p2, &imp, &err) < 0)
 		return reuse_fail(r, err.msg);
@@ -456,7 +343,7 @@ static int reuse_scenario(const char *path, struct reuse_res *r)
 	if (r->impostor_rc == 0 && write(a, "hello", 5) != 5)
 		return reuse_fail(r, "write impostor");
 	close(a);
-	r->impostor_bytes = exit_code(p2);
+	r->impostor_bytes = tu_exit_code(p2);
 	close(l);
 	return 0;
 }
@@ -465,14 +352,14 @@ static int reuse_scenario(const char *path, struct reuse_res *r)
  * (start time differs), receives nothing; the honest one passed. */
 static void test_pid_reuse(void **state)
 {
-	struct scratch s;
+	struct tu_scratch s;
 	struct reuse_res *r;
 	pid_t c;
 	int code;
 
 	(void)state;
-	skip_unless_root();
-	scratch_new(&s);
+	tu_skip_unless_root();
+	tu_scratch_new(&s, "tt-procid");
 	r = mmap(NULL, sizeof(*r), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
 	         -1, 0);
 	assert_true(r != MAP_FAILED);
@@ -491,9 +378,9 @@ static void test_pid_reuse(void **state)
 			_exit(11);
 		if (v == 0)
 			_exit(reuse_scenario(s.path, r));
-		_exit(exit_code(v));
+		_exit(tu_exit_code(v));
 	}
-	code = exit_code(c);
+	code = tu_exit_code(c);
 	if (code != 0)
 		fail_msg("scenario failed (%d): %s", code, r->step);
 	if (r->honest_rc != 0)
@@ -506,7 +393,7 @@ static void test_pid_reuse(void **state)
 		fail_msg("impostor refused for the wrong reason: %s", r->impostor_msg);
 	assert_int_equal(r->impostor_bytes, 0);
 	munmap(r, sizeof(*r));
-	scratch_free(&s);
+	tu_scratch_free(&s);
 }
 
 /* ---- exec at the same pid ---------------------------------------------- */
@@ -515,7 +402,7 @@ static void test_pid_reuse(void **state)
  * start time, so only the executable check refuses it. */
 static void test_exec_same_pid(void **state)
 {
-	struct scratch s;
+	struct tu_scratch s;
 	struct proc_identity exp;
 	struct tt_err err = { 0 };
 	unsigned long long start = 0;
@@ -524,9 +411,9 @@ static void test_exec_same_pid(void **state)
 	pid_t p;
 
 	(void)state;
-	skip_unless_root();
-	scratch_new(&s);
-	assert_true((l = listen_path(s.path)) >= 0);
+	tu_skip_unless_root();
+	tu_scratch_new(&s, "tt-procid");
+	assert_true((l = tu_unix_listen(s.path, 8, SOCK_CLOEXEC)) >= 0);
 	assert_int_equal(pipe2(gate, O_CLOEXEC), 0);
 	assert_int_equal(pipe(out), 0);
 	p = fork();
@@ -535,7 +422,7 @@ static void test_exec_same_pid(void **state)
 		int fd;
 
 		gate_wait(gate[0]);
-		if ((fd = connect_path(s.path)) < 0)
+		if ((fd = tu_unix_connect(s.path, 0)) < 0)
 			_exit(255);
 		gate_wait(gate[0]);
 		dup2(out[1], 1);
@@ -545,7 +432,7 @@ static void test_exec_same_pid(void **state)
 	close(out[1]);
 	assert_int_equal(proc_identity_read(p, &exp, &err), 0);
 	gate_open(gate[1]);
-	assert_true((a = accept_within(l)) >= 0);
+	assert_true((a = tu_accept_within(l, 3000)) >= 0);
 	if (verify_peer(a, &exp, &err) != 0)
 		fail_msg("honest peer refused: %s", err.msg);
 	gate_open(gate[1]);
@@ -560,13 +447,13 @@ static void test_exec_same_pid(void **state)
 	assert_int_equal(procid_start_time(p, &start, &err), 0);
 	assert_true(start == exp.start_time);
 	kill(p, SIGKILL);
-	assert_int_equal(exit_code(p), -1);
+	assert_int_equal(tu_exit_code(p), -1);
 	close(a);
 	close(out[0]);
 	close(gate[0]);
 	close(gate[1]);
 	close(l);
-	scratch_free(&s);
+	tu_scratch_free(&s);
 }
 
 /* ---- wrong uid --------------------------------------------------------- */
@@ -592,17 +479,17 @@ static pid_t spawn_uid_peer(const char *path, int gate_rd, uid_t uid)
  * nothing; the honest root peer passes. */
 static void test_wrong_uid(void **state)
 {
-	struct scratch s;
+	struct tu_scratch s;
 	struct proc_identity exp;
 	struct tt_err err = { 0 };
 	int l, a, gate[2];
 	pid_t p;
 
 	(void)state;
-	skip_unless_root();
-	scratch_new(&s);
+	tu_skip_unless_root();
+	tu_scratch_new(&s, "tt-procid");
 	assert_int_equal(chmod(s.dir, 0755), 0);
-	assert_true((l = listen_path(s.path)) >= 0);
+	assert_true((l = tu_unix_listen(s.path, 8, SOCK_CLOEXEC)) >= 0);
 	assert_int_equal(chmod(s.path, 0777), 0);
 	assert_int_equal(pipe2(gate, O_CLOEXEC), 0);
 
@@ -612,29 +499,29 @@ static void test_wrong_uid(void **state)
 	assert_int_equal(proc_identity_read(p, &exp, &err), 0);
 	assert_int_equal(exp.uid, 0);
 	gate_open(gate[1]);
-	assert_true((a = accept_within(l)) >= 0);
+	assert_true((a = tu_accept_within(l, 3000)) >= 0);
 	assert_int_equal(verify_peer(a, &exp, &err), -1);
 	assert_int_equal(err.code, TT_ERR_VERIFY);
 	if (strstr(err.msg, "uid differs") == NULL)
 		fail_msg("wrong-uid peer refused for the wrong reason: %s", err.msg);
 	close(a);
-	assert_int_equal(exit_code(p), 0);
+	assert_int_equal(tu_exit_code(p), 0);
 
 	/* Honest: stays root. */
 	p = spawn_uid_peer(s.path, gate[0], 0);
 	assert_true(p > 0);
 	assert_int_equal(proc_identity_read(p, &exp, &err), 0);
 	gate_open(gate[1]);
-	assert_true((a = accept_within(l)) >= 0);
+	assert_true((a = tu_accept_within(l, 3000)) >= 0);
 	if (verify_peer(a, &exp, &err) != 0)
 		fail_msg("honest peer refused: %s", err.msg);
 	assert_int_equal(write(a, "hello", 5), 5);
 	close(a);
-	assert_int_equal(exit_code(p), 5);
+	assert_int_equal(tu_exit_code(p), 5);
 	close(gate[0]);
 	close(gate[1]);
 	close(l);
-	scratch_free(&s);
+	tu_scratch_free(&s);
 }
 
 /* procid_pin: a live pid pinned; a gone one NOT_FOUND. */
@@ -646,7 +533,7 @@ static void test_pin(void **state)
 	pid_t p;
 
 	(void)state;
-	skip_unless_root();
+	tu_skip_unless_root();
 	p = fork();
 	assert_true(p >= 0);
 	if (p == 0) {
@@ -658,7 +545,7 @@ static void test_pin(void **state)
 	assert_true(proc_identity_equal(&a, &b));
 	assert_int_equal(procid_pidfd_alive(pidfd, &err), 1);
 	kill(p, SIGKILL);
-	assert_int_equal(exit_code(p), -1);
+	assert_int_equal(tu_exit_code(p), -1);
 	assert_int_equal(procid_pidfd_alive(pidfd, &err), 0);
 	close(pidfd);
 	assert_int_equal(procid_pin(p, &b, NULL, &err), -1);

@@ -28,77 +28,10 @@
 
 #include "procid.h"
 #include "sockdiag.h"
+#include "testutil.h"
 
 #define L_NEWNET  1 /* listener unshares a network namespace first */
 #define L_REPLACE 2 /* listener unlinks the path first (a replacement) */
-
-/* A scratch dir holding one socket path per test. */
-struct scratch {
-	char dir[64];
-	char path[96];
-};
-
-/* scratch_new: a fresh dir under /tmp and a socket path in it. */
-static void scratch_new(struct scratch *s)
-{
-	snprintf(s->dir, sizeof(s->dir), "/tmp/tt-sockdiag.XXXXXX");
-	assert_non_null(mkdtemp(s->dir));
-	snprintf(s->path, sizeof(s->path), "%s/s", s->dir);
-}
-
-/* scratch_free: removes the socket file and the dir. */
-static void scratch_free(struct scratch *s)
-{
-	unlink(s->path);
-	rmdir(s->dir);
-}
-
-/* bind_path: a unix socket bound at path, listening if backlog > 0. */
-static int bind_path(const char *path, int backlog)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-	    (backlog > 0 && listen(fd, backlog) < 0)) {
-		if (fd >= 0)
-			close(fd);
-		return -1;
-	}
-	return fd;
-}
-
-/* connect_path: a unix stream connection to path, or -1. */
-static int connect_path(const char *path)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-	if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		close(fd);
-		fd = -1;
-	}
-	return fd;
-}
-
-/* count_until_eof: bytes read from fd until EOF (3 s bound), capped. */
-static int count_until_eof(int fd)
-{
-	struct pollfd pf = { .fd = fd, .events = POLLIN };
-	char b[64];
-	int total = 0;
-
-	while (poll(&pf, 1, 3000) == 1) {
-		ssize_t r = read(fd, b, sizeof(b));
-
-		if (r <= 0)
-			break;
-		total += (int)r;
-	}
-	return total > 200 ? 200 : total;
-}
 
 /* listener_run: child body: binds path (per flags), says ready, accepts one
  * connection within 10 s and exits with the bytes it received. */
@@ -112,14 +45,14 @@ static _Noreturn void listener_run(const char *path, int flags, int ready_wr)
 		_exit(250);
 	if (flags & L_REPLACE)
 		unlink(path);
-	if ((l = bind_path(path, 8)) < 0)
+	if ((l = tu_unix_listen(path, 8, SOCK_CLOEXEC)) < 0)
 		_exit(251);
 	if (write(ready_wr, "r", 1) != 1)
 		_exit(252);
 	pf = (struct pollfd){ .fd = l, .events = POLLIN };
 	if (poll(&pf, 1, 10000) != 1 || (a = accept(l, NULL, NULL)) < 0)
 		_exit(253);
-	_exit(count_until_eof(a));
+	_exit(tu_count_until_eof(a));
 }
 
 /* spawn_listener: forks a listener_run child and waits until it listens. */
@@ -144,28 +77,11 @@ static pid_t spawn_listener(const char *path, int flags)
 	return p;
 }
 
-/* exit_code: waits for pid; its exit code, or -1 if it did not exit. */
-static int exit_code(pid_t pid)
-{
-	int st;
-
-	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st))
-		return -1;
-	return WEXITSTATUS(st);
-}
-
 /* stop: kills and reaps pid. */
 static void stop(pid_t pid)
 {
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
-}
-
-/* skip_unless_root: these tests need /proc of other processes and setns. */
-static void skip_unless_root(void)
-{
-	if (geteuid() != 0)
-		skip();
 }
 
 /* expect_refused: verify_listener refuses with a message containing why. */
@@ -205,7 +121,7 @@ static void test_kdev(void **state)
  * dev) and mapped to the process holding it, and only that one. */
 static void test_listener_found_and_owned(void **state)
 {
-	struct scratch s;
+	struct tu_scratch s;
 	struct unix_listener_info info;
 	struct tt_err err = { 0 };
 	struct stat st;
@@ -213,8 +129,8 @@ static void test_listener_found_and_owned(void **state)
 	int fd;
 
 	(void)state;
-	skip_unless_root();
-	scratch_new(&s);
+	tu_skip_unless_root();
+	tu_scratch_new(&s, "tt-sockdiag");
 	p = spawn_listener(s.path, 0);
 	assert_int_equal(stat(s.path, &st), 0);
 	if (sockdiag_unix_listener(s.path, &info, &err) != 0)
@@ -235,14 +151,14 @@ static void test_listener_found_and_owned(void **state)
 	assert_int_equal(err.code, TT_ERR_NOT_FOUND);
 	/* Bound but not listening: not a listener either. */
 	unlink(s.path);
-	assert_true((fd = bind_path(s.path, 0)) >= 0);
+	assert_true((fd = tu_unix_listen(s.path, 0, SOCK_CLOEXEC)) >= 0);
 	assert_int_equal(sockdiag_unix_listener(s.path, &info, &err), -1);
 	assert_int_equal(err.code, TT_ERR_NOT_FOUND);
 	close(fd);
 	/* Not a socket at all. */
 	assert_int_equal(sockdiag_unix_listener("/proc/self/stat", &info, &err), -1);
 	assert_int_equal(err.code, TT_ERR_INVALID);
-	scratch_free(&s);
+	tu_scratch_free(&s);
 }
 
 /* A listener replaced at the same path is refused, whether the expected
@@ -250,15 +166,15 @@ static void test_listener_found_and_owned(void **state)
  * first sends the impostor nothing; the honest listener passes. */
 static void test_listener_replaced(void **state)
 {
-	struct scratch s;
+	struct tu_scratch s;
 	struct proc_identity exp1, exp3;
 	struct tt_err err = { 0 };
 	pid_t l1, l2, l3;
 	int c;
 
 	(void)state;
-	skip_unless_root();
-	scratch_new(&s);
+	tu_skip_unless_root();
+	tu_scratch_new(&s, "tt-sockdiag");
 	l1 = spawn_listener(s.path, 0);
 	assert_int_equal(proc_identity_read(l1, &exp1, &err), 0);
 	expect_passes(s.path, -1, &exp1);
@@ -266,11 +182,11 @@ static void test_listener_replaced(void **state)
 	/* An impostor unlinks and rebinds the path while l1 lives on. */
 	l2 = spawn_listener(s.path, L_REPLACE);
 	expect_refused(s.path, -1, &exp1, "not held by expected pid");
-	assert_true((c = connect_path(s.path)) >= 0);
+	assert_true((c = tu_unix_connect(s.path, SOCK_CLOEXEC)) >= 0);
 	assert_int_equal(verify_peer(c, &exp1, &err), -1);
 	assert_non_null(strstr(err.msg, "peer pid differs"));
 	close(c); /* refused: nothing written */
-	assert_int_equal(exit_code(l2), 0);
+	assert_int_equal(tu_exit_code(l2), 0);
 
 	/* The expected owner dies; another listener takes the path. */
 	stop(l1);
@@ -285,20 +201,20 @@ static void test_listener_replaced(void **state)
 	expect_refused(s.path, -1, &exp3, "socket file owner differs");
 	assert_int_equal(chown(s.path, 0, 0), 0);
 	expect_passes(s.path, -1, &exp3);
-	assert_true((c = connect_path(s.path)) >= 0);
+	assert_true((c = tu_unix_connect(s.path, SOCK_CLOEXEC)) >= 0);
 	if (verify_peer(c, &exp3, &err) != 0)
 		fail_msg("honest listener refused as peer: %s", err.msg);
 	assert_int_equal(write(c, "hello", 5), 5);
 	close(c);
-	assert_int_equal(exit_code(l3), 5);
-	scratch_free(&s);
+	assert_int_equal(tu_exit_code(l3), 5);
+	tu_scratch_free(&s);
 }
 
 /* sock_diag is scoped to the caller's network namespace: a listener in
  * another netns is invisible from here and found from inside it. */
 static void test_netns_scope(void **state)
 {
-	struct scratch s;
+	struct tu_scratch s;
 	struct unix_listener_info info;
 	struct proc_identity exp;
 	struct tt_err err = { 0 };
@@ -307,8 +223,8 @@ static void test_netns_scope(void **state)
 	pid_t p;
 
 	(void)state;
-	skip_unless_root();
-	scratch_new(&s);
+	tu_skip_unless_root();
+	tu_scratch_new(&s, "tt-sockdiag");
 	p = spawn_listener(s.path, L_NEWNET);
 	assert_int_equal(proc_identity_read(p, &exp, &err), 0);
 	assert_int_equal(sockdiag_unix_listener(s.path, &info, &err), -1);
@@ -327,7 +243,7 @@ static void test_netns_scope(void **state)
 	assert_int_equal(sockdiag_unix_listener_in_netns(0 + 1000, s.path, &info, &err), -1);
 	close(nsfd);
 	stop(p);
-	scratch_free(&s);
+	tu_scratch_free(&s);
 }
 
 /* main: runs the suite. */

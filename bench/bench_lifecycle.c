@@ -274,8 +274,7 @@ struct resume_figs {
 };
 
 /* bench_resume: part 1 on a fresh sandbox with a 10 MiB file. */
-static int bench_resume(struct tether *t, const struct tether_config *cfg,
-                        struct resume_figs *f)
+static int bench_resume(struct tether *t, struct resume_figs *f)
 {
 	static char *const argv_size[] = { "stat", "-c", "%s", "/home/big", NULL };
 	static char *const argv_sum[] = { "sha256sum", "/home/big", NULL };
@@ -293,7 +292,7 @@ static int bench_resume(struct tether *t, const struct tether_config *cfg,
 	for (int i = 0; i < MOVES; i++) {
 		const char *to = other_worker(worker);
 		double t0 = bench_now_us(), t1, t2;
-		json_t *s = tether_pause(cfg, id, 1, &err);
+		json_t *s = tether_pause(t, id, 1, &err);
 
 		f->pause[i] = (bench_now_us() - t0) / 1000.0;
 		if (sbx_check(s, "pause", "paused", worker, gen, &err) < 0) {
@@ -302,7 +301,7 @@ static int bench_resume(struct tether *t, const struct tether_config *cfg,
 		}
 		json_decref(s);
 		t1 = bench_now_us();
-		s = tether_resume(cfg, id, to, 0, &err);
+		s = tether_resume(t, id, to, 0, &err);
 		t2 = bench_now_us();
 		if (sbx_check(s, "resume", "running", to, gen + 1, &err) < 0) {
 			json_decref(s);
@@ -426,9 +425,9 @@ struct repair_figs {
 };
 
 /* bench_repair: part 2 on a fresh sandbox: moves made directly against the
- * control plane (cpcfg), requests through the edge (t). */
+ * control plane (cp), requests through the edge (t). */
 static int bench_repair(struct tether *t, struct tether *cp,
-                        const struct tether_config *cpcfg, struct repair_figs *f)
+                        struct repair_figs *f)
 {
 	char id[64], worker[8] = "w1";
 	struct tt_err err = { 0 };
@@ -461,13 +460,13 @@ static int bench_repair(struct tether *t, struct tether *cp,
 				f->warm[i * WARM_PER_MOVE + k] = (bench_now_us() - t0) / 1000.0;
 		}
 		/* the move, behind the edge's back */
-		s = tether_pause(cpcfg, id, 1, &err);
+		s = tether_pause(cp, id, 1, &err);
 		if (sbx_check(s, "pause (cp)", "paused", worker, gen, &err) < 0) {
 			json_decref(s);
 			goto out;
 		}
 		json_decref(s);
-		s = tether_resume(cpcfg, id, to, 0, &err);
+		s = tether_resume(cp, id, to, 0, &err);
 		if (sbx_check(s, "resume (cp)", "running", to, gen + 1, &err) < 0) {
 			json_decref(s);
 			goto out;
@@ -593,7 +592,7 @@ int main(void)
 		fprintf(stderr, "bench_lifecycle: control-plane client: %s\n", err.msg);
 		goto out;
 	}
-	if (bench_resume(t, &cfg, &a) < 0 || bench_repair(t, cp, &cpcfg, &b) < 0) {
+	if (bench_resume(t, &a) < 0 || bench_repair(t, cp, &b) < 0) {
 		fprintf(stderr, "bench_lifecycle: a measurement failed\n");
 		goto out;
 	}

@@ -25,7 +25,7 @@ static int inspect_fail(enum tt_errc code, const char *msg)
 /* inspect_usage: bad arguments. */
 static int inspect_usage(void)
 {
-	fprintf(stderr, "usage: tether cap inspect TOKEN|- [--key k4.public...] "
+	fprintf(stderr, "tether: usage: tether cap inspect TOKEN|- [--key k4.public...] "
 	                "[--implicit STR]\n");
 	return 1;
 }

@@ -3,7 +3,6 @@
  * on stderr once it takes more than half a second. Each prints one line on
  * success (--json: the sandbox object). */
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,26 +11,13 @@
 
 #include <jansson.h>
 
+#include "cli/cli.h"
 #include "cli/verbs.h"
 #include "client/tether.h"
 
 #define LC_POLL_MS 100
 #define LC_PROGRESS_AFTER_MS 500
 #define LC_PAUSE_MAX_MS (10 * 60 * 1000) /* the cp fails a pause long before */
-
-/* lc_fail: one line on stderr; returns 1. */
-static int lc_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int lc_fail(const char *fmt, ...)
-{
-	va_list ap;
-
-	fputs("tether: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	return 1;
-}
 
 /* lc_now_ms: monotonic milliseconds. */
 static int64_t lc_now_ms(void)
@@ -40,20 +26,6 @@ static int64_t lc_now_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* lc_str: a string member or def. */
-static const char *lc_str(json_t *o, const char *k, const char *def)
-{
-	const char *s = json_string_value(json_object_get(o, k));
-
-	return s ? s : def;
-}
-
-/* lc_int: an integer member (0 when absent). */
-static json_int_t lc_int(json_t *o, const char *k)
-{
-	return json_integer_value(json_object_get(o, k));
 }
 
 /* lc_mib: bytes as MiB for progress lines. */
@@ -66,26 +38,24 @@ static double lc_mib(json_int_t b)
 static void lc_print(json_t *s, const char *what, int json)
 {
 	json_t *snap = json_object_get(s, "snapshot");
+	char size[32];
 
 	if (json) {
-		char *txt = json_dumps(s, JSON_INDENT(2) | JSON_SORT_KEYS);
-
-		if (txt)
-			puts(txt);
-		free(txt);
+		cli_print_json(s);
 		return;
 	}
 	printf("%s %s: %s, generation %" JSON_INTEGER_FORMAT " on %s", what,
-	       lc_str(s, "id", "?"), lc_str(s, "state", "?"), lc_int(s, "generation"),
-	       lc_str(s, "worker", "-"));
+	       cli_str(s, "id", "?"), cli_str(s, "state", "?"),
+	       cli_int(s, "generation"), cli_str(s, "worker", "-"));
 	if (json_is_object(snap))
-		printf(", snapshot of generation %" JSON_INTEGER_FORMAT " (%.1f MiB)",
-		       lc_int(snap, "generation"), lc_mib(lc_int(snap, "size")));
+		printf(", snapshot of generation %" JSON_INTEGER_FORMAT " (%s)",
+		       cli_int(snap, "generation"),
+		       cli_size((uint64_t)cli_int(snap, "size"), size, sizeof(size)));
 	putchar('\n');
 	if (json_is_true(json_object_get(s, "forced")))
 		printf("forced: resumed from the last complete snapshot (generation %"
 		       JSON_INTEGER_FORMAT "); the old worker's execution is retired\n",
-		       lc_int(s, "resumed_from"));
+		       cli_int(s, "resumed_from"));
 }
 
 /* lc_args: ID plus --worker W / --force / --json. -1 on a usage error. */
@@ -113,16 +83,6 @@ static int lc_args(int argc, char **argv, const char **id, const char **worker,
 	return *id ? 0 : -1;
 }
 
-/* lc_config: the client configuration, or prints why not. */
-static int lc_config(struct tether_config *cfg)
-{
-	struct tt_err err = { 0 };
-
-	if (tether_config_load(cfg, &err) < 0)
-		return lc_fail("%s", err.msg), -1;
-	return 0;
-}
-
 /* lc_progress_line: "snapshot 12.0 MiB / 40.0 MiB" on stderr (rewritten in
  * place on a terminal). */
 static void lc_progress_line(json_t *s, int tty)
@@ -134,92 +94,89 @@ static void lc_progress_line(json_t *s, int tty)
 		return;
 	if (json_is_integer(total) && json_integer_value(total) > 0)
 		fprintf(stderr, "%ssnapshot %.1f MiB / %.1f MiB%s", tty ? "\r" : "",
-		        lc_mib(lc_int(p, "bytes")), lc_mib(json_integer_value(total)),
+		        lc_mib(cli_int(p, "bytes")), lc_mib(json_integer_value(total)),
 		        tty ? "   " : "\n");
 	else
 		fprintf(stderr, "%ssnapshot %.1f MiB%s", tty ? "\r" : "",
-		        lc_mib(lc_int(p, "bytes")), tty ? "   " : "\n");
+		        lc_mib(cli_int(p, "bytes")), tty ? "   " : "\n");
 	fflush(stderr);
+}
+
+/* lc_pause_wait: polls a pausing sandbox until it leaves "pausing"; takes
+ * over *s (the latest answer replaces it). 0, or 1 after printing why. */
+static int lc_pause_wait(struct tether *t, const char *id, json_t **s)
+{
+	struct tt_err err = { 0 };
+	int tty = isatty(2), shown = 0;
+	int64_t t0 = lc_now_ms(), last_line = 0;
+
+	while (strcmp(cli_str(*s, "state", ""), "pausing") == 0) {
+		int64_t now = lc_now_ms();
+
+		if (now - t0 > LC_PAUSE_MAX_MS)
+			return cli_fail("pause %s: still pausing after %d s", id,
+			                LC_PAUSE_MAX_MS / 1000);
+		/* Progress only for long snapshots; a pipe gets a line a second. */
+		if (now - t0 > LC_PROGRESS_AFTER_MS && (tty || now - last_line >= 1000)) {
+			lc_progress_line(*s, tty);
+			shown |= json_is_object(json_object_get(*s, "progress"));
+			last_line = now;
+		}
+		usleep(LC_POLL_MS * 1000);
+		json_decref(*s);
+		*s = tether_info(t, id, &err);
+		if (*s == NULL)
+			return cli_fail("pause %s: %s", id, err.msg);
+	}
+	if (shown && tty)
+		fputc('\n', stderr);
+	return 0;
 }
 
 /* cli_pause: pause ID [--json]. */
 int cli_pause(int argc, char **argv)
 {
-	struct tether_config cfg;
 	struct tt_err err = { 0 };
 	const char *id;
-	int json, tty = isatty(2), shown = 0;
-	int64_t t0 = lc_now_ms(), last_line = 0;
 	struct tether *t;
 	json_t *s;
+	int json, rc;
 
 	if (lc_args(argc, argv, &id, NULL, NULL, &json) < 0)
-		return lc_fail("usage: tether pause ID [--json]");
-	if (lc_config(&cfg) < 0)
+		return cli_fail("usage: tether pause ID [--json]");
+	if ((t = cli_open()) == NULL)
 		return 1;
-	s = tether_pause(&cfg, id, 0, &err);
-	if (s == NULL)
-		return lc_fail("pause %s: %s", id, err.msg);
-	t = tether_new(&cfg, &err);
-	if (t == NULL) {
-		json_decref(s);
-		return lc_fail("%s", err.msg);
-	}
-	while (strcmp(lc_str(s, "state", ""), "pausing") == 0) {
-		int64_t now = lc_now_ms();
-
-		if (now - t0 > LC_PAUSE_MAX_MS) {
-			json_decref(s);
-			tether_free(t);
-			return lc_fail("pause %s: still pausing after %d s", id,
-			               LC_PAUSE_MAX_MS / 1000);
-		}
-		/* Progress only for long snapshots; a pipe gets a line a second. */
-		if (now - t0 > LC_PROGRESS_AFTER_MS && (tty || now - last_line >= 1000)) {
-			lc_progress_line(s, tty);
-			shown = json_is_object(json_object_get(s, "progress"));
-			last_line = now;
-		}
-		usleep(LC_POLL_MS * 1000);
-		json_decref(s);
-		s = tether_info(t, id, &err);
-		if (s == NULL) {
-			tether_free(t);
-			return lc_fail("pause %s: %s", id, err.msg);
-		}
-	}
-	tether_free(t);
-	if (shown && tty)
-		fputc('\n', stderr);
-	if (strcmp(lc_str(s, "state", ""), "paused") != 0) {
-		int rc = lc_fail("pause %s: the sandbox is %s%s%s", id, lc_str(s, "state", "?"),
-		                 json_object_get(s, "error") ? ": " : "",
-		                 lc_str(s, "error", ""));
-
-		json_decref(s);
-		return rc;
-	}
-	lc_print(s, "paused", json);
+	s = tether_pause(t, id, 0, &err);
+	rc = s ? lc_pause_wait(t, id, &s) : cli_fail("pause %s: %s", id, err.msg);
+	if (rc == 0 && strcmp(cli_str(s, "state", ""), "paused") != 0)
+		rc = cli_fail("pause %s: the sandbox is %s%s%s", id,
+		              cli_str(s, "state", "?"),
+		              json_object_get(s, "error") ? ": " : "",
+		              cli_str(s, "error", ""));
+	else if (rc == 0)
+		lc_print(s, "paused", json);
 	json_decref(s);
-	return 0;
+	tether_free(t);
+	return rc;
 }
 
 /* cli_resume: resume ID [--worker W] [--force] [--json]. */
 int cli_resume(int argc, char **argv)
 {
-	struct tether_config cfg;
 	struct tt_err err = { 0 };
 	const char *id, *worker;
 	int force, json;
+	struct tether *t;
 	json_t *s;
 
 	if (lc_args(argc, argv, &id, &worker, &force, &json) < 0)
-		return lc_fail("usage: tether resume ID [--worker W] [--force] [--json]");
-	if (lc_config(&cfg) < 0)
+		return cli_fail("usage: tether resume ID [--worker W] [--force] [--json]");
+	if ((t = cli_open()) == NULL)
 		return 1;
-	s = tether_resume(&cfg, id, worker, force, &err);
+	s = tether_resume(t, id, worker, force, &err);
+	tether_free(t);
 	if (s == NULL)
-		return lc_fail("resume %s: %s", id, err.msg);
+		return cli_fail("resume %s: %s", id, err.msg);
 	lc_print(s, "resumed", json);
 	json_decref(s);
 	return 0;
@@ -228,19 +185,20 @@ int cli_resume(int argc, char **argv)
 /* cli_migrate: migrate ID --worker W [--json]. */
 int cli_migrate(int argc, char **argv)
 {
-	struct tether_config cfg;
 	struct tt_err err = { 0 };
 	const char *id, *worker;
+	struct tether *t;
 	int json;
 	json_t *s;
 
 	if (lc_args(argc, argv, &id, &worker, NULL, &json) < 0 || worker == NULL)
-		return lc_fail("usage: tether migrate ID --worker W [--json]");
-	if (lc_config(&cfg) < 0)
+		return cli_fail("usage: tether migrate ID --worker W [--json]");
+	if ((t = cli_open()) == NULL)
 		return 1;
-	s = tether_migrate(&cfg, id, worker, &err);
+	s = tether_migrate(t, id, worker, &err);
+	tether_free(t);
 	if (s == NULL)
-		return lc_fail("migrate %s: %s", id, err.msg);
+		return cli_fail("migrate %s: %s", id, err.msg);
 	lc_print(s, "migrated", json);
 	json_decref(s);
 	return 0;

@@ -28,33 +28,68 @@ struct verb {
 };
 
 static const struct verb verbs[] = {
-	{ "up", cli_up, "up [--workers N] [--state DIR]" },
-	{ "create", cli_create, "create [--worker W]" },
-	{ "ls", cli_ls, "ls [--json]" },
-	{ "info", cli_info, "info ID [--json]" },
-	{ "workers", cli_workers, "workers [--json]" },
-	{ "exec", cli_exec, "exec ID -- CMD [ARG...]" },
-	{ "cp", cli_cp, "cp SRC DST            (local <-> ID:/path)" },
-	{ "rm", cli_rm, "rm ID" },
-	{ "pause", cli_pause, "pause ID" },
-	{ "resume", cli_resume, "resume ID [--worker W]" },
-	{ "migrate", cli_migrate, "migrate ID --worker W" },
-	{ "shell", cli_shell, "shell ID" },
-	{ "watch", cli_watch, "watch ID PATH" },
-	{ "expose", cli_expose, "expose ID PORT [--proto http|tcp]" },
-	{ "cap", cli_cap, "cap ID [--purpose control|port] [--ops a,b] [--port P --proto tcp]\n"
-	                  "  tether cap inspect TOKEN [--key PUBKEY] [--implicit STR]" },
+	{ "up", cli_up, "up [--workers N] [--state DIR] [--port BASE]\tstart a local cluster in the foreground" },
+	{ "create", cli_create, "create [--worker W]\tstart a sandbox; prints its id" },
+	{ "ls", cli_ls, "ls [--json]\tlist sandboxes: state, generation, worker" },
+	{ "info", cli_info, "info ID [--json]\tone sandbox in detail, with its latest snapshot" },
+	{ "workers", cli_workers, "workers [--json]\tregistered workers and their addresses" },
+	{ "exec", cli_exec, "exec ID -- CMD [ARG...]\trun a command; exits with its status" },
+	{ "cp", cli_cp, "cp SRC DST\tcopy a file between here and ID:/path" },
+	{ "rm", cli_rm, "rm ID\tdelete a sandbox and its data" },
+	{ "pause", cli_pause, "pause ID [--json]\tsnapshot a sandbox and stop it" },
+	{ "resume", cli_resume, "resume ID [--worker W] [--force]\tstart a paused sandbox from its snapshot" },
+	{ "migrate", cli_migrate, "migrate ID --worker W\tmove a sandbox to another worker (pause + resume)" },
+	{ "shell", cli_shell, "shell ID\tinteractive shell in a sandbox" },
+	{ "watch", cli_watch, "watch ID PATH\tfile events under PATH" },
+	{ "expose", cli_expose, "expose ID PORT [--proto http|tcp]\tthe gateway address for a sandbox port" },
+	{ "cap", cli_cap, "cap ID [--purpose control|port] [--ops a,b] [--port P --proto tcp|http]\t"
+	                  "issue a capability token (JSON)\n"
+	                  "cap inspect TOKEN|- [--key PUBKEY] [--implicit STR]\t"
+	                  "decode (and with --key verify) a capability" },
 };
+
+#define USAGE_COL 44 /* where descriptions start */
+
+/* usage_line: one "synopsis<TAB>description" line of a usage string,
+ * aligned; a long synopsis puts its description on the next line. */
+static void usage_line(FILE *out, const char *line, size_t len)
+{
+	const char *tab = memchr(line, '\t', len);
+	int syn = (int)(tab ? (size_t)(tab - line) : len);
+
+	if (tab == NULL) {
+		fprintf(out, "  tether %.*s\n", syn, line);
+		return;
+	}
+	if (syn + 9 > USAGE_COL)
+		fprintf(out, "  tether %.*s\n%*s", syn, line, USAGE_COL, "");
+	else
+		fprintf(out, "  tether %-*.*s", USAGE_COL - 9, syn, line);
+	fprintf(out, "%.*s\n", (int)(len - (size_t)syn - 1), tab + 1);
+}
+
+/* verb_usage: every line of one verb's usage string. */
+static void verb_usage(FILE *out, const struct verb *v)
+{
+	const char *p = v->usage;
+
+	while (*p) {
+		size_t len = strcspn(p, "\n");
+		usage_line(out, p, len);
+		p += len + (p[len] == '\n');
+	}
+}
 
 /* usage: prints the verbs this build has. */
 static int usage(FILE *out)
 {
-	fprintf(out, "usage:\n");
+	fprintf(out, "usage: tether VERB [ARGS]   (tether VERB --help: that verb)\n\n");
 	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
 		if (verbs[i].fn != NULL)
-			fprintf(out, "  tether %s\n", verbs[i].usage);
-	fprintf(out, "\nTETHER_URL and TETHER_API_KEY come from the environment "
-	             "or ~/.config/tether.\n");
+			verb_usage(out, &verbs[i]);
+	fprintf(out, "\nThe cluster's URL and API key come from TETHER_URL and "
+	             "TETHER_API_KEY,\nor from ~/.config/tether/config, which "
+	             "'tether up' writes.\n");
 	return out == stderr ? 1 : 0;
 }
 
@@ -71,6 +106,11 @@ int main(int argc, char **argv)
 		if (verbs[i].fn == NULL) {
 			fprintf(stderr, "tether: '%s' is not part of this build\n", argv[1]);
 			return 1;
+		}
+		if (argc == 3 && (strcmp(argv[2], "--help") == 0 ||
+		                  strcmp(argv[2], "-h") == 0)) {
+			verb_usage(stdout, &verbs[i]);
+			return 0;
 		}
 		return verbs[i].fn(argc - 1, argv + 1);
 	}

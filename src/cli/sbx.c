@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
-#include <stdarg.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,56 +14,9 @@
 #include <jansson.h>
 
 #include "cleanup.h"
+#include "cli/cli.h"
 #include "cli/verbs.h"
 #include "client/tether.h"
-
-/* fail: prints the one-line error and returns the usage/operational status. */
-__attribute__((format(printf, 1, 2)))
-static int fail(const char *fmt, ...)
-{
-	char line[512];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(line, sizeof(line), fmt, ap);
-	va_end(ap);
-	for (char *p = line; *p; p++) /* keep it one line */
-		if (*p == '\n' || *p == '\r')
-			*p = ' ';
-	fprintf(stderr, "tether: %s\n", line);
-	return 1;
-}
-
-/* client_open: loads the configuration and opens a client, or prints why. */
-static struct tether *client_open(void)
-{
-	struct tether_config cfg;
-	struct tt_err err = { 0 };
-	struct tether *t;
-
-	if (tether_config_load(&cfg, &err) < 0) {
-		fail("%s", err.msg);
-		return NULL;
-	}
-	t = tether_new(&cfg, &err);
-	if (t == NULL)
-		fail("%s", err.msg);
-	return t;
-}
-
-/* str_or: a JSON string member, or dflt. */
-static const char *str_or(json_t *obj, const char *key, const char *dflt)
-{
-	const char *s = json_string_value(json_object_get(obj, key));
-	return s ? s : dflt;
-}
-
-/* print_json: pretty JSON on stdout. */
-static void print_json(json_t *j)
-{
-	json_dumpf(j, stdout, JSON_INDENT(2) | JSON_SORT_KEYS);
-	fputc('\n', stdout);
-}
 
 /* has_flag: whether argv holds flag (simple verbs take few options). */
 static int has_flag(int argc, char **argv, const char *flag)
@@ -87,15 +39,15 @@ int cli_create(int argc, char **argv)
 		if (strcmp(argv[i], "--worker") == 0 && i + 1 < argc)
 			worker = argv[++i];
 		else
-			return fail("usage: tether create [--worker W]");
+			return cli_fail("usage: tether create [--worker W]");
 	}
-	if ((t = client_open()) == NULL)
+	if ((t = cli_open()) == NULL)
 		return 1;
 	sbx = tether_create(t, worker, &err);
 	tether_free(t);
 	if (sbx == NULL)
-		return fail("create: %s", err.msg);
-	printf("%s\n", str_or(sbx, "id", "?"));
+		return cli_fail("create: %s", err.msg);
+	printf("%s\n", cli_str(sbx, "id", "?"));
 	json_decref(sbx);
 	return 0;
 }
@@ -111,15 +63,15 @@ int cli_ls(int argc, char **argv)
 	size_t i;
 
 	if (argc > 2 || (argc == 2 && !json))
-		return fail("usage: tether ls [--json]");
-	if ((t = client_open()) == NULL)
+		return cli_fail("usage: tether ls [--json]");
+	if ((t = cli_open()) == NULL)
 		return 1;
 	ans = tether_list(t, &err);
 	tether_free(t);
 	if (ans == NULL)
-		return fail("ls: %s", err.msg);
+		return cli_fail("ls: %s", err.msg);
 	if (json) {
-		print_json(ans);
+		cli_print_json(ans);
 		json_decref(ans);
 		return 0;
 	}
@@ -127,22 +79,57 @@ int cli_ls(int argc, char **argv)
 	json_array_foreach(list, i, s) {
 		char gen[24];
 		int l;
-		l = (int)strlen(str_or(s, "id", "?"));
+		l = (int)strlen(cli_str(s, "id", "?"));
 		wid = l > wid ? l : wid;
-		l = (int)strlen(str_or(s, "state", "?"));
+		l = (int)strlen(cli_str(s, "state", "?"));
 		wst = l > wst ? l : wst;
 		l = snprintf(gen, sizeof(gen), "%" JSON_INTEGER_FORMAT,
-		             json_integer_value(json_object_get(s, "generation")));
+		             cli_int(s, "generation"));
 		wgen = l > wgen ? l : wgen;
 	}
 	printf("%-*s  %-*s  %*s  %s\n", wid, "ID", wst, "STATE", wgen, "GEN", "WORKER");
 	json_array_foreach(list, i, s)
 		printf("%-*s  %-*s  %*" JSON_INTEGER_FORMAT "  %s\n", wid,
-		       str_or(s, "id", "?"), wst, str_or(s, "state", "?"), wgen,
-		       json_integer_value(json_object_get(s, "generation")),
-		       str_or(s, "worker", "-"));
+		       cli_str(s, "id", "?"), wst, cli_str(s, "state", "?"), wgen,
+		       cli_int(s, "generation"),
+		       cli_str(s, "worker", "-"));
 	json_decref(ans);
 	return 0;
+}
+
+/* info_print: the plain "key: value" view of a sandbox; its snapshot
+ * (the latest complete one) when it has one, progress while pausing. */
+static void info_print(json_t *s)
+{
+	json_t *snap = json_object_get(s, "snapshot");
+	json_t *prog = json_object_get(s, "progress");
+	char size[32], total[32];
+
+	printf("id:          %s\n", cli_str(s, "id", "?"));
+	printf("state:       %s\n", cli_str(s, "state", "?"));
+	if (json_object_get(s, "error"))
+		printf("error:       %s\n", cli_str(s, "error", ""));
+	printf("generation:  %" JSON_INTEGER_FORMAT "\n", cli_int(s, "generation"));
+	printf("worker:      %s\n", cli_str(s, "worker", "-"));
+	printf("substrate:   %s\n", cli_str(s, "substrate", "-"));
+	printf("activation:  %" JSON_INTEGER_FORMAT "\n", cli_int(s, "activation"));
+	printf("created_at:  %s\n", cli_str(s, "created_at", "-"));
+	if (json_is_object(snap))
+		printf("snapshot:    generation %" JSON_INTEGER_FORMAT ", %s, taken %s\n",
+		       cli_int(snap, "generation"),
+		       cli_size((uint64_t)cli_int(snap, "size"), size, sizeof(size)),
+		       cli_str(snap, "created_at", "-"));
+	else
+		printf("snapshot:    none\n");
+	if (json_is_object(prog)) {
+		cli_size((uint64_t)cli_int(prog, "bytes"), size, sizeof(size));
+		if (json_is_integer(json_object_get(prog, "total")))
+			printf("progress:    %s of %s\n", size,
+			       cli_size((uint64_t)cli_int(prog, "total"), total,
+			                sizeof(total)));
+		else
+			printf("progress:    %s\n", size);
+	}
 }
 
 /* cli_info: info ID [--json]. */
@@ -160,32 +147,20 @@ int cli_info(int argc, char **argv)
 		else if (id == NULL && argv[i][0] != '-')
 			id = argv[i];
 		else
-			return fail("usage: tether info ID [--json]");
+			return cli_fail("usage: tether info ID [--json]");
 	}
 	if (id == NULL)
-		return fail("usage: tether info ID [--json]");
-	if ((t = client_open()) == NULL)
+		return cli_fail("usage: tether info ID [--json]");
+	if ((t = cli_open()) == NULL)
 		return 1;
 	s = tether_info(t, id, &err);
 	tether_free(t);
 	if (s == NULL)
-		return fail("info %s: %s", id, err.msg);
-	if (json) {
-		print_json(s);
-	} else {
-		printf("id:          %s\n", str_or(s, "id", "?"));
-		printf("state:       %s\n", str_or(s, "state", "?"));
-		printf("generation:  %" JSON_INTEGER_FORMAT "\n",
-		       json_integer_value(json_object_get(s, "generation")));
-		printf("worker:      %s\n", str_or(s, "worker", "-"));
-		printf("substrate:   %s\n", str_or(s, "substrate", "-"));
-		printf("activation:  %" JSON_INTEGER_FORMAT "\n",
-		       json_integer_value(json_object_get(s, "activation")));
-		printf("node_url:    %s\n", str_or(s, "node_url", "-"));
-		printf("created_at:  %s\n", str_or(s, "created_at", "-"));
-		if (json_object_get(s, "error"))
-			printf("error:       %s\n", str_or(s, "error", ""));
-	}
+		return cli_fail("info %s: %s", id, err.msg);
+	if (json)
+		cli_print_json(s);
+	else
+		info_print(s);
 	json_decref(s);
 	return 0;
 }
@@ -200,21 +175,21 @@ int cli_workers(int argc, char **argv)
 	size_t i;
 
 	if (argc > 2 || (argc == 2 && !json))
-		return fail("usage: tether workers [--json]");
-	if ((t = client_open()) == NULL)
+		return cli_fail("usage: tether workers [--json]");
+	if ((t = cli_open()) == NULL)
 		return 1;
 	ans = tether_workers(t, &err);
 	tether_free(t);
 	if (ans == NULL)
-		return fail("workers: %s", err.msg);
+		return cli_fail("workers: %s", err.msg);
 	if (json) {
-		print_json(ans);
+		cli_print_json(ans);
 	} else {
 		printf("%-8s  %-5s  %-26s  %s\n", "ID", "STATE", "NODE_URL", "LAST_SEEN");
 		json_array_foreach(json_object_get(ans, "workers"), i, w)
-			printf("%-8s  %-5s  %-26s  %s\n", str_or(w, "id", "?"),
-			       str_or(w, "state", "?"), str_or(w, "node_url", "-"),
-			       str_or(w, "last_seen", "-"));
+			printf("%-8s  %-5s  %-26s  %s\n", cli_str(w, "id", "?"),
+			       cli_str(w, "state", "?"), cli_str(w, "node_url", "-"),
+			       cli_str(w, "last_seen", "-"));
 	}
 	json_decref(ans);
 	return 0;
@@ -228,13 +203,13 @@ int cli_rm(int argc, char **argv)
 	int rc;
 
 	if (argc != 2 || argv[1][0] == '-')
-		return fail("usage: tether rm ID");
-	if ((t = client_open()) == NULL)
+		return cli_fail("usage: tether rm ID");
+	if ((t = cli_open()) == NULL)
 		return 1;
 	rc = tether_rm(t, argv[1], &err);
 	tether_free(t);
 	if (rc < 0)
-		return fail("rm %s: %s", argv[1], err.msg);
+		return cli_fail("rm %s: %s", argv[1], err.msg);
 	return 0;
 }
 
@@ -261,16 +236,16 @@ int cli_exec(int argc, char **argv)
 	int first = 2;
 
 	if (argc < 3 || argv[1][0] == '-')
-		return fail("usage: tether exec ID -- CMD [ARG...]");
+		return cli_fail("usage: tether exec ID -- CMD [ARG...]");
 	if (strcmp(argv[2], "--") == 0)
 		first = 3;
 	if (first >= argc)
-		return fail("usage: tether exec ID -- CMD [ARG...]");
-	if ((t = client_open()) == NULL)
+		return cli_fail("usage: tether exec ID -- CMD [ARG...]");
+	if ((t = cli_open()) == NULL)
 		return 1;
 	if (tether_exec(t, argv[1], argv + first, &res, &err) < 0) {
 		tether_free(t);
-		return fail("exec %s: %s", argv[1], err.msg);
+		return cli_fail("exec %s: %s", argv[1], err.msg);
 	}
 	tether_free(t);
 	fflush(stdout);
@@ -319,19 +294,19 @@ static int cp_upload(struct tether *t, const char *src, const char *id,
 	uint64_t written = 0;
 
 	if (fd < 0)
-		return fail("cp: cannot open %s: %s", src, strerror(errno));
+		return cli_fail("cp: cannot open %s: %s", src, strerror(errno));
 	if (fstat(fd, &st) < 0)
-		return fail("cp: cannot stat %s: %s", src, strerror(errno));
+		return cli_fail("cp: cannot stat %s: %s", src, strerror(errno));
 	if (!S_ISREG(st.st_mode))
-		return fail("cp: %s is not a regular file", src);
+		return cli_fail("cp: %s is not a regular file", src);
 	if (rpath[0] == '\0' || rpath[strlen(rpath) - 1] == '/') {
 		if (asprintf(&dst, "%s%s", rpath[0] ? rpath : "/", base_name(src)) < 0)
-			return fail("cp: out of memory");
+			return cli_fail("cp: out of memory");
 	} else if ((dst = strdup(rpath)) == NULL) {
-		return fail("cp: out of memory");
+		return cli_fail("cp: out of memory");
 	}
 	if (tether_file_put(t, id, dst, fd, (uint64_t)st.st_size, &written, &err) < 0)
-		return fail("cp %s -> %s:%s: %s", src, id, dst, err.msg);
+		return cli_fail("cp %s -> %s:%s: %s", src, id, dst, err.msg);
 	return 0;
 }
 
@@ -350,23 +325,23 @@ static int cp_download(struct tether *t, const char *id, const char *rpath,
 
 	if (stat(dst, &st) == 0 && S_ISDIR(st.st_mode)) {
 		if (asprintf(&target, "%s/%s", dst, base_name(rpath)) < 0)
-			return fail("cp: out of memory");
+			return cli_fail("cp: out of memory");
 	} else if ((target = strdup(dst)) == NULL) {
-		return fail("cp: out of memory");
+		return cli_fail("cp: out of memory");
 	}
 	if (base_name(target)[0] == '\0')
-		return fail("cp: %s names no file", dst);
+		return cli_fail("cp: %s names no file", dst);
 	if ((dircopy = strdup(target)) == NULL ||
 	    asprintf(&tmp, "%s/.%s.tether-XXXXXX", dirname(dircopy),
 	             base_name(target)) < 0)
-		return fail("cp: out of memory");
+		return cli_fail("cp: out of memory");
 	fd = mkostemp(tmp, O_CLOEXEC);
 	if (fd < 0)
-		return fail("cp: cannot create a file next to %s: %s", target,
+		return cli_fail("cp: cannot create a file next to %s: %s", target,
 		            strerror(errno));
 	if (tether_file_get(t, id, rpath, fd, NULL, &err) < 0) {
 		unlink(tmp);
-		return fail("cp %s:%s -> %s: %s", id, rpath, target, err.msg);
+		return cli_fail("cp %s:%s -> %s: %s", id, rpath, target, err.msg);
 	}
 	mask = umask(0);
 	umask(mask);
@@ -374,7 +349,7 @@ static int cp_download(struct tether *t, const char *id, const char *rpath,
 	    rename(tmp, target) < 0) {
 		int e = errno;
 		unlink(tmp);
-		return fail("cp: cannot store %s: %s", target, strerror(e));
+		return cli_fail("cp: cannot store %s: %s", target, strerror(e));
 	}
 	return 0;
 }
@@ -388,12 +363,12 @@ int cli_cp(int argc, char **argv)
 	int srem, drem, rc;
 
 	if (argc != 3)
-		return fail("usage: tether cp SRC DST   (one of them ID:/path)");
+		return cli_fail("usage: tether cp SRC DST   (one of them ID:/path)");
 	srem = remote_split(argv[1], sid, sizeof(sid), &spath);
 	drem = remote_split(argv[2], did, sizeof(did), &dpath);
 	if (srem == drem)
-		return fail("cp: exactly one of SRC and DST must be ID:/path");
-	if ((t = client_open()) == NULL)
+		return cli_fail("cp: exactly one of SRC and DST must be ID:/path");
+	if ((t = cli_open()) == NULL)
 		return 1;
 	if (drem)
 		rc = cp_upload(t, argv[1], did, dpath);
@@ -444,7 +419,7 @@ int cli_cap_issue(int argc, char **argv)
 			char *end;
 			port = strtol(v, &end, 10);
 			if (*end || port < 1 || port > 65535)
-				return fail("cap: bad port '%s'", v);
+				return cli_fail("cap: bad port '%s'", v);
 			i++;
 		} else if (strcmp(a, "--proto") == 0 && v) {
 			proto = v;
@@ -452,28 +427,28 @@ int cli_cap_issue(int argc, char **argv)
 		} else if (id == NULL && a[0] != '-') {
 			id = a;
 		} else {
-			return fail("usage: tether cap ID [--purpose control|port] "
+			return cli_fail("usage: tether cap ID [--purpose control|port] "
 			            "[--ops a,b] [--port P --proto tcp|http]");
 		}
 	}
 	if (id == NULL)
-		return fail("usage: tether cap ID [--purpose control|port] "
+		return cli_fail("usage: tether cap ID [--purpose control|port] "
 		            "[--ops a,b] [--port P --proto tcp|http]");
 	if (strcmp(purpose, "control") == 0) {
 		req = json_pack("{s:s,s:o}", "purpose", "control", "ops", ops_array(ops));
 	} else if (strcmp(purpose, "port") == 0) {
 		if (port < 0)
-			return fail("cap: --purpose port needs --port P");
+			return cli_fail("cap: --purpose port needs --port P");
 		if (strcmp(proto, "tcp") != 0 && strcmp(proto, "http") != 0)
-			return fail("cap: --proto must be tcp or http");
+			return cli_fail("cap: --proto must be tcp or http");
 		req = json_pack("{s:s,s:I,s:s}", "purpose", "port", "port",
 		                (json_int_t)port, "proto", proto);
 	} else {
-		return fail("cap: --purpose must be control or port");
+		return cli_fail("cap: --purpose must be control or port");
 	}
 	if (req == NULL)
-		return fail("cap: out of memory");
-	if ((t = client_open()) == NULL) {
+		return cli_fail("cap: out of memory");
+	if ((t = cli_open()) == NULL) {
 		json_decref(req);
 		return 1;
 	}
@@ -481,8 +456,8 @@ int cli_cap_issue(int argc, char **argv)
 	tether_free(t);
 	json_decref(req);
 	if (ans == NULL)
-		return fail("cap %s: %s", id, err.msg);
-	print_json(ans);
+		return cli_fail("cap %s: %s", id, err.msg);
+	cli_print_json(ans);
 	json_decref(ans);
 	return 0;
 }

@@ -7,11 +7,13 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -22,6 +24,7 @@
 #include <sodium.h>
 
 #include "cleanup.h"
+#include "cli/cli.h"
 #include "cli/verbs.h"
 #include "client/tether.h"
 
@@ -46,20 +49,6 @@ struct up {
 	int stop_signal;     /* set once SIGINT/SIGTERM arrived */
 	char admin_key[256]; /* wiped on exit */
 };
-
-/* up_fail: the one-line error of a failed start. */
-__attribute__((format(printf, 1, 2)))
-static int up_fail(const char *fmt, ...)
-{
-	va_list ap;
-
-	fputs("tether: ", stderr);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-	return 1;
-}
 
 /* mkdir_p: creates dir and its parents (mode 0700: state holds keys). */
 static int mkdir_p(const char *dir)
@@ -94,7 +83,7 @@ static int up_spawn(struct up *u, const char *name, char *const argv[])
 	snprintf(k->name, sizeof(k->name), "%s", name);
 	pid = fork();
 	if (pid < 0)
-		return up_fail("cannot start %s: %s", name, strerror(errno));
+		return cli_fail("cannot start %s: %s", name, strerror(errno));
 	if (pid == 0) {
 		int fd = open(k->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
 		int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -204,7 +193,7 @@ static int up_wait(struct up *u, long ms)
 	if (dead != NULL) {
 		char how[96];
 		describe(dead->status, how, sizeof(how));
-		up_fail("%s %s unexpectedly; stopping the cluster", dead->name, how);
+		cli_fail("%s %s unexpectedly; stopping the cluster", dead->name, how);
 		up_log_tail(dead);
 		return -1;
 	}
@@ -303,7 +292,7 @@ static int up_wait_healthy(struct up *u, const char *what, const char *url)
 		if ((w = up_wait(u, 100)) != 0)
 			return w;
 	}
-	up_fail("%s did not become ready at %s within %d s", what, url,
+	cli_fail("%s did not become ready at %s within %d s", what, url,
 	        UP_READY_SECONDS);
 	return -1;
 }
@@ -367,22 +356,22 @@ static int up_parse(struct up *u, int argc, char **argv)
 		if (strcmp(argv[i], "--workers") == 0 && v) {
 			long n = strtol(v, &end, 10);
 			if (*end || n < 1 || n > UP_MAX_WORKERS)
-				return up_fail("up: --workers must be 1..%d", UP_MAX_WORKERS);
+				return cli_fail("up: --workers must be 1..%d", UP_MAX_WORKERS);
 			u->workers = (int)n;
 		} else if (strcmp(argv[i], "--port") == 0 && v) {
 			long n = strtol(v, &end, 10);
 			if (*end || n < 1024 || n > 65535 - 10 - UP_MAX_WORKERS)
-				return up_fail("up: --port must be 1024..%d",
+				return cli_fail("up: --port must be 1024..%d",
 				               65535 - 10 - UP_MAX_WORKERS);
 			u->base = (int)n;
 		} else if (strcmp(argv[i], "--state") == 0 && v) {
 			if (realpath(v, u->state) == NULL) {
 				if (mkdir_p(v) < 0 || realpath(v, u->state) == NULL)
-					return up_fail("up: cannot use state dir %s: %s", v,
+					return cli_fail("up: cannot use state dir %s: %s", v,
 					               strerror(errno));
 			}
 		} else {
-			return up_fail("usage: tether up [--workers N] [--state DIR] "
+			return cli_fail("usage: tether up [--workers N] [--state DIR] "
 			               "[--port BASE]");
 		}
 		i++;
@@ -398,11 +387,64 @@ static int up_bindir(struct up *u)
 	char *slash;
 
 	if (n <= 0)
-		return up_fail("cannot find my own binary: %s", strerror(errno));
+		return cli_fail("cannot find my own binary: %s", strerror(errno));
 	self[n] = '\0';
 	slash = strrchr(self, '/');
 	*slash = '\0';
 	snprintf(u->bindir, sizeof(u->bindir), "%s", self);
+	return 0;
+}
+
+/* up_lock: takes S/up.lock, so that two clusters never share a state dir
+ * (their workers would take over each other's managers). Returns the
+ * locked descriptor (the lock lives as long as it does; the caller owns
+ * it), or -1 after printing why. */
+static int up_lock(const struct up *u)
+{
+	char path[PATH_MAX + 16];
+	_cleanup_close_ int fd = -1;
+
+	snprintf(path, sizeof(path), "%s/up.lock", u->state);
+	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return cli_fail("cannot open %s: %s", path, strerror(errno)), -1;
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0)
+		return cli_fail(errno == EWOULDBLOCK ? "%s is in use by another "
+		                "'tether up'; give this one its own --state DIR" :
+		                "cannot lock %s", u->state), -1;
+	return tt_steal_fd(&fd);
+}
+
+/* port_in_use: whether 127.0.0.1:port cannot be bound (SO_REUSEADDR as
+ * the daemons use it, so a closing connection does not count). */
+static int port_in_use(int port)
+{
+	_cleanup_close_ int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_in a = { .sin_family = AF_INET,
+	                         .sin_port = htons((uint16_t)port),
+	                         .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int one = 1;
+
+	if (fd < 0)
+		return 0; /* cannot tell: the daemon will say */
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	return bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 && errno == EADDRINUSE;
+}
+
+/* up_ports_free: checks every port of the cluster before starting, so a
+ * second 'tether up' says so instead of finding the first one's daemons
+ * answering its health checks. 0 free, -1 reported. */
+static int up_ports_free(struct up *u)
+{
+	int port;
+
+	for (int i = -1; i <= u->workers; i++) {
+		port = i < 0 ? u->base : i == 0 ? u->base + 1 : u->base + 10 + i;
+		if (port_in_use(port))
+			return cli_fail("port %d is in use (another 'tether up'?); pick "
+			                "other ports with --port BASE (uses BASE, BASE+1, "
+			                "BASE+11..)", port), -1;
+	}
 	return 0;
 }
 
@@ -418,7 +460,9 @@ static int up_start(struct up *u, char *cp_url, char *edge_url, size_t cap)
 	snprintf(tetherd, sizeof(tetherd), "%s/tetherd", u->bindir);
 	snprintf(guest, sizeof(guest), "%s/tether-guest", u->bindir);
 	if (access(tetherd, X_OK) < 0)
-		return up_fail("%s is missing (run make)", tetherd), -1;
+		return cli_fail("%s is missing (run make)", tetherd), -1;
+	if (up_ports_free(u) < 0)
+		return -1;
 	snprintf(cp_url, cap, "http://127.0.0.1:%d", u->base);
 	snprintf(edge_url, cap, "http://127.0.0.1:%d", u->base + 1);
 
@@ -431,7 +475,7 @@ static int up_start(struct up *u, char *cp_url, char *edge_url, size_t cap)
 		return w;
 	for (int i = 0; read_admin_key(u) < 0; i++) {
 		if (i == 50)
-			return up_fail("%s/cp/admin.key is missing or empty (the API key "
+			return cli_fail("%s/cp/admin.key is missing or empty (the API key "
 			               "was shown once; reset the state dir)", u->state), -1;
 		if ((w = up_wait(u, 100)) != 0)
 			return w;
@@ -441,13 +485,13 @@ static int up_start(struct up *u, char *cp_url, char *edge_url, size_t cap)
 	/* The snapshot store every local worker shares (lifecycle.md). */
 	snprintf(snaps, sizeof(snaps), "%s/snapshots", u->state);
 	if (mkdir_p(snaps) < 0)
-		return up_fail("cannot create %s: %s", snaps, strerror(errno)), -1;
+		return cli_fail("cannot create %s: %s", snaps, strerror(errno)), -1;
 	for (int i = 1; i <= u->workers; i++) {
 		snprintf(id, sizeof(id), "w%d", i);
 		snprintf(dir, sizeof(dir), "%s/workers/%s", u->state, id);
 		snprintf(listen, sizeof(listen), "127.0.0.1:%d", u->base + 10 + i);
 		if (mkdir_p(dir) < 0)
-			return up_fail("cannot create %s: %s", dir, strerror(errno)), -1;
+			return cli_fail("cannot create %s: %s", dir, strerror(errno)), -1;
 		char *node_argv[] = { tetherd, "node", "--id", id, "--listen", listen,
 		                      "--cp", cp_url, "--node-token-file", tokf,
 		                      "--state", dir, "--guest-bin", guest,
@@ -457,7 +501,7 @@ static int up_start(struct up *u, char *cp_url, char *edge_url, size_t cap)
 	}
 	for (int i = 0; workers_up(u, cp_url) < u->workers; i++) {
 		if (i == UP_READY_SECONDS * 10)
-			return up_fail("workers did not register within %d s (see %s/logs)",
+			return cli_fail("workers did not register within %d s (see %s/logs)",
 			               UP_READY_SECONDS, u->state), -1;
 		if ((w = up_wait(u, 100)) != 0)
 			return w;
@@ -495,6 +539,7 @@ static void up_welcome(struct up *u, const char *cp_url, const char *edge_url,
 /* cli_up: up [--workers N] [--state DIR] [--port BASE]. */
 int cli_up(int argc, char **argv)
 {
+	_cleanup_close_ int lock_fd = -1; /* held until the cluster is down */
 	struct up u;
 	char cp_url[128], edge_url[128], cfg[PATH_MAX], logs[PATH_MAX + 8];
 	struct tt_err err = { 0 };
@@ -506,11 +551,13 @@ int cli_up(int argc, char **argv)
 		return 1;
 	snprintf(logs, sizeof(logs), "%s/logs", u.state);
 	if (mkdir_p(logs) < 0)
-		return up_fail("cannot create %s: %s", logs, strerror(errno));
+		return cli_fail("cannot create %s: %s", logs, strerror(errno));
+	if ((lock_fd = up_lock(&u)) < 0)
+		return 1;
 	if (tether_config_path(cfg, sizeof(cfg), &err) < 0)
-		return up_fail("%s", err.msg);
+		return cli_fail("%s", err.msg);
 	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
-		return up_fail("curl_global_init failed");
+		return cli_fail("curl_global_init failed");
 	/* signals are taken synchronously (sigtimedwait) so forwarding and
 	 * reaping never race with a handler */
 	sigemptyset(&set);
@@ -521,7 +568,7 @@ int cli_up(int argc, char **argv)
 
 	w = up_start(&u, cp_url, edge_url, sizeof(cp_url));
 	if (w == 0 && tether_config_write(cfg, edge_url, u.admin_key, &err) < 0) {
-		up_fail("%s", err.msg);
+		cli_fail("%s", err.msg);
 		w = -1;
 	}
 	sodium_memzero(u.admin_key, sizeof(u.admin_key));

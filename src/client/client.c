@@ -20,36 +20,13 @@
 #include <sodium.h>
 
 #include "cleanup.h"
-
-#define JSON_ANSWER_MAX (4u << 20) /* lifecycle answers */
-#define ERROR_BODY_MAX (64u * 1024)
+#include "client/internal.h"
 
 struct tether {
 	struct tether_config cfg;
 	CURL *easy;                              /* owned */
 	char auth[TETHER_KEY_MAX + 32];          /* "Authorization: Bearer …" */
 	uint64_t generation;                     /* X-Tether-Generation of the last answer */
-};
-
-/* Where an answer's body goes: memory (bounded) or, for a 2xx file
- * download, a file descriptor. */
-struct sink {
-	CURL *easy;
-	char *buf;     /* owned by the sink */
-	size_t len;
-	size_t cap;
-	size_t max;
-	int fd;        /* >= 0: 2xx bodies go here */
-	uint64_t fd_bytes;
-	int overflow;  /* body exceeded max */
-	int io_errno;  /* write to fd failed */
-};
-
-/* Upload source: a file descriptor read in order. */
-struct source {
-	int fd;
-	uint64_t left;
-	int io_errno;
 };
 
 /* tether_new: a client for cfg. */
@@ -229,77 +206,107 @@ static int answer_error(long status, const char *body, size_t len,
 	return -1;
 }
 
-/* tether_request: one call. path must already be URL-safe. body (borrowed)
- * is sent as JSON; src (if set) is streamed as the body instead. The answer
- * goes to sink; returns the HTTP status (2xx) or -1 with err filled from the
- * answer or the transport. */
-static long tether_request_once(struct tether *t, const char *method,
-                                const char *path, json_t *body,
-                                struct source *src, struct sink *sink,
-                                int *transport, struct tt_err *err)
+/* request_headers: the header list of one call (caller frees it with
+ * headers_free), or NULL when out of memory. */
+static struct curl_slist *request_headers(struct tether *t, const char *ctype)
+{
+	struct curl_slist *h = NULL, *n;
+	const char *lines[] = { t->auth, "Expect:", ctype }; /* Expect: no 1 s
+	                                                       * 100-continue stall */
+
+	for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
+		if (lines[i] == NULL)
+			continue;
+		n = curl_slist_append(h, lines[i]);
+		if (n == NULL) {
+			curl_slist_free_all(h);
+			return NULL;
+		}
+		h = n;
+	}
+	return h;
+}
+
+/* headers_free: frees a header list, wiping the copy of the API key. */
+static void headers_free(struct curl_slist *h)
+{
+	for (struct curl_slist *s = h; s; s = s->next)
+		sodium_memzero(s->data, strlen(s->data));
+	curl_slist_free_all(h);
+}
+
+/* tether_request_once: one attempt of c. The answer goes to sink; returns
+ * the HTTP status (2xx) or -1 with err filled from the answer or the
+ * transport; *transport: 1 never connected, 2 broke off before an answer,
+ * 0 otherwise. */
+static long tether_request_once(struct tether *t, const struct tether_call *c,
+                                struct sink *sink, int *transport,
+                                struct tt_err *err)
 {
 	_cleanup_free_ char *url = NULL;
 	_cleanup_free_ char *payload = NULL;
 	struct curl_slist *hdrs = NULL;
 	char errbuf[CURL_ERROR_SIZE] = "";
+	const char *method = c->method, *path = c->path;
+	int is_get = strcmp(method, "GET") == 0;
 	CURL *e = t->easy;
 	CURLcode rc;
 	long status = 0;
 
+	*transport = 0;
 	if (asprintf(&url, "%s%s", t->cfg.url, path) < 0) {
 		url = NULL;
 		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 	}
+	if (c->body && (payload = json_dumps(c->body, JSON_COMPACT)) == NULL)
+		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+	hdrs = request_headers(t, c->body ? "Content-Type: application/json" :
+	                          c->src ? "Content-Type: application/octet-stream" :
+	                          NULL);
+	if (hdrs == NULL)
+		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 	curl_easy_reset(e);
 	t->generation = 0;
-	*transport = 0;
 	sink->easy = e;
-	hdrs = curl_slist_append(hdrs, t->auth);
-	hdrs = curl_slist_append(hdrs, "Expect:"); /* no 1 s 100-continue stall */
-	if (body) {
-		payload = json_dumps(body, JSON_COMPACT);
-		if (payload == NULL) {
-			curl_slist_free_all(hdrs);
-			return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
-		}
-		hdrs = curl_slist_append(hdrs, "Content-Type: application/json");
+	if (payload) {
 		curl_easy_setopt(e, CURLOPT_POSTFIELDS, payload);
 		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE,
 		                 (curl_off_t)strlen(payload));
-	} else if (src) {
-		hdrs = curl_slist_append(hdrs, "Content-Type: application/octet-stream");
+	} else if (c->src) {
 		curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
 		curl_easy_setopt(e, CURLOPT_READFUNCTION, source_read);
-		curl_easy_setopt(e, CURLOPT_READDATA, src);
-		curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t)src->left);
+		curl_easy_setopt(e, CURLOPT_READDATA, c->src);
+		curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t)c->src->left);
 	} else if (strcmp(method, "POST") == 0) {
 		curl_easy_setopt(e, CURLOPT_POSTFIELDS, "");
 		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)0);
 	}
 	curl_easy_setopt(e, CURLOPT_URL, url);
 	curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
-	if (strcmp(method, "GET") == 0)
+	if (is_get)
 		curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
 	curl_easy_setopt(e, CURLOPT_HTTPHEADER, hdrs);
 	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, sink_write);
 	curl_easy_setopt(e, CURLOPT_WRITEDATA, sink);
 	curl_easy_setopt(e, CURLOPT_ERRORBUFFER, errbuf);
 	curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, 10L);
+	if (c->timeout_s > 0)
+		curl_easy_setopt(e, CURLOPT_TIMEOUT, c->timeout_s);
 	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
 	curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, header_cb);
 	curl_easy_setopt(e, CURLOPT_HEADERDATA, t);
 	/* curl silently resends a request whose reused connection died before
 	 * any answer; a call that changes state gets a new connection instead */
-	if (strcmp(method, "GET") != 0)
+	if (!is_get)
 		curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
 	rc = curl_easy_perform(e);
 	curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
 	curl_easy_setopt(e, CURLOPT_ERRORBUFFER, NULL);
 	curl_easy_setopt(e, CURLOPT_HTTPHEADER, NULL);
-	curl_slist_free_all(hdrs);
-	if (src && src->io_errno) {
-		errno = src->io_errno;
+	headers_free(hdrs);
+	if (c->src && c->src->io_errno) {
+		errno = c->src->io_errno;
 		return tt_err_sys(err, TT_ERR_IO, "cannot read the local file");
 	}
 	if (sink->io_errno) {
@@ -326,58 +333,62 @@ static long tether_request_once(struct tether *t, const char *method,
 	return status;
 }
 
-/* tether_request: one call with the recovery rules above. The answer goes
- * to sink; returns the HTTP status (2xx) or -1 with err filled. */
-static long tether_request(struct tether *t, const char *method,
-                           const char *path, json_t *body, struct source *src,
-                           struct sink *sink, struct tt_err *err)
+/* tether_request: see internal.h; the recovery rules at the top. */
+long tether_request(struct tether *t, const struct tether_call *c,
+                    struct sink *sink, struct tt_err *err)
 {
 	int transport = 0;
-	long st = tether_request_once(t, method, path, body, src, sink, &transport,
-	                              err);
+	long st = tether_request_once(t, c, sink, &transport, err);
 
 	if (st >= 0 || transport == 0)
 		return st;
-	if (strcmp(method, "GET") == 0 && sink->fd_bytes == 0 && sink->io_errno == 0) {
+	if (strcmp(c->method, "GET") == 0 && sink->fd_bytes == 0 &&
+	    sink->io_errno == 0) {
 		/* an idempotent read that never delivered a byte: once more */
 		sink->len = 0;
 		sink->overflow = 0;
-		return tether_request_once(t, method, path, body, src, sink,
-		                           &transport, err);
+		return tether_request_once(t, c, sink, &transport, err);
 	}
 	if (transport == 1) /* never connected: nothing was sent */
-		return tt_err_set(err, TT_ERR_TRANSPORT, "%s %s: cannot reach %s; the "
-		                  "call did not start", method, path, t->cfg.url);
+		return tt_err_set(err, TT_ERR_TRANSPORT, "cannot reach %s (is 'tether "
+		                  "up' running?); the call did not start", t->cfg.url);
 	return tt_err_set(err, TT_ERR_TRANSPORT, "%s %s: the connection to %s "
 	                  "failed before an answer; the call may or may not have run "
-	                  "and was not repeated", method, path, t->cfg.url);
+	                  "and was not repeated", c->method, c->path, t->cfg.url);
 }
 
-/* tether_json_call: a call whose answer is a JSON object. */
-static json_t *tether_json_call(struct tether *t, const char *method,
-                                const char *path, json_t *body, size_t max,
-                                struct tt_err *err)
+/* tether_json_call: see internal.h. */
+json_t *tether_json_call(struct tether *t, const struct tether_call *c,
+                         size_t max, struct tt_err *err)
 {
 	struct sink s = { .fd = -1, .max = max };
-	json_error_t jerr;
 	json_t *j = NULL;
 
-	if (tether_request(t, method, path, body, NULL, &s, err) < 0)
+	if (tether_request(t, c, &s, err) < 0)
 		goto out;
-	j = json_loadb(s.buf ? s.buf : "", s.len, JSON_REJECT_DUPLICATES, &jerr);
+	j = json_loadb(s.buf ? s.buf : "", s.len, JSON_REJECT_DUPLICATES, NULL);
 	if (j == NULL || !json_is_object(j)) {
 		json_decref(j);
 		j = NULL;
 		tt_err_set(err, TT_ERR_MALFORMED, "%s %s: the answer is not a JSON "
-		           "object", method, path);
+		           "object", c->method, c->path);
 	}
 out:
 	free(s.buf);
 	return j;
 }
 
-/* id_path: "/v1/sandboxes/ID[suffix]" with ID escaped. */
-static char *id_path(struct tether *t, const char *id, const char *suffix,
+/* json_call: the common case, a bounded JSON call without a time bound. */
+static json_t *json_call(struct tether *t, const char *method, const char *path,
+                         json_t *body, size_t max, struct tt_err *err)
+{
+	struct tether_call c = { .method = method, .path = path, .body = body };
+
+	return tether_json_call(t, &c, max, err);
+}
+
+/* tether_id_path: see internal.h. */
+char *tether_id_path(struct tether *t, const char *id, const char *suffix,
                      struct tt_err *err)
 {
 	char *esc = curl_easy_escape(t->easy, id, 0);
@@ -405,7 +416,7 @@ static char *file_path(struct tether *t, const char *id, const char *path,
 		return NULL;
 	}
 	curl_free(esc);
-	p = id_path(t, id, suffix, err);
+	p = tether_id_path(t, id, suffix, err);
 	free(suffix);
 	return p;
 }
@@ -420,7 +431,7 @@ json_t *tether_create(struct tether *t, const char *worker, struct tt_err *err)
 		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 		return NULL;
 	}
-	j = tether_json_call(t, "POST", "/v1/sandboxes", body, JSON_ANSWER_MAX, err);
+	j = json_call(t, "POST", "/v1/sandboxes", body, TETHER_JSON_MAX, err);
 	json_decref(body);
 	return j;
 }
@@ -428,34 +439,34 @@ json_t *tether_create(struct tether *t, const char *worker, struct tt_err *err)
 /* tether_list: GET /v1/sandboxes. */
 json_t *tether_list(struct tether *t, struct tt_err *err)
 {
-	return tether_json_call(t, "GET", "/v1/sandboxes", NULL, JSON_ANSWER_MAX, err);
+	return json_call(t, "GET", "/v1/sandboxes", NULL, TETHER_JSON_MAX, err);
 }
 
 /* tether_info: GET /v1/sandboxes/ID. */
 json_t *tether_info(struct tether *t, const char *id, struct tt_err *err)
 {
-	_cleanup_free_ char *p = id_path(t, id, "", err);
+	_cleanup_free_ char *p = tether_id_path(t, id, "", err);
 
 	if (p == NULL)
 		return NULL;
-	return tether_json_call(t, "GET", p, NULL, JSON_ANSWER_MAX, err);
+	return json_call(t, "GET", p, NULL, TETHER_JSON_MAX, err);
 }
 
 /* tether_workers: GET /v1/workers. */
 json_t *tether_workers(struct tether *t, struct tt_err *err)
 {
-	return tether_json_call(t, "GET", "/v1/workers", NULL, JSON_ANSWER_MAX, err);
+	return json_call(t, "GET", "/v1/workers", NULL, TETHER_JSON_MAX, err);
 }
 
 /* tether_rm: DELETE /v1/sandboxes/ID. */
 int tether_rm(struct tether *t, const char *id, struct tt_err *err)
 {
-	_cleanup_free_ char *p = id_path(t, id, "", err);
+	_cleanup_free_ char *p = tether_id_path(t, id, "", err);
 	json_t *j;
 
 	if (p == NULL)
 		return -1;
-	j = tether_json_call(t, "DELETE", p, NULL, JSON_ANSWER_MAX, err);
+	j = json_call(t, "DELETE", p, NULL, TETHER_JSON_MAX, err);
 	if (j == NULL)
 		return -1;
 	json_decref(j);
@@ -466,11 +477,11 @@ int tether_rm(struct tether *t, const char *id, struct tt_err *err)
 json_t *tether_cap_issue(struct tether *t, const char *id, json_t *req,
                          struct tt_err *err)
 {
-	_cleanup_free_ char *p = id_path(t, id, "/capabilities", err);
+	_cleanup_free_ char *p = tether_id_path(t, id, "/capabilities", err);
 
 	if (p == NULL)
 		return NULL;
-	return tether_json_call(t, "POST", p, req, JSON_ANSWER_MAX, err);
+	return json_call(t, "POST", p, req, TETHER_JSON_MAX, err);
 }
 
 /* copy_bytes: a JSON string's bytes as an owned NUL-terminated buffer. */
@@ -493,7 +504,7 @@ static char *copy_bytes(json_t *s, size_t *len)
 int tether_exec(struct tether *t, const char *id, char *const argv[],
                 struct tether_exec_result *res, struct tt_err *err)
 {
-	_cleanup_free_ char *p = id_path(t, id, "/exec", err);
+	_cleanup_free_ char *p = tether_id_path(t, id, "/exec", err);
 	json_t *cmd = json_array();
 	json_t *body = NULL;
 	json_t *j = NULL;
@@ -513,7 +524,7 @@ int tether_exec(struct tether *t, const char *id, char *const argv[],
 		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 		goto out;
 	}
-	j = tether_json_call(t, "POST", p, body, TETHER_EXEC_OUT_MAX, err);
+	j = json_call(t, "POST", p, body, TETHER_EXEC_OUT_MAX, err);
 	if (j == NULL)
 		goto out;
 	code = json_object_get(j, "exit_code");
@@ -554,13 +565,14 @@ int tether_file_put(struct tether *t, const char *id, const char *path,
 {
 	_cleanup_free_ char *p = file_path(t, id, path, err);
 	struct source src = { .fd = fd, .left = size };
-	struct sink s = { .fd = -1, .max = ERROR_BODY_MAX };
+	struct tether_call c = { .method = "PUT", .path = p, .src = &src };
+	struct sink s = { .fd = -1, .max = TETHER_ERROR_MAX };
 	json_t *j = NULL;
 	int rc = -1;
 
 	if (p == NULL)
 		return -1;
-	if (tether_request(t, "PUT", p, NULL, &src, &s, err) < 0)
+	if (tether_request(t, &c, &s, err) < 0)
 		goto out;
 	j = json_loadb(s.buf ? s.buf : "", s.len, JSON_REJECT_DUPLICATES, NULL);
 	if (written)
@@ -577,12 +589,13 @@ int tether_file_get(struct tether *t, const char *id, const char *path,
                     int fd, uint64_t *got, struct tt_err *err)
 {
 	_cleanup_free_ char *p = file_path(t, id, path, err);
-	struct sink s = { .fd = fd, .max = ERROR_BODY_MAX };
+	struct tether_call c = { .method = "GET", .path = p };
+	struct sink s = { .fd = fd, .max = TETHER_ERROR_MAX };
 	int rc = -1;
 
 	if (p == NULL)
 		return -1;
-	if (tether_request(t, "GET", p, NULL, NULL, &s, err) < 0)
+	if (tether_request(t, &c, &s, err) < 0)
 		goto out;
 	if (got)
 		*got = s.fd_bytes;

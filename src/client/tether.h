@@ -1,7 +1,8 @@
 /* libtether: the C client library for the tether edge API (docs/API.md).
  * Blocking libcurl calls; every JSON answer is size-bounded; errors come
  * back as struct tt_err carrying the server's one-line message. The CLI is
- * built on it. Implementation: src/client/client.c, src/client/config.c. */
+ * built on it. Implementation: src/client/client.c (the request layer),
+ * src/client/lifecycle.c, src/client/config.c. */
 #ifndef TT_TETHER_H
 #define TT_TETHER_H
 
@@ -48,15 +49,15 @@ json_t *tether_info(struct tether *t, const char *id, struct tt_err *err);
 json_t *tether_workers(struct tether *t, struct tt_err *err);
 int tether_rm(struct tether *t, const char *id, struct tt_err *err);
 /* Lifecycle transitions (src/client/lifecycle.c): each answers the
- * sandbox object (caller decrefs). They take the configuration, not a
- * struct tether. tether_pause with wait = 0 answers at once ("pausing");
- * poll tether_info for "progress" and the final state. */
-json_t *tether_pause(const struct tether_config *cfg, const char *id, int wait,
+ * sandbox object (caller decrefs) and, changing state, is never repeated.
+ * tether_pause with wait = 0 answers at once ("pausing"); poll tether_info
+ * for "progress" and the final state. */
+json_t *tether_pause(struct tether *t, const char *id, int wait,
                      struct tt_err *err);
-json_t *tether_resume(const struct tether_config *cfg, const char *id,
-                      const char *worker, int force, struct tt_err *err);
-json_t *tether_migrate(const struct tether_config *cfg, const char *id,
-                       const char *worker, struct tt_err *err);
+json_t *tether_resume(struct tether *t, const char *id, const char *worker,
+                      int force, struct tt_err *err);
+json_t *tether_migrate(struct tether *t, const char *id, const char *worker,
+                       struct tt_err *err);
 /* tether_cap_issue: POST …/capabilities with req (borrowed). */
 json_t *tether_cap_issue(struct tether *t, const char *id, json_t *req,
                          struct tt_err *err);

@@ -1,0 +1,74 @@
+/* Helpers the CLI verbs share; see cli.h. */
+#include "cli/cli.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+/* cli_fail: see cli.h. The message may carry a server's text: any line
+ * break in it is flattened so the error stays one line. */
+int cli_fail(const char *fmt, ...)
+{
+	char line[768];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	for (char *p = line; *p; p++)
+		if (*p == '\n' || *p == '\r')
+			*p = ' ';
+	fprintf(stderr, "tether: %s\n", line);
+	return 1;
+}
+
+/* cli_open: see cli.h. */
+struct tether *cli_open(void)
+{
+	struct tether_config cfg;
+	struct tt_err err = { 0 };
+	struct tether *t;
+
+	if (tether_config_load(&cfg, &err) < 0) {
+		cli_fail("%s", err.msg);
+		return NULL;
+	}
+	t = tether_new(&cfg, &err);
+	if (t == NULL)
+		cli_fail("%s", err.msg);
+	return t;
+}
+
+/* cli_str: see cli.h. */
+const char *cli_str(json_t *obj, const char *key, const char *dflt)
+{
+	const char *s = json_string_value(json_object_get(obj, key));
+
+	return s ? s : dflt;
+}
+
+/* cli_int: see cli.h. */
+json_int_t cli_int(json_t *obj, const char *key)
+{
+	return json_integer_value(json_object_get(obj, key));
+}
+
+/* cli_print_json: see cli.h. */
+void cli_print_json(json_t *j)
+{
+	json_dumpf(j, stdout, JSON_INDENT(2) | JSON_SORT_KEYS);
+	fputc('\n', stdout);
+}
+
+/* cli_size: see cli.h. */
+const char *cli_size(uint64_t bytes, char *buf, size_t cap)
+{
+	if (bytes < 1024)
+		snprintf(buf, cap, "%llu B", (unsigned long long)bytes);
+	else if (bytes < 1024 * 1024)
+		snprintf(buf, cap, "%.1f KiB", (double)bytes / 1024.0);
+	else if (bytes < 1024ull * 1024 * 1024)
+		snprintf(buf, cap, "%.1f MiB", (double)bytes / (1024.0 * 1024.0));
+	else
+		snprintf(buf, cap, "%.1f GiB", (double)bytes / (1024.0 * 1024.0 * 1024.0));
+	return buf;
+}

@@ -4,6 +4,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "wire.h"
@@ -395,12 +396,28 @@ void relay_abort(struct relay *r, const char *code, const char *message)
 	finish_with_error(r, RELAY_ABORTED, code, message);
 }
 
+/* relay_alloc: a relay with every field zeroed except the two 64 KiB read
+ * buffers, which libuv fills before anything reads them: clearing 128 KiB
+ * per operation showed in profiles of the request path. */
+static struct relay *relay_alloc(void)
+{
+	struct relay *r = malloc(sizeof(*r));
+
+	if (r == NULL)
+		return NULL;
+	for (int i = 0; i < 2; i++)
+		memset(&r->side[i], 0, offsetof(struct relay_side, buf));
+	memset((char *)r + offsetof(struct relay, done), 0,
+	       sizeof(*r) - offsetof(struct relay, done));
+	return r;
+}
+
 /* relay_start: wires both sides and begins reading. */
 struct relay *relay_start(uv_stream_t *opener, uv_stream_t *far,
                           const uint8_t *pending, size_t pending_len,
                           relay_done_fn done, void *data, struct tt_err *err)
 {
-	struct relay *r = calloc(1, sizeof(*r));
+	struct relay *r = relay_alloc();
 	uv_stream_t *streams[2] = { opener, far };
 
 	if (r == NULL)

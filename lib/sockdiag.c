@@ -231,12 +231,12 @@ int sockdiag_unix_find_vfs(uint32_t kdev, uint32_t vfs_ino,
 int sockdiag_unix_find_vfs_on(int nl, uint32_t kdev, uint32_t vfs_ino,
                               struct unix_listener_info *out, struct tt_err *err)
 {
-	static uint32_t seq = DIAG_SEQ;
+	static uint32_t seq_next = DIAG_SEQ;
+	uint32_t seq = __atomic_add_fetch(&seq_next, 1, __ATOMIC_RELAXED);
 
 	if (nl < 0)
 		return tt_err_set(err, TT_ERR_INVALID, "no sock_diag socket");
 	diag_drain(nl);
-	seq = seq == UINT32_MAX ? 1 : seq + 1;
 	return diag_find_on(nl, seq, true, kdev, vfs_ino, out, err);
 }
 
@@ -323,6 +323,53 @@ int sockdiag_unix_listener_in_netns(int netns_fd, const char *path,
 	return 0;
 }
 
+/* sockdiag_open_in_netns: a sock_diag socket of netns_fd's namespace,
+ * created by this very thread: it joins the namespace, creates the socket
+ * and returns to its own namespace. No helper thread: starting one costs
+ * up to milliseconds here (waking an idle vCPU), on the create path. */
+int sockdiag_open_in_netns(int netns_fd, bool *stuck, struct tt_err *err)
+{
+	_cleanup_close_ int self = -1;
+	int nl, saved;
+
+	if (stuck != NULL)
+		*stuck = false;
+	if (netns_fd < 0) {
+		nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+		if (nl < 0)
+			return tt_err_sys(err, TT_ERR_SYS, "socket(NETLINK_SOCK_DIAG)");
+		return nl;
+	}
+	/* setns(CLONE_NEWNET) changes the calling thread only. */
+	self = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+	if (self < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "open /proc/thread-self/ns/net");
+	/* Privileged: setns(CLONE_NEWNET) needs CAP_SYS_ADMIN over the target
+	 * namespace; a NETLINK_SOCK_DIAG socket answers for the namespace it
+	 * was created in, whatever namespace its user is in later. */
+	if (setns(netns_fd, CLONE_NEWNET) < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "setns(net)");
+	nl = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+	saved = errno;
+	/* Privileged: straight back to our own namespace. Should that ever
+	 * fail, the thread would stay in the other one: report it so the
+	 * caller stops (the bridge then refuses to start). */
+	if (setns(self, CLONE_NEWNET) < 0) {
+		if (nl >= 0)
+			close(nl);
+		if (stuck != NULL)
+			*stuck = true;
+		return tt_err_sys(err, TT_ERR_SYS,
+		                  "setns back to our network namespace failed: "
+		                  "this thread is stuck in another one");
+	}
+	if (nl < 0) {
+		errno = saved;
+		return tt_err_sys(err, TT_ERR_SYS, "socket(NETLINK_SOCK_DIAG)");
+	}
+	return nl;
+}
+
 /* sockdiag_inode_owned_by: scans /proc/<pid>/fd for "socket:[ino]". */
 int sockdiag_inode_owned_by(pid_t pid, uint32_t socket_ino, struct tt_err *err)
 {
@@ -363,9 +410,21 @@ out:
 	return rc;
 }
 
-/* verify_listener: file owner, kernel listener, owning process, recheck. */
-int verify_listener(const char *path, int netns_fd,
-                    const struct proc_identity *expected, struct tt_err *err)
+/* listener_query: the kernel listener on st's file: on the reused socket
+ * nl when nl >= 0, else from netns_fd's namespace (or ours when < 0). */
+static int listener_query(const char *path, const struct stat *st, int nl,
+                          int netns_fd, struct unix_listener_info *info,
+                          struct tt_err *err)
+{
+	if (nl >= 0)
+		return sockdiag_unix_find_vfs_on(nl, sockdiag_kdev(st->st_dev),
+		                                 (uint32_t)st->st_ino, info, err);
+	return sockdiag_unix_listener_in_netns(netns_fd, path, info, err);
+}
+
+/* listener_check: verify_listener's body, the query made by listener_query. */
+static int listener_check(const char *path, int nl, int netns_fd,
+                          const struct proc_identity *expected, struct tt_err *err)
 {
 	_cleanup_close_ int pidfd = -1;
 	struct unix_listener_info info;
@@ -383,7 +442,7 @@ int verify_listener(const char *path, int netns_fd,
 		return tt_err_set(err, TT_ERR_VERIFY,
 		                  "socket file owner differs (uid %u, want %u)",
 		                  (unsigned)st.st_uid, (unsigned)expected->uid);
-	if (sockdiag_unix_listener_in_netns(netns_fd, path, &info, err) < 0) {
+	if (listener_query(path, &st, nl, netns_fd, &info, err) < 0) {
 		if (err != NULL && err->code == TT_ERR_NOT_FOUND)
 			return tt_err_set(err, TT_ERR_VERIFY,
 			                  "no listener bound at %s in that network namespace",
@@ -423,4 +482,20 @@ int verify_listener(const char *path, int netns_fd,
 		return tt_err_set(err, TT_ERR_VERIFY, "socket file %s replaced during check",
 		                  path);
 	return 0;
+}
+
+/* verify_listener: file owner, kernel listener, owning process, recheck. */
+int verify_listener(const char *path, int netns_fd,
+                    const struct proc_identity *expected, struct tt_err *err)
+{
+	return listener_check(path, -1, netns_fd, expected, err);
+}
+
+/* verify_listener_nl: the same checks, the sock_diag query sent on nl. */
+int verify_listener_nl(const char *path, int nl,
+                       const struct proc_identity *expected, struct tt_err *err)
+{
+	if (nl < 0)
+		return tt_err_set(err, TT_ERR_INVALID, "verify_listener_nl: no socket");
+	return listener_check(path, nl, -1, expected, err);
 }

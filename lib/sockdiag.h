@@ -48,6 +48,21 @@ int sockdiag_unix_listener_in_netns(int netns_fd, const char *path,
                                     struct unix_listener_info *out,
                                     struct tt_err *err);
 
+/* sockdiag_open_in_netns: a NETLINK_SOCK_DIAG socket (owned by the caller)
+ * created once inside netns_fd's network namespace (< 0: the caller's own).
+ * The calling thread joins that namespace just to create the socket and
+ * returns to its own; should the return fail, -1 with *stuck (may be NULL)
+ * set says the thread is still there and must not go on. A socket stays
+ * bound to the namespace it was created in, so queries on it need no
+ * further setns. */
+int sockdiag_open_in_netns(int netns_fd, bool *stuck, struct tt_err *err);
+
+/* sockdiag_unix_find_vfs_on: sockdiag_unix_find_vfs on such a socket nl,
+ * reused across queries (fresh sequence number each, dump read to its
+ * end). Not for concurrent use of one nl from several threads. */
+int sockdiag_unix_find_vfs_on(int nl, uint32_t kdev, uint32_t vfs_ino,
+                              struct unix_listener_info *out, struct tt_err *err);
+
 /* sockdiag_inode_owned_by: 0 if pid has an fd on socket inode socket_ino
  * ("socket:[ino]" in /proc/<pid>/fd), -1 with NOT_FOUND if not (or
  * TOO_LARGE past SOCKDIAG_MAX_FDS fds). */
@@ -62,5 +77,11 @@ int sockdiag_inode_owned_by(pid_t pid, uint32_t socket_ino, struct tt_err *err);
  * process that called listen()) before sending anything. */
 int verify_listener(const char *path, int netns_fd,
                     const struct proc_identity *expected, struct tt_err *err);
+
+/* verify_listener_nl: verify_listener with the sock_diag query sent on nl
+ * (from sockdiag_open_in_netns, in the listener's namespace) instead of a
+ * thread + setns + fresh socket per call. The same checks. */
+int verify_listener_nl(const char *path, int nl,
+                       const struct proc_identity *expected, struct tt_err *err);
 
 #endif

@@ -10,7 +10,8 @@
  *    against the identity pinned at start from --manager-pid);
  *  - bridge -> guest: per operation a fresh connection. verify_listener
  *    (socket file owner + inode, sock_diag UDIAG_SHOW_VFS inside the
- *    sandbox's network namespace, the listening inode held by the sandbox
+ *    sandbox's network namespace, on a netlink socket created there once at
+ *    start, the listening inode held by the sandbox
  *    init pinned at start), connect, verify_peer on the connection, then the
  *    handshake of guest/hello.h (per-activation secret from the manager on
  *    --secret-fd, fresh challenge). Only then the REQUEST and the relay.
@@ -28,6 +29,7 @@
 #include <limits.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,19 +71,25 @@ struct bridge {
 	struct proc_identity init_id, mgr_id;
 	int init_pidfd;
 	int netns_fd;                     /* the init's network namespace */
+	/* A sock_diag socket created once inside that namespace (a socket
+	 * stays bound to the namespace it was created in): each listener
+	 * check is then a plain send/recv, no thread + setns per operation.
+	 * -1 after a failed query: reopened on the next operation. */
+	int diag_nl;
 	uv_pipe_t server;
 	uv_poll_t init_poll;
 	uv_signal_t sigterm, sigint;
 	bool stopping;
 };
 
-/* One operation: the manager's connection until the relay takes over. */
+/* One operation: the manager's connection until the relay takes over.
+ * The two read buffers come last: bconn_new clears only what precedes
+ * them (they are always filled before being read). */
 struct bconn {
 	struct bridge *b;
 	uv_pipe_t *conn;          /* owned until the relay */
 	uv_pipe_t *guest;         /* owned until the relay */
 	struct wire_reader rd;
-	uint8_t buf[WIRE_PAYLOAD_MAX + WIRE_HDR_LEN];
 	uint8_t *req;             /* REQUEST payload copy (owned) */
 	uint32_t req_len;
 	uint8_t *pending;         /* bytes after the REQUEST (owned) */
@@ -91,8 +99,9 @@ struct bconn {
 	 * into hbuf, and its deadline (heap, freed by its close callback). */
 	uint8_t challenge[HELLO_CHALLENGE_LEN];
 	struct wire_reader hrd;
-	uint8_t hbuf[WIRE_PAYLOAD_MAX + WIRE_HDR_LEN];
 	uv_timer_t *htimer;
+	uint8_t buf[WIRE_PAYLOAD_MAX + WIRE_HDR_LEN];
+	uint8_t hbuf[WIRE_PAYLOAD_MAX + WIRE_HDR_LEN];
 };
 
 /* timer_free_cb: the handshake timer is closed: free it. */
@@ -355,6 +364,35 @@ static void guest_connected(uv_connect_t *req, int status)
 	hello_start(c);
 }
 
+static void bridge_stop(struct bridge *b, const char *why);
+
+/* listener_verified: verify_listener on the bridge's sock_diag socket of
+ * the sandbox's namespace (opened again if an earlier query broke it). A
+ * failure other than a refusal may leave the socket mid-dump: drop it. */
+static int listener_verified(struct bridge *b, struct tt_err *err)
+{
+	bool stuck = false;
+	int rc;
+
+	if (b->diag_nl < 0)
+		b->diag_nl = sockdiag_open_in_netns(b->netns_fd, &stuck, err);
+	if (stuck) {
+		/* Our one thread could not leave the sandbox's namespace:
+		 * nothing here may run on in it. */
+		log_error("%s", err != NULL ? err->msg : "stuck in the sandbox netns");
+		bridge_stop(b, "stuck in the sandbox's network namespace");
+		return -1;
+	}
+	if (b->diag_nl < 0)
+		return -1;
+	rc = verify_listener_nl(b->guest_socket, b->diag_nl, &b->init_id, err);
+	if (rc < 0 && (err == NULL || err->code != TT_ERR_VERIFY)) {
+		close(b->diag_nl);
+		b->diag_nl = -1;
+	}
+	return rc;
+}
+
 /* handle_request: checks the REQUEST and opens the guest connection. */
 static void handle_request(struct bconn *c, const struct wire_frame *f)
 {
@@ -389,7 +427,7 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 	/* The listener first: whoever now listens at the path must be the
 	 * init's socket, seen from inside the sandbox's network namespace. A
 	 * replacement never even gets a connection. */
-	if (verify_listener(c->b->guest_socket, c->b->netns_fd, &c->b->init_id, &err) < 0) {
+	if (listener_verified(c->b, &err) < 0) {
 		char msg[300];
 
 		snprintf(msg, sizeof(msg), "guest listener: %s", err.msg);
@@ -446,6 +484,17 @@ static void bconn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	handle_request(c, &f);
 }
 
+/* bconn_new: an operation with every field but the read buffers zeroed
+ * (clearing 128 KiB per operation showed in profiles). */
+static struct bconn *bconn_new(void)
+{
+	struct bconn *c = malloc(sizeof(*c));
+
+	if (c != NULL)
+		memset(c, 0, offsetof(struct bconn, buf));
+	return c;
+}
+
 /* on_connection: only the manager pinned at start (pid, start time,
  * executable, uid); anyone else is refused before a byte is read. */
 static void on_connection(uv_stream_t *server, int status)
@@ -476,7 +525,7 @@ static void on_connection(uv_stream_t *server, int status)
 		relay_close_free((uv_stream_t *)p);
 		return;
 	}
-	c = calloc(1, sizeof(*c));
+	c = bconn_new();
 	if (c == NULL) {
 		relay_close_free((uv_stream_t *)p);
 		return;
@@ -613,6 +662,9 @@ static int pin_peers(struct bridge *b, struct tt_err *err)
 	b->netns_fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (b->netns_fd < 0)
 		return tt_err_sys(err, TT_ERR_SYS, "open %s", path);
+	b->diag_nl = sockdiag_open_in_netns(b->netns_fd, NULL, err);
+	if (b->diag_nl < 0)
+		return -1; /* stuck or not: we refuse to start */
 	/* The pid named the pinned init while we opened it: still alive, same
 	 * start time. */
 	if (procid_pidfd_alive(b->init_pidfd, err) != 1 ||
@@ -663,6 +715,7 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	b->init_pidfd = -1;
 	b->netns_fd = -1;
+	b->diag_nl = -1;
 	if (parse_args(b, argc, argv) < 0)
 		return 1;
 	/* The activation secret: not dumpable, so no other process of our

@@ -1026,6 +1026,27 @@ static void cp_ack_apply(struct cp *cp, const char *worker, json_t *up,
 	}
 }
 
+/* cp_ack_plain: whether cp_ack_apply of up is at most one plain state
+ * write (install from starting, destroy from deleting, or nothing): such
+ * acks are applied in one transaction with the worker's ack stamp. The
+ * lifecycle outcomes (resume, pause) have their own transactions and
+ * follow-ups, so they keep the one-by-one path. */
+static int cp_ack_plain(struct cp *cp, const char *worker, json_t *up)
+{
+	struct tt_err err = { 0 };
+	const char *kind = json_string_value(json_object_get(up, "kind"));
+	const char *sbx = json_string_value(json_object_get(up, "sandbox"));
+	struct cp_sandbox sb;
+
+	if (kind == NULL || sbx == NULL ||
+	    cpdb_sandbox_get(cp->db, sbx, &sb, &err) != 1 ||
+	    strcmp(sb.worker, worker) != 0)
+		return 1; /* nothing to apply */
+	if (strcmp(kind, "install") == 0)
+		return strcmp(sb.state, "resuming") != 0;
+	return strcmp(kind, "pause") != 0;
+}
+
 /* cp_ack: POST /v1/feed/ack (Node). */
 static int cp_ack(struct cp *cp, struct lws *wsi, json_t *body)
 {
@@ -1037,7 +1058,7 @@ static int cp_ack(struct cp *cp, struct lws *wsi, json_t *body)
 	json_t *ups, *up;
 	int64_t rev;
 	size_t i;
-	int rc;
+	int rc, batch;
 
 	if (!cp_name_ok(worker) || !json_is_integer(jrev) ||
 	    json_integer_value(jrev) < 0 ||
@@ -1056,6 +1077,19 @@ static int cp_ack(struct cp *cp, struct lws *wsi, json_t *body)
 	                                          100000, &err) : json_array();
 	if (ups == NULL)
 		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+	/* The common case (a create's install, a destroy): every state write
+	 * and the ack stamp in one commit instead of one each. */
+	batch = 1;
+	json_array_foreach(ups, i, up) {
+		if (json_integer_value(json_object_get(up, "rev")) > rev)
+			break;
+		if (!cp_ack_plain(cp, worker, up))
+			batch = 0;
+	}
+	if (batch && cpdb_batch_begin(cp->db, &err) < 0) {
+		json_decref(ups);
+		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+	}
 	json_array_foreach(ups, i, up) {
 		int64_t r = json_integer_value(json_object_get(up, "rev"));
 
@@ -1064,8 +1098,10 @@ static int cp_ack(struct cp *cp, struct lws *wsi, json_t *body)
 		cp_ack_apply(cp, worker, up, cp_ack_result(results, r));
 	}
 	json_decref(ups);
-	if (cpdb_worker_set_acked(cp->db, worker, rev, &err) < 0 ||
-	    cpdb_worker_seen(cp->db, worker, tt_now(), &err) < 0)
+	rc = cpdb_worker_acked_seen(cp->db, worker, rev, tt_now(), &err);
+	if (batch)
+		rc = cpdb_batch_end(cp->db, rc, &err);
+	if (rc < 0)
 		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
 	feed_acked(cp, worker, rev);
 	return http_reply_json(wsi, 200, json_pack("{s:b}", "ok", 1));

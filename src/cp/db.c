@@ -283,6 +283,27 @@ int cpdb_worker_set_acked(struct cpdb *db, const char *id, int64_t rev,
 	                    " WHERE id=?2", rev, id, err);
 }
 
+/* cpdb_worker_acked_seen: both stamps of an ack, atomically. */
+int cpdb_worker_acked_seen(struct cpdb *db, const char *id, int64_t rev,
+                           int64_t now, struct tt_err *err)
+{
+	sqlite3_stmt *st = cpdb_prep(db, "UPDATE workers SET"
+	                             " acked_rev=max(acked_rev,?1), last_seen=?3"
+	                             " WHERE id=?2", err);
+	int rc;
+
+	if (st == NULL)
+		return -1;
+	sqlite3_bind_int64(st, 1, rev);
+	sqlite3_bind_text(st, 2, id, -1, SQLITE_TRANSIENT);
+	sqlite3_bind_int64(st, 3, now);
+	rc = sqlite3_step(st);
+	sqlite3_finalize(st);
+	if (rc != SQLITE_DONE)
+		return cpdb_fail(db, err, "ack");
+	return sqlite3_changes(db->h) > 0;
+}
+
 /* cpdb_worker_row: row -> struct. */
 static void cpdb_worker_row(sqlite3_stmt *st, struct cp_worker *w)
 {
@@ -383,6 +404,18 @@ static int cpdb_commit(struct cpdb *db, int rc, struct tt_err *err)
 		return -1;
 	}
 	return cpdb_exec(db, "COMMIT", err);
+}
+
+/* cpdb_batch_begin: BEGIN IMMEDIATE for a group of plain updates. */
+int cpdb_batch_begin(struct cpdb *db, struct tt_err *err)
+{
+	return cpdb_exec(db, "BEGIN IMMEDIATE", err);
+}
+
+/* cpdb_batch_end: COMMIT (rc >= 0) or ROLLBACK; passes rc through. */
+int cpdb_batch_end(struct cpdb *db, int rc, struct tt_err *err)
+{
+	return cpdb_commit(db, rc < 0 ? -1 : 0, err) < 0 ? -1 : rc;
 }
 
 /* cpdb_feed_append: one update in its own transaction. */

@@ -80,6 +80,17 @@ int cpdb_worker_get(struct cpdb *db, const char *id, struct cp_worker *out,
                     struct tt_err *err);
 int cpdb_worker_set_acked(struct cpdb *db, const char *id, int64_t rev,
                           struct tt_err *err);
+/* cpdb_batch_begin / cpdb_batch_end: one transaction (one commit, one
+ * fsync) around plain single-statement calls (cpdb_sandbox_set_state,
+ * cpdb_worker_acked_seen, reads); never around the functions that open
+ * their own transaction. end commits when rc >= 0, else rolls back, and
+ * returns rc (or -1 if the commit failed). */
+int cpdb_batch_begin(struct cpdb *db, struct tt_err *err);
+int cpdb_batch_end(struct cpdb *db, int rc, struct tt_err *err);
+/* cpdb_worker_acked_seen: cpdb_worker_set_acked + cpdb_worker_seen in one
+ * statement (one commit, one fsync, on the create path's ack). */
+int cpdb_worker_acked_seen(struct cpdb *db, const char *id, int64_t rev,
+                           int64_t now, struct tt_err *err);
 /* cpdb_workers_each: calls fn for each worker, ordered by id. */
 int cpdb_workers_each(struct cpdb *db,
                       void (*fn)(const struct cp_worker *, void *), void *arg,

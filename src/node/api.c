@@ -41,6 +41,7 @@
 #define API_OUT_MAX (16u << 20)      /* exec stdout / stderr each */
 #define API_STREAM_HIGH (1u << 20)   /* GET: pause the manager above this */
 #define API_STREAM_LOW (256u << 10)
+#define API_WHOLE_MAX (64u << 10)    /* GET: complete this small: one write */
 #define API_PENDING_MAX (1u << 20)   /* PUT bytes held before admission */
 #define API_LIST_MAX 10000           /* entries in one listing */
 #define API_LIST_BYTES_MAX (4u << 20) /* NDJSON bytes of one listing */
@@ -1073,6 +1074,44 @@ static int stream_done(struct lws *wsi, struct api_pss *pss, struct api_op *op)
 	return lws_http_transaction_completed(wsi) ? -1 : 0;
 }
 
+/* stream_write_whole: a small read already complete (RESULT confirmed it):
+ * headers and the whole body in one lws_write, as small replies go, instead
+ * of a headers write, a writeable round trip and a body write. */
+static int stream_write_whole(struct lws *wsi, struct api_pss *pss, struct api_op *op)
+{
+	const size_t head_room = 512;
+	_cleanup_free_ uint8_t *buf = malloc(LWS_PRE + head_room + op->content_len);
+	uint8_t *start, *p, *end;
+
+	if (buf == NULL)
+		return -1;
+	start = p = buf + LWS_PRE;
+	end = start + head_room;
+	if (lws_add_http_header_status(wsi, 200 | LWSAHH_FLAG_NO_SERVER_NAME, &p, end) ||
+	    lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CONTENT_TYPE,
+	            (const uint8_t *)"application/octet-stream", 24, &p, end) ||
+	    lws_add_http_header_content_length(wsi, op->content_len, &p, end) ||
+	    lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CACHE_CONTROL,
+	            (const uint8_t *)"no-store", 8, &p, end) ||
+	    lws_finalize_http_header(wsi, &p, end))
+		return -1;
+	while (op->q_head != NULL) {
+		struct api_chunk *c = op->q_head;
+
+		memcpy(p, c->data, c->len);
+		p += c->len;
+		op->sent += c->len;
+		op->q_head = c->next;
+		op->q_bytes -= c->len;
+		free(c);
+	}
+	op->q_tail = NULL;
+	op->headers_sent = true;
+	if (lws_write(wsi, start, (size_t)(p - start), LWS_WRITE_HTTP_FINAL) < (int)(p - start))
+		return -1;
+	return stream_done(wsi, pss, op);
+}
+
 /* stream_write: one step of a streamed GET: the headers with
  * Content-Length, one body piece, or an abort (closing the connection short
  * of the announced length). The last piece goes out, marked final, only
@@ -1087,6 +1126,9 @@ static int stream_write(struct lws *wsi, struct api_pss *pss, struct api_op *op)
 	}
 	if (!op->have_meta)
 		return 0;
+	if (!op->headers_sent && op->stream_end && op->sent == 0 &&
+	    op->q_bytes == op->content_len && op->content_len <= API_WHOLE_MAX)
+		return stream_write_whole(wsi, pss, op);
 	if (!op->headers_sent) {
 		uint8_t hb[LWS_PRE + 512], *start = hb + LWS_PRE, *p = start,
 		        *end = hb + sizeof(hb);

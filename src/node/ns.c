@@ -58,6 +58,8 @@ struct ns_plan {
 	int ready_wr;                   /* write end of the readiness pipe */
 	int secret_rd;                  /* read end of the secret pipe, or -1 */
 	int log_fd;                     /* > 2 or -1 */
+	int cg_tasks[3];                /* v1 "tasks" files to join (-1: none) */
+	int netns_fd;                   /* a made-ahead netns to join, or -1 */
 };
 
 /* Control messages child -> parent on the SEQPACKET socketpair. */
@@ -298,10 +300,33 @@ static void child_stdio(const struct ns_plan *p)
 		child_fail(p, "close_range");
 }
 
+/* child_cgroups: v1: moves this (single-threaded) process into each of
+ * its cgroups by writing "0" (= the calling thread) to their tasks files,
+ * before anything else; the parent then has no pid to move. */
+static void child_cgroups(const struct ns_plan *p)
+{
+	for (int i = 0; i < 3; i++) {
+		if (p->cg_tasks[i] < 0)
+			continue;
+		/* Privileged: joining the sandbox's own cgroup. */
+		if (write(p->cg_tasks[i], "0", 1) != 1)
+			child_fail(p, "join the sandbox cgroup");
+		close(p->cg_tasks[i]);
+	}
+}
+
 /* child_main: the cloned child, PID 1 of the sandbox. Never returns. */
 __attribute__((noreturn)) static void child_main(const struct ns_plan *p)
 {
-	child_wait(p); /* parent has put us in our cgroups */
+	if (p->netns_fd >= 0) {
+		/* Privileged: join the fresh network namespace made for us
+		 * (instead of CLONE_NEWNET): the caller's, never shared. */
+		if (setns(p->netns_fd, CLONE_NEWNET) < 0)
+			child_fail(p, "join the sandbox network namespace");
+		close(p->netns_fd);
+	}
+	child_cgroups(p);
+	child_wait(p); /* we (v1) or the parent (v2) put us in our cgroups */
 	/* Privileged: cgroup namespace rooted at the sandbox's own cgroup. */
 	if (unshare(CLONE_NEWCGROUP) < 0)
 		child_fail(p, "unshare cgroup namespace");
@@ -414,6 +439,53 @@ static int ns_prepare_dirs(const struct ns_config *cfg, struct ns_plan *p,
 	if (unlink(sb->guest_socket) < 0 && errno != ENOENT)
 		return tt_err_sys(err, TT_ERR_IO, "removing stale %s", sb->guest_socket);
 	return 0;
+}
+
+/* ns_sandbox_dirs_spare: the host-side layout, made ahead of time. */
+int ns_sandbox_dirs_spare(const char *dir, struct tt_err *err)
+{
+	static const char *const subs[] = { "layer", "layer/home", "layer/tmp",
+	                                    "layer/workspace", "root", "run" };
+	char path[PATH_MAX];
+
+	if (!dir || dir[0] != '/')
+		return tt_err_set(err, TT_ERR_INVALID, "spare dir must be an absolute path");
+	if (ns_mkdir_root(dir, err) < 0)
+		return -1;
+	for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++)
+		if (ns_path(path, dir, subs[i], err) < 0 || ns_mkdir_root(path, err) < 0)
+			return -1;
+	return 0;
+}
+
+/* ns_netns_make: unshare on this thread, keep an fd, go back home. */
+int ns_netns_make(bool *stuck, struct tt_err *err)
+{
+	_cleanup_close_ int self = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+	int fd, saved;
+
+	*stuck = false;
+	if (self < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "open /proc/thread-self/ns/net");
+	/* Privileged: a new network namespace (host root owns it), made for
+	 * the next sandbox ahead of time; this thread leaves it right away. */
+	if (unshare(CLONE_NEWNET) < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "unshare(CLONE_NEWNET)");
+	fd = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+	saved = errno;
+	/* Privileged: back to our own network namespace. */
+	if (setns(self, CLONE_NEWNET) < 0) {
+		if (fd >= 0)
+			close(fd);
+		*stuck = true;
+		return tt_err_sys(err, TT_ERR_SYS, "setns back to our network namespace "
+		                  "failed: this thread is stuck in a new one");
+	}
+	if (fd < 0) {
+		errno = saved;
+		return tt_err_sys(err, TT_ERR_SYS, "open the new network namespace");
+	}
+	return fd;
 }
 
 /* ns_plan_argv: the init's argv (default: the guest agent). */
@@ -568,10 +640,12 @@ void ns_sandbox_init(struct ns_sandbox *sb)
 	memset(sb, 0, sizeof *sb);
 	sb->pidfd = -1;
 	sb->exit_status = -1;
+	sb->ready_fd = -1;
 }
 
-int ns_sandbox_start(const struct ns_config *cfg, struct ns_sandbox *out,
-                     struct tt_err *err)
+/* ns_sandbox_launch: plan, cgroups, clone, setup handshake, up to exec. */
+int ns_sandbox_launch(const struct ns_config *cfg, struct ns_sandbox *out,
+                      struct tt_err *err)
 {
 	ns_sandbox_init(out);
 	if (!cfg || !ns_id_ok(cfg->sbx_id))
@@ -592,6 +666,10 @@ int ns_sandbox_start(const struct ns_config *cfg, struct ns_sandbox *out,
 	memset(&p, 0, sizeof p);
 	p.guest_bin = cfg->guest_bin;
 	p.log_fd = cfg->log_fd > 2 ? cfg->log_fd : -1;
+	p.cg_tasks[0] = p.cg_tasks[1] = p.cg_tasks[2] = -1;
+	p.netns_fd = cfg->use_netns ? cfg->netns_fd : -1;
+	if (cfg->use_netns && cfg->netns_fd < 0)
+		return tt_err_set(err, TT_ERR_INVALID, "use_netns without a netns fd");
 	if (ns_plan_argv(cfg, &p, err) < 0 || ns_prepare_dirs(cfg, &p, out, err) < 0)
 		return -1;
 
@@ -611,6 +689,9 @@ int ns_sandbox_start(const struct ns_config *cfg, struct ns_sandbox *out,
 
 	int rc = -1;
 	int sv[2] = { -1, -1 }, ready[2] = { -1, -1 }, secret[2] = { -1, -1 };
+	int ncg = ns_cgroup_self_fds(out, p.cg_tasks, err);
+	if (ncg < 0)
+		goto fail;
 	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0 ||
 	    pipe2(ready, O_CLOEXEC) < 0) {
 		tt_err_sys(err, TT_ERR_SYS, "socketpair/pipe");
@@ -639,7 +720,8 @@ int ns_sandbox_start(const struct ns_config *cfg, struct ns_sandbox *out,
 	int pidfd = -1;
 	/* Privileged: new pid, mount, net, uts and ipc namespaces (host root
 	 * owns them; see the file comment). Raw clone: like fork, plus pidfd. */
-	long pid = syscall(SYS_clone, CLONE_PIDFD | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET |
+	long pid = syscall(SYS_clone, CLONE_PIDFD | CLONE_NEWPID | CLONE_NEWNS |
+	                   (p.netns_fd >= 0 ? 0 : CLONE_NEWNET) |
 	                   CLONE_NEWUTS | CLONE_NEWIPC | SIGCHLD, NULL, &pidfd, NULL, NULL);
 	if (pid < 0) {
 		tt_err_sys(err, TT_ERR_SYS, "clone sandbox init");
@@ -663,10 +745,16 @@ int ns_sandbox_start(const struct ns_config *cfg, struct ns_sandbox *out,
 	int64_t deadline = ns_now_ms() +
 		(cfg->ready_timeout_ms ? cfg->ready_timeout_ms : NS_DEFAULT_READY_MS);
 
+	for (int i = 0; i < 3; i++) {
+		if (p.cg_tasks[i] >= 0)
+			close(p.cg_tasks[i]);
+		p.cg_tasks[i] = -1;
+	}
 	if (proc_start_time(out->init_pid, &out->init_start_time, err) < 0)
 		goto fail;
-	/* Into the cgroups before the child does anything at all. */
-	if (ns_cgroup_attach(out, out->init_pid, err) < 0)
+	/* v2: into the cgroups before the child does anything at all (v1:
+	 * the child joined them itself, first thing, see child_cgroups). */
+	if (ncg == 0 && ns_cgroup_attach(out, out->init_pid, err) < 0)
 		goto fail;
 	if (send(sv[0], "c", 1, MSG_NOSIGNAL) != 1) {
 		tt_err_sys(err, TT_ERR_TRANSPORT, "sandbox init: control socket");
@@ -700,12 +788,18 @@ int ns_sandbox_start(const struct ns_config *cfg, struct ns_sandbox *out,
 		tt_err_set(err, TT_ERR_TRANSPORT, "sandbox init: unexpected control message");
 		goto fail;
 	}
-	if (ns_read_ready(ready[0], out->pidfd, deadline, err) < 0)
-		goto fail;
+	/* Exec'd: the readiness pipe is handed over to ns_sandbox_wait_ready. */
+	out->ready_fd = ready[0];
+	out->ready_open = true;
+	out->ready_deadline_ms = deadline;
+	ready[0] = -1;
 	rc = 0;
-	log_info("ns: sandbox %s gen %" PRIu64 " init pid %d ready", cfg->sbx_id, cfg->gen,
+	log_info("ns: sandbox %s gen %" PRIu64 " init pid %d exec'd", cfg->sbx_id, cfg->gen,
 	         (int)out->init_pid);
 fail:
+	for (int i = 0; i < 3; i++)
+		if (p.cg_tasks[i] >= 0)
+			close(p.cg_tasks[i]);
 	for (int i = 0; i < 2; i++) {
 		if (sv[i] >= 0)
 			close(sv[i]);
@@ -721,6 +815,37 @@ fail:
 		ns_sandbox_init(out);
 	}
 	return rc;
+}
+
+/* ns_sandbox_wait_ready: "ready\n" from a launched init, or stop it. */
+int ns_sandbox_wait_ready(struct ns_sandbox *sb, struct tt_err *err)
+{
+	int rc;
+
+	if (!sb->ready_open)
+		return tt_err_set(err, TT_ERR_INVALID, "sandbox was not launched");
+	rc = ns_read_ready(sb->ready_fd, sb->pidfd, sb->ready_deadline_ms, err);
+	close(sb->ready_fd);
+	sb->ready_fd = -1;
+	sb->ready_open = false;
+	if (rc < 0) {
+		struct tt_err ignored;
+
+		ns_sandbox_stop(sb, &ignored);
+		ns_sandbox_init(sb);
+		return -1;
+	}
+	log_info("ns: sandbox init pid %d ready", (int)sb->init_pid);
+	return 0;
+}
+
+/* ns_sandbox_start: launch, then wait for readiness. */
+int ns_sandbox_start(const struct ns_config *cfg, struct ns_sandbox *out,
+                     struct tt_err *err)
+{
+	if (ns_sandbox_launch(cfg, out, err) < 0)
+		return -1;
+	return ns_sandbox_wait_ready(out, err);
 }
 
 /* ---- freezer (pause, SPEC §7) ------------------------------------------ */
@@ -940,6 +1065,11 @@ void ns_freezer_release(const char *sbx_id, uint64_t gen)
 
 int ns_sandbox_stop(struct ns_sandbox *sb, struct tt_err *err)
 {
+	if (sb->ready_open) {
+		close(sb->ready_fd);
+		sb->ready_fd = -1;
+		sb->ready_open = false;
+	}
 	if (sb->init_pid > 0 && sb->pidfd >= 0) {
 		/* A frozen init cannot die: kill it first (nothing may run
 		 * after a pause's snapshot), then thaw so the kill lands. */

@@ -233,6 +233,41 @@ int ns_cgroup_attach(const struct ns_sandbox *sb, pid_t pid, struct tt_err *err)
 	return 0;
 }
 
+/* ns_cgroup_self_fds: the v1 "tasks" files a new init moves itself with. */
+int ns_cgroup_self_fds(const struct ns_sandbox *sb, int fds[3], struct tt_err *err)
+{
+	const char *dirs[] = { sb->cgroup_memory, sb->cgroup_pids, sb->cgroup_cpu };
+	int n = 0;
+
+	fds[0] = fds[1] = fds[2] = -1;
+	if (strcmp(sb->cgroup_memory, sb->cgroup_pids) == 0)
+		return 0; /* v2: one dir; the parent attaches by pid */
+	for (size_t i = 0; i < 3; i++) {
+		char path[PATH_MAX];
+
+		if (!dirs[i][0])
+			continue;
+		if (snprintf(path, sizeof path, "%s/tasks", dirs[i]) >= (int)sizeof path) {
+			tt_err_set(err, TT_ERR_INVALID, "cgroup path too long");
+			goto fail;
+		}
+		/* Privileged: cgroup control file of the sandbox's own cgroup. */
+		fds[n] = open(path, O_WRONLY | O_CLOEXEC);
+		if (fds[n] < 0) {
+			tt_err_sys(err, TT_ERR_SYS, "cgroup: open %s", path);
+			goto fail;
+		}
+		n++;
+	}
+	return n;
+fail:
+	for (int i = 0; i < n; i++) {
+		close(fds[i]);
+		fds[i] = -1;
+	}
+	return -1;
+}
+
 /* cg_rmdir: removes one cgroup, retrying while its last tasks finish
  * exiting (they leave the cgroup slightly after being reaped). */
 static int cg_rmdir(char path[PATH_MAX], struct tt_err *err)

@@ -318,25 +318,6 @@ static void test_lifecycle_not_repeated(void **state)
 	assert_non_null(strstr(s.req[2], "GET /v1/sandboxes/sbx_a HTTP/1.1"));
 }
 
-/* The transitional configuration form of the lifecycle calls reaches the
- * same request layer. */
-static void test_lifecycle_cfg_form(void **state)
-{
-	struct srv s = { .n = 1 };
-	struct tether_config cfg;
-	struct tt_err err = { 0 };
-	json_t *j;
-
-	(void)state;
-	s.answers[0] = "200 OK\n{\"id\":\"sbx_a\",\"state\":\"paused\"}";
-	srv_start(&s, &cfg);
-	j = tether_pause(&cfg, "sbx_a", 1, &err);
-	assert_non_null(j);
-	json_decref(j);
-	srv_stop(&s);
-	assert_non_null(strstr(s.req[0], "POST /v1/sandboxes/sbx_a/pause HTTP/1.1"));
-}
-
 /* setup: a private HOME. */
 static int setup(void **state)
 {
@@ -367,7 +348,6 @@ int main(void)
 		cmocka_unit_test(test_unreachable),
 		cmocka_unit_test(test_lifecycle_requests),
 		cmocka_unit_test(test_lifecycle_not_repeated),
-		cmocka_unit_test(test_lifecycle_cfg_form),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

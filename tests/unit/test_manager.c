@@ -3,9 +3,12 @@
  * build/tetherd spawned as a child, sandboxes are real ns sandboxes running
  * build/tether-guest behind real bridges. Tokens come from a freshly
  * generated key pair via cap_mint. Needs root (namespaces, cgroups). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <limits.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <sodium.h>
@@ -30,6 +33,7 @@
 #include "keyring.h"
 #include "paserk.h"
 #include "paseto.h"
+#include "testutil.h"
 #include "timefmt.h"
 #include "wire.h"
 #include "wire_json.h"
@@ -227,8 +231,17 @@ static void start_manager(void)
 
 		char snaps[128];
 
+		char log_path[128];
+		int log_fd;
+
 		if (realpath(guest, guest_abs) == NULL)
 			_exit(126);
+		/* The manager's log goes to a file the tests read its refusal
+		 * reasons from (appended across restarts). */
+		snprintf(log_path, sizeof(log_path), "%s/manager.log", state_dir);
+		log_fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+		if (log_fd < 0 || dup2(log_fd, STDERR_FILENO) < 0)
+			_exit(125);
 		snprintf(snaps, sizeof(snaps), "%s/snapshots", state_dir);
 		execl(bin, "tetherd", "manager", "--state", state_dir, "--socket", sock_path,
 		      "--worker-id", "w1", "--peer-pid", ppid, "--peer-uid", "0",
@@ -684,6 +697,256 @@ static void test_pause_and_restore(void **state)
 	free(tok8);
 }
 
+/* ---- a bridge the manager did not start (SPEC §5) -------------------------- */
+
+/* mgr_log_has: the manager's log (state_dir/manager.log) holds needle. */
+static bool mgr_log_has(const char *needle)
+{
+	char path[128], buf[65536];
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/manager.log", state_dir);
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+		return false;
+	/* The tail is enough: the line was just written. */
+	if (lseek(fd, 0, SEEK_END) > (off_t)sizeof(buf) - 1)
+		lseek(fd, -(off_t)(sizeof(buf) - 1), SEEK_END);
+	else
+		lseek(fd, 0, SEEK_SET);
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	return strstr(buf, needle) != NULL;
+}
+
+/* manager_bridge_pid: the one tether-bridge child of the manager (there is
+ * one sandbox, so one bridge); fails the test if there is not exactly one. */
+static pid_t manager_bridge_pid(void)
+{
+	char path[300], line[512];
+	pid_t found = 0;
+	int count = 0;
+	DIR *d = opendir("/proc");
+	struct dirent *e;
+
+	assert_non_null(d);
+	while ((e = readdir(d)) != NULL) {
+		char *close_paren;
+		int ppid = 0;
+		FILE *f;
+
+		if (e->d_name[0] < '1' || e->d_name[0] > '9')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+		if ((f = fopen(path, "re")) == NULL)
+			continue;
+		if (fgets(line, sizeof(line), f) == NULL) {
+			fclose(f);
+			continue;
+		}
+		fclose(f);
+		/* "pid (comm) state ppid": comm may hold anything, so the
+		 * fields after it are read after the last ')'. */
+		close_paren = strrchr(line, ')');
+		if (close_paren == NULL || sscanf(close_paren + 1, " %*c %d", &ppid) != 1 ||
+		    ppid != (int)mgr_pid || strstr(line, "(tether-bridge)") == NULL)
+			continue;
+		found = (pid_t)atoi(e->d_name);
+		count++;
+	}
+	closedir(d);
+	assert_int_equal(count, 1);
+	return found;
+}
+
+/* exec_state: the state of SBX in the manager's status ("" if absent). */
+static void exec_state(char *out, size_t cap)
+{
+	struct answer a;
+	json_t *list;
+	size_t i;
+	json_t *ex;
+
+	call(json_pack("{s:s}", "op", "status"), &a);
+	assert_non_null(a.result);
+	out[0] = '\0';
+	list = json_object_get(a.result, "executions");
+	json_array_foreach(list, i, ex)
+		if (strcmp(json_string_value(json_object_get(ex, "sandbox")), SBX) == 0)
+			snprintf(out, cap, "%s", json_string_value(json_object_get(ex, "state")));
+	answer_free(&a);
+}
+
+/* A recording impostor of the bridge, and the pipe that stops it. */
+struct impostor {
+	pid_t pid;
+	int stop_wr;    /* closing it tells the impostor to exit */
+	char rec[128];  /* every byte it received */
+};
+
+/* impostor_serve: accepts on l until stop_rd becomes readable (EOF),
+ * appending each connection's bytes to out; never answers. Exits with the
+ * number of connections it accepted (capped). */
+static _Noreturn void impostor_serve(int l, int stop_rd, int out)
+{
+	int conns = 0;
+
+	for (;;) {
+		struct pollfd pf[2] = { { .fd = l, .events = POLLIN },
+		                        { .fd = stop_rd, .events = POLLIN } };
+		uint8_t buf[4096];
+		ssize_t n;
+		int c;
+
+		if (poll(pf, 2, 30000) <= 0 || pf[1].revents != 0)
+			_exit(conns > 100 ? 100 : conns);
+		if ((c = accept4(l, NULL, NULL, SOCK_CLOEXEC)) < 0)
+			continue;
+		conns++;
+		/* Bounded: a peer that neither writes nor closes gets 3 s. */
+		while ((n = tu_read_within(c, buf, sizeof(buf), 3000)) > 0)
+			if (write(out, buf, (size_t)n) != n)
+				_exit(101);
+		close(c);
+	}
+}
+
+/* impostor_start: a process (root, like the manager's real bridge) that
+ * unlinks SBX's bridge.sock and binds its own listener there, as anything
+ * with write access to the sandbox directory could. */
+static void impostor_start(struct impostor *imp)
+{
+	char sock[160];
+	int ready[2], stop[2];
+	char c;
+
+	snprintf(sock, sizeof(sock), "%s/sandboxes/%s/bridge.sock", state_dir, SBX);
+	snprintf(imp->rec, sizeof(imp->rec), "%s/impostor.rec", state_dir);
+	assert_int_equal(pipe2(ready, O_CLOEXEC), 0);
+	assert_int_equal(pipe2(stop, O_CLOEXEC), 0);
+	imp->pid = fork();
+	assert_true(imp->pid >= 0);
+	if (imp->pid == 0) {
+		int l, out;
+
+		close(ready[0]);
+		close(stop[1]);
+		out = open(imp->rec, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+		unlink(sock);
+		l = tu_unix_listen(sock, 16, SOCK_CLOEXEC);
+		if (out < 0 || l < 0 || write(ready[1], "r", 1) != 1)
+			_exit(102);
+		impostor_serve(l, stop[0], out);
+	}
+	close(ready[1]);
+	close(stop[0]);
+	imp->stop_wr = stop[1];
+	assert_int_equal(tu_read_within(ready[0], &c, 1, 5000), 1);
+	close(ready[0]);
+}
+
+/* impostor_stop: stops it; the connections it accepted. */
+static int impostor_stop(struct impostor *imp)
+{
+	int conns;
+
+	close(imp->stop_wr);
+	conns = tu_exit_code(imp->pid);
+	imp->pid = 0;
+	return conns;
+}
+
+/* impostor_bytes: bytes the impostor recorded (-1: no record). */
+static off_t impostor_bytes(const struct impostor *imp)
+{
+	struct stat st;
+
+	return stat(imp->rec, &st) < 0 ? -1 : st.st_size;
+}
+
+/* test_bridge_impostor: a bridge the manager did not start, in front of a
+ * running execution through the real manager. (a) While the real bridge
+ * lives, an impostor takes over bridge.sock: the manager connects to it,
+ * refuses it by SO_PEERCRED/pidfd against the identity pinned at spawn
+ * (the opener gets ERROR transport, the log and reason say wrong_peer),
+ * and the impostor receives zero bytes. (b) The real bridge is killed and
+ * an impostor takes the path: the execution is lost, admission answers
+ * RefreshRoute, and nothing connects to the impostor. The honest path
+ * works before and after: a fresh generation gets a new real bridge. */
+static void test_bridge_impostor(void **state)
+{
+	char *tok9 = mint(sk, 9, "w1", TT_OP_EXEC);
+	char *tok10 = mint(sk, 10, "w1", TT_OP_EXEC);
+	struct impostor imp;
+	struct answer a;
+	char st[32];
+	pid_t bridge;
+
+	(void)state;
+	/* The honest baseline on gen 9. */
+	assert_true(feed(install(11, 9, "w1")));
+	call(exec_req(tok9, "echo gen9"), &a);
+	expect_decision(&a, "allow", "ok");
+	assert_string_equal(a.out, "gen9\n");
+	answer_free(&a);
+	bridge = manager_bridge_pid();
+
+	/* (a) The impostor stands at bridge.sock; the real bridge lives on. */
+	impostor_start(&imp);
+	call(exec_req(tok9, "echo SECRET-ARG-must-not-leak"), &a);
+	/* The manager did reach the impostor (one connection), and sent it
+	 * nothing: the refusal was the verification, before any byte. */
+	assert_int_equal(impostor_stop(&imp), 1);
+	assert_int_equal(impostor_bytes(&imp), 0);
+	expect_decision(&a, "allow", "ok");
+	assert_null(a.result);
+	assert_int_equal(a.out_len, 0);
+	assert_non_null(a.error);
+	assert_string_equal(json_string_value(json_object_get(a.error, "error")), "transport");
+	assert_non_null(strstr(json_string_value(json_object_get(a.error, "message")),
+	                       "bridge verification failed"));
+	answer_free(&a);
+	if (!mgr_log_has("refused bridge of " SBX " (wrong_peer)"))
+		fail_msg("manager log has no wrong_peer refusal for %s", SBX);
+	/* The real bridge was never replaced, only unreachable at the path. */
+	assert_int_equal(kill(bridge, 0), 0);
+
+	/* (b) The real bridge dies; the manager marks the execution lost
+	 * before anyone can use the path, then an impostor takes it. */
+	assert_int_equal(kill(bridge, SIGKILL), 0);
+	for (int i = 0; i < 500; i++) {
+		exec_state(st, sizeof(st));
+		if (strcmp(st, "lost") == 0)
+			break;
+		usleep(10000);
+	}
+	assert_string_equal(st, "lost");
+	impostor_start(&imp);
+	call(exec_req(tok9, "echo SECRET-ARG-must-not-leak"), &a);
+	expect_decision(&a, "refresh_route", "retired");
+	assert_int_equal(a.frames, 0);
+	answer_free(&a);
+	assert_int_equal(impostor_stop(&imp), 0);
+	assert_int_equal(impostor_bytes(&imp), 0);
+
+	/* The honest path: a new generation, a new real bridge, served. */
+	assert_true(feed(install(12, 10, "w1")));
+	assert_true(manager_bridge_pid() != bridge);
+	call(exec_req(tok10, "echo gen10"), &a);
+	expect_decision(&a, "allow", "ok");
+	assert_non_null(a.result);
+	assert_string_equal(a.out, "gen10\n");
+	answer_free(&a);
+	call(exec_req(tok9, "true"), &a);
+	expect_decision(&a, "refresh_route", "stale_execution");
+	answer_free(&a);
+	free(tok9);
+	free(tok10);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -694,6 +957,7 @@ int main(void)
 		cmocka_unit_test(test_garbage),
 		cmocka_unit_test(test_retire_and_replace),
 		cmocka_unit_test(test_pause_and_restore),
+		cmocka_unit_test(test_bridge_impostor),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

@@ -32,6 +32,10 @@
 
 #define L_NEWNET  1 /* listener unshares a network namespace first */
 #define L_REPLACE 2 /* listener unlinks the path first (a replacement) */
+#define L_JOINNET 4 /* listener joins join_netns_fd's network namespace */
+
+/* The namespace an L_JOINNET listener joins (another sandbox process). */
+static int join_netns_fd = -1;
 
 /* listener_run: child body: binds path (per flags), says ready, accepts one
  * connection within 10 s and exits with the bytes it received. */
@@ -43,6 +47,9 @@ static _Noreturn void listener_run(const char *path, int flags, int ready_wr)
 	/* Privileged: a network namespace of its own, as a sandbox has. */
 	if ((flags & L_NEWNET) && unshare(CLONE_NEWNET) < 0)
 		_exit(250);
+	/* Privileged: joins an existing sandbox's network namespace. */
+	if ((flags & L_JOINNET) && setns(join_netns_fd, CLONE_NEWNET) < 0)
+		_exit(254);
 	if (flags & L_REPLACE)
 		unlink(path);
 	if ((l = tu_unix_listen(path, 8, SOCK_CLOEXEC)) < 0)
@@ -246,6 +253,164 @@ static void test_netns_scope(void **state)
 	tu_scratch_free(&s);
 }
 
+/* netns_ino: the inode of the calling thread's network namespace. */
+static ino_t netns_ino(void)
+{
+	struct stat st;
+
+	assert_int_equal(stat("/proc/thread-self/ns/net", &st), 0);
+	return st.st_ino;
+}
+
+/* find_on: sockdiag_unix_find_vfs_on for the file at path; 0 or -1. */
+static int find_on(int nl, const char *path, struct unix_listener_info *info,
+                   struct tt_err *err)
+{
+	struct stat st;
+
+	assert_int_equal(stat(path, &st), 0);
+	return sockdiag_unix_find_vfs_on(nl, sockdiag_kdev(st.st_dev), (uint32_t)st.st_ino,
+	                                 info, err);
+}
+
+/* expect_refused_nl: verify_listener_nl refuses with a message naming why. */
+static void expect_refused_nl(const char *path, int nl, const struct proc_identity *exp,
+                              const char *why)
+{
+	struct tt_err err = { 0 };
+
+	assert_int_equal(verify_listener_nl(path, nl, exp, &err), -1);
+	assert_int_equal(err.code, TT_ERR_VERIFY);
+	if (strstr(err.msg, why) == NULL)
+		fail_msg("refused for '%s', expected '%s'", err.msg, why);
+}
+
+/* expect_passes_nl: verify_listener_nl accepts. */
+static void expect_passes_nl(const char *path, int nl, const struct proc_identity *exp)
+{
+	struct tt_err err = { 0 };
+
+	if (verify_listener_nl(path, nl, exp, &err) != 0)
+		fail_msg("honest listener refused: %s", err.msg);
+}
+
+/* The persistent-socket API (as the bridge uses it): one sock_diag socket
+ * opened once in a sandbox-like netns answers many queries, and the
+ * calling thread is back in its own namespace; a listener that replaced
+ * the expected one in that netns is refused on the same socket (and sent
+ * nothing), which keeps answering afterwards; query sockets of the host
+ * netns or of another sandbox's netns do not see the listener at all. */
+static void test_persistent_socket(void **state)
+{
+	struct tu_scratch s, s2;
+	struct unix_listener_info info;
+	struct proc_identity exp1, exp2, exp_other;
+	struct tt_err err = { 0 };
+	char nspath[64];
+	uint32_t first_ino;
+	bool stuck = true;
+	ino_t own_ns;
+	pid_t l1, l2, other;
+	int nsfd, nl, nl_host, nl_other, c;
+
+	(void)state;
+	tu_skip_unless_root();
+	tu_scratch_new(&s, "tt-sockdiag");
+	tu_scratch_new(&s2, "tt-sockdiag");
+	own_ns = netns_ino();
+	l1 = spawn_listener(s.path, L_NEWNET);
+	assert_int_equal(proc_identity_read(l1, &exp1, &err), 0);
+	snprintf(nspath, sizeof(nspath), "/proc/%d/ns/net", (int)l1);
+	assert_true((nsfd = open(nspath, O_RDONLY | O_CLOEXEC)) >= 0);
+
+	nl = sockdiag_open_in_netns(nsfd, &stuck, &err);
+	if (nl < 0)
+		fail_msg("sockdiag_open_in_netns: %s", err.msg);
+	assert_false(stuck);
+	assert_true(netns_ino() == own_ns);
+	/* Many queries on the one socket, all answered from the sandbox's
+	 * netns (our thread is not in it). */
+	assert_int_equal(find_on(nl, s.path, &info, &err), 0);
+	first_ino = info.ino;
+	assert_int_equal(info.state, 10);
+	assert_int_equal(sockdiag_inode_owned_by(l1, info.ino, &err), 0);
+	for (int i = 0; i < 200; i++) {
+		memset(&info, 0, sizeof(info));
+		if (find_on(nl, s.path, &info, &err) != 0)
+			fail_msg("query %d on the reused socket: %s", i, err.msg);
+		assert_int_equal(info.ino, first_ino);
+	}
+	for (int i = 0; i < 20; i++)
+		expect_passes_nl(s.path, nl, &exp1);
+
+	/* Query sockets from the wrong namespace do not find it. */
+	nl_host = sockdiag_open_in_netns(-1, NULL, &err);
+	assert_true(nl_host >= 0);
+	assert_int_equal(find_on(nl_host, s.path, &info, &err), -1);
+	assert_int_equal(err.code, TT_ERR_NOT_FOUND);
+	expect_refused_nl(s.path, nl_host, &exp1, "no listener bound");
+	other = spawn_listener(s2.path, L_NEWNET);
+	assert_int_equal(proc_identity_read(other, &exp_other, &err), 0);
+	snprintf(nspath, sizeof(nspath), "/proc/%d/ns/net", (int)other);
+	{
+		int ofd = open(nspath, O_RDONLY | O_CLOEXEC);
+
+		assert_true(ofd >= 0);
+		nl_other = sockdiag_open_in_netns(ofd, NULL, &err);
+		close(ofd);
+	}
+	assert_true(nl_other >= 0);
+	assert_int_equal(find_on(nl_other, s.path, &info, &err), -1);
+	assert_int_equal(err.code, TT_ERR_NOT_FOUND);
+	expect_refused_nl(s.path, nl_other, &exp1, "no listener bound");
+	/* ... and each socket still answers for its own namespace. */
+	expect_passes_nl(s2.path, nl_other, &exp_other);
+	assert_int_equal(find_on(nl, s2.path, &info, &err), -1);
+	expect_passes_nl(s.path, nl, &exp1);
+
+	/* A replacement in the same netns while l1 lives: refused on the
+	 * same socket, and a client that checks the peer sends nothing. */
+	join_netns_fd = nsfd;
+	l2 = spawn_listener(s.path, L_JOINNET | L_REPLACE);
+	join_netns_fd = -1;
+	assert_int_equal(find_on(nl, s.path, &info, &err), 0);
+	assert_true(info.ino != first_ino);
+	assert_int_equal(sockdiag_inode_owned_by(l2, info.ino, &err), 0);
+	expect_refused_nl(s.path, nl, &exp1, "not held by expected pid");
+	assert_true((c = tu_unix_connect(s.path, SOCK_CLOEXEC)) >= 0);
+	assert_int_equal(verify_peer(c, &exp1, &err), -1);
+	close(c); /* refused: nothing written */
+	assert_int_equal(tu_exit_code(l2), 0);
+	/* The socket keeps working after the refusals: l2 is gone, nothing
+	 * listens at the path any more. */
+	assert_int_equal(find_on(nl, s.path, &info, &err), -1);
+	assert_int_equal(err.code, TT_ERR_NOT_FOUND);
+
+	/* The honest counterpart on the same socket: a listener verified as
+	 * itself passes, and receives what the client sends. */
+	join_netns_fd = nsfd;
+	l2 = spawn_listener(s.path, L_JOINNET | L_REPLACE);
+	join_netns_fd = -1;
+	assert_int_equal(proc_identity_read(l2, &exp2, &err), 0);
+	expect_passes_nl(s.path, nl, &exp2);
+	expect_refused_nl(s.path, nl, &exp1, "not held by expected pid");
+	assert_true((c = tu_unix_connect(s.path, SOCK_CLOEXEC)) >= 0);
+	if (verify_peer(c, &exp2, &err) != 0)
+		fail_msg("honest listener refused as peer: %s", err.msg);
+	assert_int_equal(write(c, "hello", 5), 5);
+	close(c);
+	assert_int_equal(tu_exit_code(l2), 5);
+
+	close(nl);
+	close(nl_host);
+	close(nl_other);
+	close(nsfd);
+	stop(l1);
+	stop(other);
+	tu_scratch_free(&s);
+	tu_scratch_free(&s2);
+}
+
 /* main: runs the suite. */
 int main(void)
 {
@@ -254,6 +419,7 @@ int main(void)
 		cmocka_unit_test(test_listener_found_and_owned),
 		cmocka_unit_test(test_listener_replaced),
 		cmocka_unit_test(test_netns_scope),
+		cmocka_unit_test(test_persistent_socket),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -200,8 +200,9 @@ static int read_status_ids(pid_t pid, uid_t *uid, gid_t *gid, struct tt_err *err
 	return 0;
 }
 
-/* proc_identity_read: start time, executable and effective ids of pid. */
-int proc_identity_read(pid_t pid, struct proc_identity *out, struct tt_err *err)
+/* identity_read_exe: pid, start time and executable of pid into out (the
+ * part both readers share; the ids are theirs to fill). */
+static int identity_read_exe(pid_t pid, struct proc_identity *out, struct tt_err *err)
 {
 	char path[64];
 	struct stat st;
@@ -220,6 +221,14 @@ int proc_identity_read(pid_t pid, struct proc_identity *out, struct tt_err *err)
 		                  TT_ERR_NOT_FOUND : TT_ERR_IO, "stat %s", path);
 	out->exe_dev = st.st_dev;
 	out->exe_ino = st.st_ino;
+	return 0;
+}
+
+/* proc_identity_read: start time, executable and effective ids of pid. */
+int proc_identity_read(pid_t pid, struct proc_identity *out, struct tt_err *err)
+{
+	if (identity_read_exe(pid, out, err) < 0)
+		return -1;
 	return read_status_ids(pid, &out->uid, &out->gid, err);
 }
 
@@ -229,24 +238,11 @@ int proc_identity_read(pid_t pid, struct proc_identity *out, struct tt_err *err)
 static int identity_read_pidfd(pid_t pid, int pidfd, struct proc_identity *out,
                                struct tt_err *err)
 {
-	char path[64];
-	struct stat st;
 	struct procid_pidfd_info info;
 	int got;
 
-	if (pid <= 0 || out == NULL)
-		return tt_err_set(err, TT_ERR_INVALID, "bad pid %d", (int)pid);
-	memset(out, 0, sizeof(*out));
-	out->pid = pid;
-	if (procid_start_time(pid, &out->start_time, err) < 0)
+	if (identity_read_exe(pid, out, err) < 0)
 		return -1;
-	/* stat() follows the magic link to the mapped executable itself. */
-	snprintf(path, sizeof(path), "/proc/%d/exe", (int)pid);
-	if (stat(path, &st) < 0)
-		return tt_err_sys(err, errno == ENOENT || errno == ESRCH ?
-		                  TT_ERR_NOT_FOUND : TT_ERR_IO, "stat %s", path);
-	out->exe_dev = st.st_dev;
-	out->exe_ino = st.st_ino;
 	got = pidfd_info_get(pidfd, &info);
 	if (got < 0)
 		return tt_err_set(err, TT_ERR_NOT_FOUND, "pid %d exited", (int)pid);

@@ -167,6 +167,14 @@ void relay_close_after_writes(uv_stream_t *s)
 	}
 }
 
+/* relay_error_close: the ERROR is queued before the shutdown, so it goes
+ * out first. */
+void relay_error_close(uv_stream_t *s, const char *code, const char *message)
+{
+	relay_write_error(s, code, message);
+	relay_close_after_writes(s);
+}
+
 /* relay_write_cb: frees the write, releases backpressure, and ends the
  * relay after a final frame. */
 static void relay_write_cb(uv_write_t *req, int status)

@@ -72,5 +72,8 @@ void relay_close_free(uv_stream_t *s);
 /* relay_close_after_writes: closes s once what was queued so far was
  * written (for "send DECISION, then close"). */
 void relay_close_after_writes(uv_stream_t *s);
+/* relay_error_close: relay_write_error, then relay_close_after_writes (the
+ * usual way to turn an operation down before a relay starts). */
+void relay_error_close(uv_stream_t *s, const char *code, const char *message);
 
 #endif

@@ -18,6 +18,7 @@
 #include <sodium.h>
 
 #include "cleanup.h"
+#include "fsutil.h"
 #include "snapshot.h"
 
 static const uint8_t snap_magic[6] = { 'T', 'T', 'S', 'N', 'A', 'P' };
@@ -85,33 +86,16 @@ static int open_beneath(int dirfd, const char *rel, int flags)
 		.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
 		           RESOLVE_NO_MAGICLINKS,
 	};
-	long fd = -1;
 
-	for (int i = 0; i < 16; i++) {
-		fd = syscall(SYS_openat2, dirfd, rel, &how, sizeof(how));
-		if (fd >= 0 || (errno != EAGAIN && errno != EINTR))
-			break;
-	}
-	return (int)fd;
+	return fsutil_openat2(dirfd, rel, &how);
 }
 
 /* snapshot_write_fd: sink over a plain fd; ctx points to the fd. */
 int snapshot_write_fd(void *ctx, const void *buf, size_t len,
                       struct tt_err *err)
 {
-	int fd = *(int *)ctx;
-	const uint8_t *p = buf;
-
-	while (len > 0) {
-		ssize_t n = write(fd, p, len);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return tt_err_sys(err, TT_ERR_IO, "snapshot write");
-		p += n;
-		len -= (size_t)n;
-	}
+	if (fsutil_write_all(*(int *)ctx, buf, len) < 0)
+		return tt_err_sys(err, TT_ERR_IO, "snapshot write");
 	return 0;
 }
 

@@ -16,6 +16,7 @@
 #include <sodium.h>
 
 #include "cleanup.h"
+#include "fsutil.h"
 #include "snapstore.h"
 #include "timefmt.h"
 
@@ -316,18 +317,8 @@ struct dir_get {
 /* write_all: the whole buffer to fd. */
 static int write_all(int fd, const void *buf, size_t len, struct tt_err *err)
 {
-	const uint8_t *p = buf;
-
-	while (len > 0) {
-		ssize_t n = write(fd, p, len);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return tt_err_sys(err, TT_ERR_IO, "snapstore: write");
-		p += n;
-		len -= (size_t)n;
-	}
+	if (fsutil_write_all(fd, buf, len) < 0)
+		return tt_err_sys(err, TT_ERR_IO, "snapstore: write");
 	return 0;
 }
 

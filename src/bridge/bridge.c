@@ -49,6 +49,7 @@
 #include "procid.h"
 #include "relay.h"
 #include "sockdiag.h"
+#include "uvutil.h"
 #include "wire.h"
 #include "wire_json.h"
 
@@ -136,8 +137,7 @@ static void bconn_free(struct bconn *c)
 static void bconn_fail(struct bconn *c, const char *code, const char *msg)
 {
 	log_warn("operation failed: %s: %s", code, msg);
-	relay_write_error((uv_stream_t *)c->conn, code, msg);
-	relay_close_after_writes((uv_stream_t *)c->conn);
+	relay_error_close((uv_stream_t *)c->conn, code, msg);
 	c->conn = NULL;
 	bconn_free(c);
 }
@@ -158,8 +158,7 @@ static void bconn_refuse(struct bconn *c, const char *reason, const char *msg)
 	refusal_count(reason);
 	log_warn("refused guest of %s generation %" PRIu64 " activation %" PRIu32
 	         " (%s): %s", c->b->sbx, c->b->gen, c->b->att, reason, msg);
-	relay_write_error((uv_stream_t *)c->conn, "verify_failed", msg);
-	relay_close_after_writes((uv_stream_t *)c->conn);
+	relay_error_close((uv_stream_t *)c->conn, "verify_failed", msg);
 	c->conn = NULL;
 	bconn_free(c);
 }
@@ -453,35 +452,26 @@ static void bconn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	struct bconn *c = s->data;
 	struct wire_frame f;
 	struct tt_err err = { 0 };
-	size_t used = 0;
-	int rc;
 
 	(void)buf;
-	if (nread == 0)
+	switch (uvutil_first_request(s, &c->rd, c->buf, nread, &f, &c->pending,
+	                             &c->pending_len, &err)) {
+	case UVUTIL_REQ_MORE:
 		return;
-	if (nread < 0) { /* closed before a whole REQUEST */
+	case UVUTIL_REQ_READY:
+		handle_request(c, &f);
+		return;
+	case UVUTIL_REQ_BAD:
+		log_warn("closing a connection: %s", err.msg);
 		bconn_free(c);
 		return;
-	}
-	rc = wire_reader_feed(&c->rd, c->buf, (size_t)nread, &used, &f, &err);
-	if (rc == 0)
+	case UVUTIL_REQ_NOMEM:
+		bconn_fail(c, "internal", "out of memory");
 		return;
-	uv_read_stop(s);
-	if (rc < 0 || f.type != WIRE_REQUEST) {
-		log_warn("closing a connection: %s", rc < 0 ? err.msg : "first frame is not a REQUEST");
-		bconn_free(c);
-		return;
+	case UVUTIL_REQ_CLOSED:
+		break;
 	}
-	if ((size_t)nread > used) {
-		c->pending_len = (size_t)nread - used;
-		c->pending = malloc(c->pending_len);
-		if (c->pending == NULL) {
-			bconn_fail(c, "internal", "out of memory");
-			return;
-		}
-		memcpy(c->pending, c->buf + used, c->pending_len);
-	}
-	handle_request(c, &f);
+	bconn_free(c);
 }
 
 /* bconn_new: an operation with every field but the read buffers zeroed
@@ -505,17 +495,8 @@ static void on_connection(uv_stream_t *server, int status)
 	struct bconn *c;
 	uv_pipe_t *p;
 
-	if (status < 0)
+	if (status < 0 || (p = uvutil_accept(server, b->loop)) == NULL)
 		return;
-	p = malloc(sizeof(*p));
-	if (p == NULL || uv_pipe_init(b->loop, p, 0) < 0) {
-		free(p);
-		return;
-	}
-	if (uv_accept(server, (uv_stream_t *)p) < 0) {
-		relay_close_free((uv_stream_t *)p);
-		return;
-	}
 	if (uv_fileno((uv_handle_t *)p, &fd) < 0 || verify_peer(fd, &b->mgr_id, &err) < 0) {
 		const char *reason = bridge_refusal_reason(&err);
 
@@ -678,22 +659,9 @@ static int pin_peers(struct bridge *b, struct tt_err *err)
  * readiness fd so the manager stops waiting. */
 static int listen_ready(struct bridge *b, struct tt_err *err)
 {
-	mode_t old;
-	int rc;
-
-	unlink(b->listen_path);
-	uv_pipe_init(b->loop, &b->server, 0);
-	b->server.data = b;
-	old = umask(077);
-	rc = uv_pipe_bind(&b->server, b->listen_path);
-	umask(old);
-	if (rc == 0)
-		rc = chmod(b->listen_path, 0600) < 0 ? -errno : 0;
-	if (rc == 0)
-		rc = uv_listen((uv_stream_t *)&b->server, 64, on_connection);
-	if (rc < 0)
-		return tt_err_set(err, TT_ERR_IO, "listen on %s: %s", b->listen_path,
-		                  uv_strerror(rc));
+	if (uvutil_listen(b->loop, &b->server, b->listen_path, 64, on_connection, b,
+	                  err) < 0)
+		return -1;
 	if (b->ready_fd >= 0) {
 		/* 6 bytes into an empty pipe: never blocks, never short. */
 		if (write(b->ready_fd, "ready\n", 6) != 6)
@@ -738,12 +706,7 @@ int main(int argc, char **argv)
 	uv_poll_init(b->loop, &b->init_poll, b->init_pidfd);
 	b->init_poll.data = b;
 	uv_poll_start(&b->init_poll, UV_READABLE, init_exit_cb);
-	uv_signal_init(b->loop, &b->sigterm);
-	uv_signal_init(b->loop, &b->sigint);
-	b->sigterm.data = b;
-	b->sigint.data = b;
-	uv_signal_start(&b->sigterm, on_signal, SIGTERM);
-	uv_signal_start(&b->sigint, on_signal, SIGINT);
+	uvutil_signals_start(b->loop, &b->sigterm, &b->sigint, on_signal, b);
 	log_info("bridge for %s generation %" PRIu64 " activation %" PRIu32
 	         " listening on %s (manager pid %d, init pid %d)", b->sbx, b->gen, b->att,
 	         b->listen_path, (int)b->mgr_id.pid, (int)b->init_id.pid);

@@ -91,6 +91,67 @@ static void cpdb_text(sqlite3_stmt *st, int i, char *buf, size_t cap)
 	snprintf(buf, cap, "%s", t ? (const char *)t : "");
 }
 
+/* cpdb_change: runs a write statement; binds follows types, one char per
+ * parameter: 't' text (NULL binds NULL), 'i' int64 (pass an int64_t).
+ * Returns the rows changed or -1 (what names the statement in err). */
+static int cpdb_change(struct cpdb *db, struct tt_err *err, const char *what,
+                       const char *sql, const char *types, ...)
+{
+	sqlite3_stmt *st = cpdb_prep(db, sql, err);
+	va_list ap;
+	int rc;
+
+	if (st == NULL)
+		return -1;
+	va_start(ap, types);
+	for (int i = 0; types[i] != '\0'; i++) {
+		if (types[i] == 't') {
+			const char *v = va_arg(ap, const char *);
+
+			if (v != NULL)
+				sqlite3_bind_text(st, i + 1, v, -1, SQLITE_TRANSIENT);
+			else
+				sqlite3_bind_null(st, i + 1);
+		} else {
+			sqlite3_bind_int64(st, i + 1, va_arg(ap, int64_t));
+		}
+	}
+	va_end(ap);
+	rc = sqlite3_step(st);
+	sqlite3_finalize(st);
+	if (rc != SQLITE_DONE)
+		return cpdb_fail(db, err, what);
+	return sqlite3_changes(db->h);
+}
+
+/* cpdb_get1: the first row of sql (text parameter p1), decoded by row
+ * into out. 1 found, 0 none, -1 error (what names the query in err). */
+static int cpdb_get1(struct cpdb *db, const char *sql, const char *p1,
+                     void (*row)(sqlite3_stmt *, void *), void *out,
+                     const char *what, struct tt_err *err)
+{
+	sqlite3_stmt *st = cpdb_prep(db, sql, err);
+	int rc;
+
+	if (st == NULL)
+		return -1;
+	if (p1 != NULL)
+		sqlite3_bind_text(st, 1, p1, -1, SQLITE_TRANSIENT);
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		row(st, out);
+	sqlite3_finalize(st);
+	if (rc == SQLITE_ROW)
+		return 1;
+	return rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, what);
+}
+
+/* cpdb_int_row: column 0 as an int64_t. */
+static void cpdb_int_row(sqlite3_stmt *st, void *out)
+{
+	*(int64_t *)out = sqlite3_column_int64(st, 0);
+}
+
 static int cpdb_scalar(struct cpdb *db, const char *sql, const char *p1,
                        int64_t *out, struct tt_err *err);
 
@@ -167,37 +228,23 @@ int cpdb_apikey_add(struct cpdb *db, const char *key, const char *name,
                     int64_t now, struct tt_err *err)
 {
 	char hash[CPDB_HASH_HEX + 1];
-	sqlite3_stmt *st = cpdb_prep(db,
-	        "INSERT INTO api_keys(hash,name,created_at) VALUES(?,?,?)", err);
-	int rc;
 
-	if (st == NULL)
-		return -1;
 	cpdb_key_hash(key, hash);
-	sqlite3_bind_text(st, 1, hash, -1, SQLITE_TRANSIENT);
-	sqlite3_bind_text(st, 2, name, -1, SQLITE_TRANSIENT);
-	sqlite3_bind_int64(st, 3, now);
-	rc = sqlite3_step(st);
-	sqlite3_finalize(st);
-	return rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, "insert api key");
+	return cpdb_change(db, err, "insert api key", "INSERT INTO api_keys(hash,"
+	                   "name,created_at) VALUES(?,?,?)", "tti", hash, name,
+	                   now) < 0 ? -1 : 0;
 }
 
 /* cpdb_scalar: one integer from a query with an optional text parameter. */
 static int cpdb_scalar(struct cpdb *db, const char *sql, const char *p1,
                        int64_t *out, struct tt_err *err)
 {
-	sqlite3_stmt *st = cpdb_prep(db, sql, err);
-	int rc;
+	int rc = cpdb_get1(db, sql, p1, cpdb_int_row, out, "query", err);
 
-	if (st == NULL)
-		return -1;
-	if (p1 != NULL)
-		sqlite3_bind_text(st, 1, p1, -1, SQLITE_TRANSIENT);
-	rc = sqlite3_step(st);
-	if (rc == SQLITE_ROW)
-		*out = sqlite3_column_int64(st, 0);
-	sqlite3_finalize(st);
-	return rc == SQLITE_ROW ? 0 : cpdb_fail(db, err, "query");
+	/* a query for one number that yields no row is an error too */
+	if (rc == 0)
+		return cpdb_fail(db, err, "query");
+	return rc > 0 ? 0 : -1;
 }
 
 /* cpdb_apikey_count: how many keys exist. */
@@ -206,46 +253,41 @@ int cpdb_apikey_count(struct cpdb *db, int64_t *n, struct tt_err *err)
 	return cpdb_scalar(db, "SELECT count(*) FROM api_keys", NULL, n, err);
 }
 
+/* A caller's text buffer, for cpdb_str_row. */
+struct cpdb_strbuf {
+	char *buf;
+	size_t cap;
+};
+
+/* cpdb_str_row: column 0 into a struct cpdb_strbuf. */
+static void cpdb_str_row(sqlite3_stmt *st, void *out)
+{
+	struct cpdb_strbuf *b = out;
+
+	cpdb_text(st, 0, b->buf, b->cap);
+}
+
 /* cpdb_apikey_lookup: looks the key up by its hash. */
 int cpdb_apikey_lookup(struct cpdb *db, const char *key, char *name,
                        size_t cap, struct tt_err *err)
 {
 	char hash[CPDB_HASH_HEX + 1];
-	sqlite3_stmt *st = cpdb_prep(db,
-	        "SELECT name FROM api_keys WHERE hash=?", err);
-	int rc;
+	struct cpdb_strbuf out = { name, cap };
 
-	if (st == NULL)
-		return -1;
 	cpdb_key_hash(key, hash);
-	sqlite3_bind_text(st, 1, hash, -1, SQLITE_TRANSIENT);
-	rc = sqlite3_step(st);
-	if (rc == SQLITE_ROW)
-		cpdb_text(st, 0, name, cap);
-	sqlite3_finalize(st);
-	if (rc == SQLITE_ROW)
-		return 1;
-	return rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, "api key lookup");
+	return cpdb_get1(db, "SELECT name FROM api_keys WHERE hash=?", hash,
+	                 cpdb_str_row, &out, "api key lookup", err);
 }
 
 /* cpdb_worker_register: insert or refresh the worker's URL. */
 int cpdb_worker_register(struct cpdb *db, const char *id, const char *url,
                          int64_t now, struct tt_err *err)
 {
-	sqlite3_stmt *st = cpdb_prep(db,
-	        "INSERT INTO workers(id,node_url,registered_at,last_seen)"
-	        " VALUES(?1,?2,?3,?3) ON CONFLICT(id) DO UPDATE SET"
-	        " node_url=?2, registered_at=?3, last_seen=?3", err);
-	int rc;
-
-	if (st == NULL)
-		return -1;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
-	sqlite3_bind_text(st, 2, url, -1, SQLITE_TRANSIENT);
-	sqlite3_bind_int64(st, 3, now);
-	rc = sqlite3_step(st);
-	sqlite3_finalize(st);
-	return rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, "register worker");
+	return cpdb_change(db, err, "register worker",
+	                   "INSERT INTO workers(id,node_url,registered_at,last_seen)"
+	                   " VALUES(?1,?2,?3,?3) ON CONFLICT(id) DO UPDATE SET"
+	                   " node_url=?2, registered_at=?3, last_seen=?3", "tti",
+	                   id, url, now) < 0 ? -1 : 0;
 }
 
 /* cpdb_update1: runs an UPDATE with (int64, text) params; returns rows
@@ -253,18 +295,9 @@ int cpdb_worker_register(struct cpdb *db, const char *id, const char *url,
 static int cpdb_update1(struct cpdb *db, const char *sql, int64_t v,
                         const char *id, struct tt_err *err)
 {
-	sqlite3_stmt *st = cpdb_prep(db, sql, err);
-	int rc;
+	int rc = cpdb_change(db, err, "update", sql, "it", v, id);
 
-	if (st == NULL)
-		return -1;
-	sqlite3_bind_int64(st, 1, v);
-	sqlite3_bind_text(st, 2, id, -1, SQLITE_TRANSIENT);
-	rc = sqlite3_step(st);
-	sqlite3_finalize(st);
-	if (rc != SQLITE_DONE)
-		return cpdb_fail(db, err, "update");
-	return sqlite3_changes(db->h) > 0;
+	return rc < 0 ? -1 : rc > 0;
 }
 
 /* cpdb_worker_seen: liveness stamp from feed polls. */
@@ -287,26 +320,18 @@ int cpdb_worker_set_acked(struct cpdb *db, const char *id, int64_t rev,
 int cpdb_worker_acked_seen(struct cpdb *db, const char *id, int64_t rev,
                            int64_t now, struct tt_err *err)
 {
-	sqlite3_stmt *st = cpdb_prep(db, "UPDATE workers SET"
-	                             " acked_rev=max(acked_rev,?1), last_seen=?3"
-	                             " WHERE id=?2", err);
-	int rc;
+	int rc = cpdb_change(db, err, "ack", "UPDATE workers SET"
+	                     " acked_rev=max(acked_rev,?1), last_seen=?3"
+	                     " WHERE id=?2", "iti", rev, id, now);
 
-	if (st == NULL)
-		return -1;
-	sqlite3_bind_int64(st, 1, rev);
-	sqlite3_bind_text(st, 2, id, -1, SQLITE_TRANSIENT);
-	sqlite3_bind_int64(st, 3, now);
-	rc = sqlite3_step(st);
-	sqlite3_finalize(st);
-	if (rc != SQLITE_DONE)
-		return cpdb_fail(db, err, "ack");
-	return sqlite3_changes(db->h) > 0;
+	return rc < 0 ? -1 : rc > 0;
 }
 
 /* cpdb_worker_row: row -> struct. */
-static void cpdb_worker_row(sqlite3_stmt *st, struct cp_worker *w)
+static void cpdb_worker_row(sqlite3_stmt *st, void *out)
 {
+	struct cp_worker *w = out;
+
 	cpdb_text(st, 0, w->id, sizeof(w->id));
 	cpdb_text(st, 1, w->node_url, sizeof(w->node_url));
 	w->registered_at = sqlite3_column_int64(st, 2);
@@ -320,20 +345,8 @@ static void cpdb_worker_row(sqlite3_stmt *st, struct cp_worker *w)
 int cpdb_worker_get(struct cpdb *db, const char *id, struct cp_worker *out,
                     struct tt_err *err)
 {
-	sqlite3_stmt *st = cpdb_prep(db, "SELECT " CPDB_WORKER_COLS
-	                             " FROM workers WHERE id=?", err);
-	int rc;
-
-	if (st == NULL)
-		return -1;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
-	rc = sqlite3_step(st);
-	if (rc == SQLITE_ROW)
-		cpdb_worker_row(st, out);
-	sqlite3_finalize(st);
-	if (rc == SQLITE_ROW)
-		return 1;
-	return rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, "worker lookup");
+	return cpdb_get1(db, "SELECT " CPDB_WORKER_COLS " FROM workers WHERE id=?",
+	                 id, cpdb_worker_row, out, "worker lookup", err);
 }
 
 /* cpdb_workers_each: iterates all workers. */
@@ -372,26 +385,14 @@ static int cpdb_feed_insert(struct cpdb *db, const char *kind,
                             int64_t *rev, struct tt_err *err)
 {
 	_cleanup_free_ char *s = json_dumps(body, JSON_COMPACT | JSON_SORT_KEYS);
-	sqlite3_stmt *st;
-	int rc;
 
 	if (s == NULL)
 		return tt_err_set(err, TT_ERR_NOMEM, "cannot encode feed body");
-	st = cpdb_prep(db, "INSERT INTO feed(kind,worker,body,created_at)"
-	               " VALUES(?,?,?,?)", err);
-	if (st == NULL)
+	/* worker NULL: a broadcast row */
+	if (cpdb_change(db, err, "append feed", "INSERT INTO feed(kind,worker,"
+	                "body,created_at) VALUES(?,?,?,?)", "ttti", kind, worker,
+	                s, now) < 0)
 		return -1;
-	sqlite3_bind_text(st, 1, kind, -1, SQLITE_TRANSIENT);
-	if (worker != NULL)
-		sqlite3_bind_text(st, 2, worker, -1, SQLITE_TRANSIENT);
-	else
-		sqlite3_bind_null(st, 2);
-	sqlite3_bind_text(st, 3, s, -1, SQLITE_TRANSIENT);
-	sqlite3_bind_int64(st, 4, now);
-	rc = sqlite3_step(st);
-	sqlite3_finalize(st);
-	if (rc != SQLITE_DONE)
-		return cpdb_fail(db, err, "append feed");
 	*rev = sqlite3_last_insert_rowid(db->h);
 	return 0;
 }
@@ -434,7 +435,6 @@ int cpdb_sandbox_create(struct cpdb *db, const char *id, const char *worker,
                         int64_t now, struct cp_sandbox *out, int64_t *rev,
                         struct tt_err *err)
 {
-	sqlite3_stmt *st;
 	json_t *body;
 	int rc;
 
@@ -449,18 +449,11 @@ int cpdb_sandbox_create(struct cpdb *db, const char *id, const char *worker,
 	out->progress_bytes = out->progress_total = -1;
 	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
 		return -1;
-	st = cpdb_prep(db, "INSERT INTO sandboxes(id,state,generation,worker,"
-	               "substrate,pod,activation,created_at)"
-	               " VALUES(?,'starting',1,?,'ns','',1,?)", err);
-	if (st == NULL)
+	if (cpdb_change(db, err, "insert sandbox", "INSERT INTO sandboxes(id,state,"
+	                "generation,worker,substrate,pod,activation,created_at)"
+	                " VALUES(?,'starting',1,?,'ns','',1,?)", "tti", id, worker,
+	                now) < 0)
 		return cpdb_commit(db, -1, err);
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
-	sqlite3_bind_text(st, 2, worker, -1, SQLITE_TRANSIENT);
-	sqlite3_bind_int64(st, 3, now);
-	rc = sqlite3_step(st);
-	sqlite3_finalize(st);
-	if (rc != SQLITE_DONE)
-		return cpdb_commit(db, cpdb_fail(db, err, "insert sandbox"), err);
 	body = json_pack("{s:s,s:I,s:s,s:s,s:s,s:I,s:n}", "sandbox", id,
 	                 "generation", (json_int_t)1, "worker", worker,
 	                 "substrate", "ns", "pod", "", "activation",
@@ -495,8 +488,10 @@ int cpdb_generation_next(struct cpdb *db, const char *id, uint64_t *gen,
 }
 
 /* cpdb_sandbox_row: row -> struct. */
-static void cpdb_sandbox_row(sqlite3_stmt *st, struct cp_sandbox *s)
+static void cpdb_sandbox_row(sqlite3_stmt *st, void *out)
 {
+	struct cp_sandbox *s = out;
+
 	cpdb_text(st, 0, s->id, sizeof(s->id));
 	cpdb_text(st, 1, s->state, sizeof(s->state));
 	s->generation = (uint64_t)sqlite3_column_int64(st, 2);
@@ -520,20 +515,8 @@ static void cpdb_sandbox_row(sqlite3_stmt *st, struct cp_sandbox *s)
 int cpdb_sandbox_get(struct cpdb *db, const char *id, struct cp_sandbox *out,
                      struct tt_err *err)
 {
-	sqlite3_stmt *st = cpdb_prep(db, "SELECT " CPDB_SBX_COLS
-	                             " FROM sandboxes WHERE id=?", err);
-	int rc;
-
-	if (st == NULL)
-		return -1;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
-	rc = sqlite3_step(st);
-	if (rc == SQLITE_ROW)
-		cpdb_sandbox_row(st, out);
-	sqlite3_finalize(st);
-	if (rc == SQLITE_ROW)
-		return 1;
-	return rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, "sandbox lookup");
+	return cpdb_get1(db, "SELECT " CPDB_SBX_COLS " FROM sandboxes WHERE id=?",
+	                 id, cpdb_sandbox_row, out, "sandbox lookup", err);
 }
 
 /* cpdb_sandboxes_each: live sandboxes, oldest first. */
@@ -561,21 +544,8 @@ int cpdb_sandboxes_each(struct cpdb *db,
 int cpdb_sandbox_set_state(struct cpdb *db, const char *id, const char *state,
                            const char *error, struct tt_err *err)
 {
-	sqlite3_stmt *st = cpdb_prep(db, "UPDATE sandboxes SET state=?,error=?"
-	                             " WHERE id=?", err);
-	int rc;
-
-	if (st == NULL)
-		return -1;
-	sqlite3_bind_text(st, 1, state, -1, SQLITE_TRANSIENT);
-	if (error != NULL)
-		sqlite3_bind_text(st, 2, error, -1, SQLITE_TRANSIENT);
-	else
-		sqlite3_bind_null(st, 2);
-	sqlite3_bind_text(st, 3, id, -1, SQLITE_TRANSIENT);
-	rc = sqlite3_step(st);
-	sqlite3_finalize(st);
-	return rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, "set state");
+	return cpdb_change(db, err, "set state", "UPDATE sandboxes SET state=?,"
+	                   "error=? WHERE id=?", "ttt", state, error, id) < 0 ? -1 : 0;
 }
 
 /* cpdb_sandbox_destroy: deleting + destroy update for its worker. */
@@ -597,39 +567,6 @@ int cpdb_sandbox_destroy(struct cpdb *db, const struct cp_sandbox *s,
 		json_decref(body);
 	}
 	return cpdb_commit(db, rc, err);
-}
-
-/* cpdb_change: runs a write statement; binds follows types, one char per
- * parameter: 't' text (NULL binds NULL), 'i' int64. Returns the rows
- * changed or -1. */
-static int cpdb_change(struct cpdb *db, struct tt_err *err, const char *sql,
-                       const char *types, ...)
-{
-	sqlite3_stmt *st = cpdb_prep(db, sql, err);
-	va_list ap;
-	int rc;
-
-	if (st == NULL)
-		return -1;
-	va_start(ap, types);
-	for (int i = 0; types[i] != '\0'; i++) {
-		if (types[i] == 't') {
-			const char *v = va_arg(ap, const char *);
-
-			if (v != NULL)
-				sqlite3_bind_text(st, i + 1, v, -1, SQLITE_TRANSIENT);
-			else
-				sqlite3_bind_null(st, i + 1);
-		} else {
-			sqlite3_bind_int64(st, i + 1, va_arg(ap, int64_t));
-		}
-	}
-	va_end(ap);
-	rc = sqlite3_step(st);
-	sqlite3_finalize(st);
-	if (rc != SQLITE_DONE)
-		return cpdb_fail(db, err, "update");
-	return sqlite3_changes(db->h);
 }
 
 /* cpdb_retire_insert: retire{sandbox, generation} for worker (in a txn). */
@@ -660,7 +597,7 @@ int cpdb_sandbox_pause(struct cpdb *db, const struct cp_sandbox *s,
 	         (unsigned long long)s->generation);
 	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
 		return -1;
-	rc = cpdb_change(db, err, "UPDATE sandboxes SET state='pausing',"
+	rc = cpdb_change(db, err, "update", "UPDATE sandboxes SET state='pausing',"
 	                 "error=NULL,op_at=?3,progress_bytes=-1,progress_total=-1"
 	                 " WHERE id=?1 AND state='running' AND generation=?2",
 	                 "tii", s->id, (int64_t)s->generation, now);
@@ -674,7 +611,7 @@ int cpdb_sandbox_pause(struct cpdb *db, const struct cp_sandbox *s,
 	          : tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 	json_decref(body);
 	if (rc == 0)
-		rc = cpdb_change(db, err, "UPDATE sandboxes SET op_rev=?2"
+		rc = cpdb_change(db, err, "update", "UPDATE sandboxes SET op_rev=?2"
 		                 " WHERE id=?1", "ti", s->id, *rev);
 	if (cpdb_commit(db, rc < 0 ? -1 : 0, err) < 0)
 		return -1;
@@ -690,7 +627,7 @@ int cpdb_sandbox_paused(struct cpdb *db, const char *id, uint64_t gen,
 
 	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
 		return -1;
-	rc = cpdb_change(db, err, "UPDATE sandboxes SET state='paused',"
+	rc = cpdb_change(db, err, "update", "UPDATE sandboxes SET state='paused',"
 	                 "error=NULL,op_rev=0,progress_bytes=-1,progress_total=-1"
 	                 " WHERE id=?1 AND state='pausing' AND generation=?2"
 	                 " AND op_rev=?3", "tii", id, (int64_t)gen, op_rev);
@@ -698,7 +635,7 @@ int cpdb_sandbox_paused(struct cpdb *db, const char *id, uint64_t gen,
 		cpdb_commit(db, -1, err);
 		return rc;
 	}
-	rc = cpdb_change(db, err, "INSERT OR REPLACE INTO snapshots(sandbox,"
+	rc = cpdb_change(db, err, "update", "INSERT OR REPLACE INTO snapshots(sandbox,"
 	                 "generation,key,size,checksum,created_at)"
 	                 " VALUES(?1,?2,?3,?4,?5,?6)", "tititi", id,
 	                 (int64_t)gen, snap->key, snap->size, snap->checksum,
@@ -718,7 +655,7 @@ int cpdb_sandbox_cas(struct cpdb *db, const char *id, const char *from,
 
 	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
 		return -1;
-	rc = cpdb_change(db, err, "UPDATE sandboxes SET state=?4,error=?6,"
+	rc = cpdb_change(db, err, "update", "UPDATE sandboxes SET state=?4,error=?6,"
 	                 "op_rev=0,progress_bytes=-1,progress_total=-1"
 	                 " WHERE id=?1 AND state=?2 AND generation=?3"
 	                 " AND (?5 < 0 OR op_rev=?5)", "ttitit", id, from,
@@ -758,7 +695,7 @@ int cpdb_sandbox_resume(struct cpdb *db, const char *id,
 	    cpdb_retire_insert(db, id, r->gen, r->retire_worker, now,
 	                       retire_rev, err) < 0)
 		return cpdb_commit(db, -1, err);
-	rc = cpdb_change(db, err, "UPDATE sandboxes SET state='resuming',"
+	rc = cpdb_change(db, err, "update", "UPDATE sandboxes SET state='resuming',"
 	                 "generation=?3+1,worker=?4,error=NULL,op_at=?5,"
 	                 "progress_bytes=-1,progress_total=-1"
 	                 " WHERE id=?1 AND state=?2 AND generation=?3",
@@ -777,7 +714,7 @@ int cpdb_sandbox_resume(struct cpdb *db, const char *id,
 	          : tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 	json_decref(body);
 	if (rc == 0)
-		rc = cpdb_change(db, err, "UPDATE sandboxes SET op_rev=?2"
+		rc = cpdb_change(db, err, "update", "UPDATE sandboxes SET op_rev=?2"
 		                 " WHERE id=?1", "ti", id, *rev);
 	if (cpdb_commit(db, rc < 0 ? -1 : 0, err) < 0)
 		return -1;
@@ -789,38 +726,33 @@ int cpdb_sandbox_resume(struct cpdb *db, const char *id,
 int cpdb_sandbox_progress(struct cpdb *db, const char *id, int64_t op_rev,
                           int64_t bytes, int64_t total, struct tt_err *err)
 {
-	return cpdb_change(db, err, "UPDATE sandboxes SET progress_bytes=?3,"
+	return cpdb_change(db, err, "update", "UPDATE sandboxes SET progress_bytes=?3,"
 	                   "progress_total=?4 WHERE id=?1 AND state='pausing'"
 	                   " AND op_rev=?2", "tiii", id, op_rev, bytes,
 	                   total < 0 ? (int64_t)-1 : total);
+}
+
+/* cpdb_snapshot_row: row -> struct. */
+static void cpdb_snapshot_row(sqlite3_stmt *st, void *out)
+{
+	struct cp_snapshot *snap = out;
+
+	cpdb_text(st, 0, snap->sandbox, sizeof(snap->sandbox));
+	snap->generation = (uint64_t)sqlite3_column_int64(st, 1);
+	cpdb_text(st, 2, snap->key, sizeof(snap->key));
+	snap->size = sqlite3_column_int64(st, 3);
+	cpdb_text(st, 4, snap->checksum, sizeof(snap->checksum));
+	snap->created_at = sqlite3_column_int64(st, 5);
 }
 
 /* cpdb_snapshot_latest: highest generation with a complete snapshot. */
 int cpdb_snapshot_latest(struct cpdb *db, const char *id,
                          struct cp_snapshot *out, struct tt_err *err)
 {
-	sqlite3_stmt *st = cpdb_prep(db, "SELECT sandbox,generation,key,size,"
-	                             "checksum,created_at FROM snapshots"
-	                             " WHERE sandbox=? ORDER BY generation DESC"
-	                             " LIMIT 1", err);
-	int rc;
-
-	if (st == NULL)
-		return -1;
-	sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
-	rc = sqlite3_step(st);
-	if (rc == SQLITE_ROW) {
-		cpdb_text(st, 0, out->sandbox, sizeof(out->sandbox));
-		out->generation = (uint64_t)sqlite3_column_int64(st, 1);
-		cpdb_text(st, 2, out->key, sizeof(out->key));
-		out->size = sqlite3_column_int64(st, 3);
-		cpdb_text(st, 4, out->checksum, sizeof(out->checksum));
-		out->created_at = sqlite3_column_int64(st, 5);
-	}
-	sqlite3_finalize(st);
-	if (rc == SQLITE_ROW)
-		return 1;
-	return rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, "snapshot lookup");
+	return cpdb_get1(db, "SELECT sandbox,generation,key,size,checksum,"
+	                 "created_at FROM snapshots WHERE sandbox=?"
+	                 " ORDER BY generation DESC LIMIT 1", id,
+	                 cpdb_snapshot_row, out, "snapshot lookup", err);
 }
 
 /* cpdb_feed_latest: newest rev. */

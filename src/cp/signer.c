@@ -351,9 +351,9 @@ int cp_signer_spawn(const char *key_path, struct cp_signer *s,
 	return 0;
 }
 
-/* cp_signer_call: one request, one RESULT (new reference) or NULL + err. */
-static json_t *cp_signer_call(struct cp_signer *s, json_t *req,
-                              struct tt_err *err)
+/* cp_signer_call1: one request, one RESULT (new reference) or NULL + err. */
+static json_t *cp_signer_call1(struct cp_signer *s, json_t *req,
+                               struct tt_err *err)
 {
 	static uint8_t buf[WIRE_PAYLOAD_MAX + 1];
 	struct wire_frame f;
@@ -389,18 +389,30 @@ static json_t *cp_signer_call(struct cp_signer *s, json_t *req,
 	return res;
 }
 
+/* cp_signer_call: cp_signer_call1 that takes req (NULL: its json_pack ran
+ * out of memory). */
+static json_t *cp_signer_call(struct cp_signer *s, json_t *req,
+                              struct tt_err *err)
+{
+	json_t *res;
+
+	if (req == NULL) {
+		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+		return NULL;
+	}
+	res = cp_signer_call1(s, req, err);
+	json_decref(req);
+	return res;
+}
+
 /* cp_signer_sign: asks for a capability over claims. */
 int cp_signer_sign(struct cp_signer *s, json_t *claims, char **token,
                    char expires_at[TT_RFC3339_MAX], struct tt_err *err)
 {
-	json_t *req = json_pack("{s:s,s:O}", "op", "sign", "claims", claims);
-	json_t *res;
+	json_t *res = cp_signer_call(s, json_pack("{s:s,s:O}", "op", "sign",
+	                                          "claims", claims), err);
 	const char *t, *e;
 
-	if (req == NULL)
-		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
-	res = cp_signer_call(s, req, err);
-	json_decref(req);
 	if (res == NULL)
 		return -1;
 	t = json_string_value(json_object_get(res, "token"));
@@ -419,15 +431,10 @@ int cp_signer_sign(struct cp_signer *s, json_t *claims, char **token,
 int cp_signer_public(struct cp_signer *s, char pub[PASERK_K4_PUBLIC_LEN + 1],
                      char kid[PASERK_K4_PID_LEN + 1], struct tt_err *err)
 {
-	json_t *req = json_pack("{s:s}", "op", "public");
-	json_t *res;
+	json_t *res = cp_signer_call(s, json_pack("{s:s}", "op", "public"), err);
 	const char *p, *k;
 	int rc = 0;
 
-	if (req == NULL)
-		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
-	res = cp_signer_call(s, req, err);
-	json_decref(req);
 	if (res == NULL)
 		return -1;
 	p = json_string_value(json_object_get(res, "public"));

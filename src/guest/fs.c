@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cleanup.h"
+#include "fsutil.h"
 #include "guest/guest.h"
 #include "wire_json.h"
 
@@ -94,22 +95,6 @@ void fs_read(const struct guest_ctx *g, int conn, json_t *req)
 	guest_result(g, conn, json_pack("{s:I}", "size", (json_int_t)size));
 }
 
-/* write_all: writes len bytes to fd; -1 with errno. */
-static int write_all(int fd, const uint8_t *p, size_t len)
-{
-	while (len > 0) {
-		ssize_t n = write(fd, p, len);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -1;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
 /* fs_write_body: receives DATA_IN until EOF_IN into fd. Returns 1 on
  * EOF_IN, 0 when the peer vanished, -1 after an ERROR was sent. */
 static int fs_write_body(int conn, int fd, uint64_t *bytes)
@@ -140,7 +125,7 @@ static int fs_write_body(int conn, int fd, uint64_t *bytes)
 			                wire_type_name(f.type));
 			return -1;
 		}
-		if (write_all(fd, f.payload, f.len) < 0) {
+		if (fsutil_write_all(fd, f.payload, f.len) < 0) {
 			guest_send_errno(conn, errno, "write");
 			return -1;
 		}

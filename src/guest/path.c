@@ -9,6 +9,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "fsutil.h"
 #include "guest/guest.h"
 
 /* path_check: absolute, bounded, no NUL, no ".." component. */
@@ -47,14 +48,8 @@ static int openat2_in_root(int dirfd, const char *rel, int flags, mode_t mode)
 		.mode = (flags & (O_CREAT | O_TMPFILE)) ? mode : 0,
 		.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
 	};
-	long fd = -1;
 
-	for (int i = 0; i < 16; i++) {
-		fd = syscall(SYS_openat2, dirfd, rel, &how, sizeof(how));
-		if (fd >= 0 || (errno != EAGAIN && errno != EINTR))
-			break;
-	}
-	return (int)fd;
+	return fsutil_openat2(dirfd, rel, &how);
 }
 
 /* path_open: resolves the whole path inside the root. */

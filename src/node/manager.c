@@ -44,6 +44,7 @@
 #include "relay.h"
 #include "tetherd/roles.h"
 #include "timefmt.h"
+#include "uvutil.h"
 #include "wire.h"
 #include "wire_json.h"
 
@@ -215,8 +216,7 @@ static void conn_free(struct mgr_conn *c)
 static void conn_fail(struct mgr_conn *c, const char *code, const char *msg)
 {
 	log_warn("operation on %s failed: %s: %s", c->sbx[0] ? c->sbx : "-", code, msg);
-	relay_write_error((uv_stream_t *)c->conn, code, msg);
-	relay_close_after_writes((uv_stream_t *)c->conn);
+	relay_error_close((uv_stream_t *)c->conn, code, msg);
 	c->conn = NULL;
 	conn_free(c);
 }
@@ -1586,24 +1586,24 @@ static void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	struct mgr_conn *c = s->data;
 	struct wire_frame f;
 	struct tt_err err = { 0 };
-	size_t used = 0;
 	const char *op;
-	int rc;
 
 	(void)buf;
-	if (nread == 0)
+	switch (uvutil_first_request(s, &c->rd, c->buf, nread, &f, &c->pending,
+	                             &c->pending_len, &err)) {
+	case UVUTIL_REQ_MORE:
 		return;
-	if (nread < 0) {
+	case UVUTIL_REQ_READY:
+		break;
+	case UVUTIL_REQ_BAD:
+		log_warn("closing a connection: %s", err.msg);
+		metrics_inc("tether_manager_bad_frames_total", NULL);
 		conn_free(c);
 		return;
-	}
-	rc = wire_reader_feed(&c->rd, c->buf, (size_t)nread, &used, &f, &err);
-	if (rc == 0)
+	case UVUTIL_REQ_NOMEM:
+		conn_fail(c, "internal", "out of memory");
 		return;
-	uv_read_stop(s);
-	if (rc < 0 || f.type != WIRE_REQUEST) {
-		log_warn("closing a connection: %s", rc < 0 ? err.msg : "first frame is not a REQUEST");
-		metrics_inc("tether_manager_bad_frames_total", NULL);
+	case UVUTIL_REQ_CLOSED:
 		conn_free(c);
 		return;
 	}
@@ -1612,15 +1612,6 @@ static void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	if (op == NULL) {
 		conn_fail(c, "bad_request", c->req ? "request without op" : err.msg);
 		return;
-	}
-	if ((size_t)nread > used) {
-		c->pending_len = (size_t)nread - used;
-		c->pending = malloc(c->pending_len);
-		if (c->pending == NULL) {
-			conn_fail(c, "internal", "out of memory");
-			return;
-		}
-		memcpy(c->pending, c->buf + used, c->pending_len);
 	}
 	if (strcmp(op, "feed.apply") == 0 || strcmp(op, "status") == 0)
 		handle_control(c, op);
@@ -1648,17 +1639,8 @@ static void on_connection(uv_stream_t *server, int status)
 	uv_pipe_t *p;
 	struct ucred cr = { 0 };
 
-	if (status < 0)
+	if (status < 0 || (p = uvutil_accept(server, m->loop)) == NULL)
 		return;
-	p = malloc(sizeof(*p));
-	if (p == NULL || uv_pipe_init(m->loop, p, 0) < 0) {
-		free(p);
-		return;
-	}
-	if (uv_accept(server, (uv_stream_t *)p) < 0) {
-		relay_close_free((uv_stream_t *)p);
-		return;
-	}
 	if (!peer_allowed(m, p, &cr)) {
 		log_warn("peer refused: pid %d uid %u (expected pid %d uid %u)", (int)cr.pid,
 		         (unsigned)cr.uid, (int)m->peer_pid, (unsigned)m->peer_uid);
@@ -1855,23 +1837,7 @@ static int parse_args(struct manager *m, int argc, char **argv)
 /* listen_socket: the manager socket, mode 0600, stale file replaced. */
 static int listen_socket(struct manager *m, struct tt_err *err)
 {
-	mode_t old;
-	int rc;
-
-	unlink(m->sock_path);
-	uv_pipe_init(m->loop, &m->server, 0);
-	m->server.data = m;
-	old = umask(077);
-	rc = uv_pipe_bind(&m->server, m->sock_path);
-	umask(old);
-	if (rc == 0)
-		rc = chmod(m->sock_path, 0600) < 0 ? -errno : 0;
-	if (rc == 0)
-		rc = uv_listen((uv_stream_t *)&m->server, 128, on_connection);
-	if (rc < 0)
-		return tt_err_set(err, TT_ERR_IO, "listen on %s: %s", m->sock_path,
-		                  uv_strerror(rc));
-	return 0;
+	return uvutil_listen(m->loop, &m->server, m->sock_path, 128, on_connection, m, err);
 }
 
 /* manager_main: the sbx-manager role. */
@@ -1919,12 +1885,7 @@ int manager_main(int argc, char **argv)
 		goto out;
 	}
 	spare_init(m);
-	uv_signal_init(m->loop, &m->sigterm);
-	uv_signal_init(m->loop, &m->sigint);
-	m->sigterm.data = m;
-	m->sigint.data = m;
-	uv_signal_start(&m->sigterm, on_signal, SIGTERM);
-	uv_signal_start(&m->sigint, on_signal, SIGINT);
+	uvutil_signals_start(m->loop, &m->sigterm, &m->sigint, on_signal, m);
 	log_info("worker %s: listening on %s, applied rev %" PRIu64 ", %zu record(s)",
 	         m->worker_id, m->sock_path, records_applied_rev(m->db),
 	         records_count(m->db));

@@ -1,0 +1,42 @@
+/* File-descriptor helpers (see fsutil.h). */
+#include <errno.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "fsutil.h"
+
+/* fsutil_openat2: the kernel returns EAGAIN when a concurrent rename raced
+ * the confined walk; a few retries, never an endless loop on a tree that
+ * untrusted code keeps renaming. */
+int fsutil_openat2(int dirfd, const char *rel, const struct open_how *how)
+{
+	long fd = -1;
+
+	for (int i = 0; i < 16; i++) {
+		fd = syscall(SYS_openat2, dirfd, rel, how, sizeof(*how));
+		if (fd >= 0 || (errno != EAGAIN && errno != EINTR))
+			break;
+	}
+	return (int)fd;
+}
+
+/* fsutil_write_all: short writes continue where they stopped. */
+int fsutil_write_all(int fd, const void *buf, size_t len)
+{
+	const uint8_t *p = buf;
+
+	while (len > 0) {
+		ssize_t n = write(fd, p, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n == 0)
+			errno = EIO;
+		if (n <= 0)
+			return -1;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}

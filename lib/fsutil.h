@@ -1,0 +1,17 @@
+/* Small file-descriptor helpers shared by the snapshot code (lib/) and the
+ * static guest agent (src/guest/), which links this object on its own: no
+ * libuv, jansson or sodium here. Implementation: lib/fsutil.c. */
+#ifndef TT_FSUTIL_H
+#define TT_FSUTIL_H
+
+#include <linux/openat2.h>
+#include <stddef.h>
+
+/* fsutil_openat2: openat2(dirfd, rel, how), retried on EAGAIN / EINTR (a
+ * bounded number of times); the fd, or -1 with errno. */
+int fsutil_openat2(int dirfd, const char *rel, const struct open_how *how);
+/* fsutil_write_all: all len bytes to fd, EINTR retried; 0, or -1 with
+ * errno (EIO when the kernel accepted nothing). */
+int fsutil_write_all(int fd, const void *buf, size_t len);
+
+#endif

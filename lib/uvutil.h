@@ -1,0 +1,45 @@
+/* libuv plumbing shared by the two wire-protocol servers on a node: the
+ * sbx-manager (src/node/manager.c) and the host bridge (src/bridge/). Both
+ * listen on a private Unix socket, accept one operation per connection and
+ * read a single REQUEST frame before anything else happens.
+ * Implementation: lib/uvutil.c. */
+#ifndef TT_UVUTIL_H
+#define TT_UVUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "err.h"
+#include "wire.h"
+
+/* uvutil_listen: a Unix socket server at path, mode 0600, a stale file
+ * replaced; server->data = data, connections go to cb. */
+int uvutil_listen(uv_loop_t *loop, uv_pipe_t *server, const char *path, int backlog,
+                  uv_connection_cb cb, void *data, struct tt_err *err);
+/* uvutil_accept: the next connection as a heap uv_pipe_t, or NULL. The
+ * caller owns it (release with relay_close_free). */
+uv_pipe_t *uvutil_accept(uv_stream_t *server, uv_loop_t *loop);
+/* uvutil_signals_start: SIGTERM and SIGINT go to cb, with data. */
+void uvutil_signals_start(uv_loop_t *loop, uv_signal_t *term, uv_signal_t *intr,
+                          uv_signal_cb cb, void *data);
+
+enum uvutil_req {
+	UVUTIL_REQ_MORE = 0,     /* no whole frame yet: keep reading */
+	UVUTIL_REQ_READY = 1,    /* *f is the REQUEST */
+	UVUTIL_REQ_CLOSED = -1,  /* the peer closed or failed first */
+	UVUTIL_REQ_BAD = -2,     /* not a frame, or not a REQUEST (err says) */
+	UVUTIL_REQ_NOMEM = -3,   /* no memory for the bytes after it */
+};
+/* uvutil_first_request: feeds one read (buf, nread as libuv passed them)
+ * of a connection whose first frame must be a REQUEST. On READY, bytes
+ * read after the frame are copied to *pending (heap, the caller owns it;
+ * untouched when there are none). Reading is stopped on anything but
+ * MORE. */
+enum uvutil_req uvutil_first_request(uv_stream_t *s, struct wire_reader *rd,
+                                     const uint8_t *buf, ssize_t nread,
+                                     struct wire_frame *f, uint8_t **pending,
+                                     size_t *pending_len, struct tt_err *err);
+
+#endif

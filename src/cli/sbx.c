@@ -227,32 +227,49 @@ static void write_all(int fd, const char *buf, size_t len)
 	}
 }
 
-/* cli_exec: exec ID -- CMD [ARG...]; exits with the command's status. */
+/* exec_output: streamed output goes straight to our stdout / stderr. */
+static int exec_output(void *arg, int fd, const void *data, size_t len)
+{
+	(void)arg;
+	write_all(fd == 2 ? STDERR_FILENO : STDOUT_FILENO, data, len);
+	return 0;
+}
+
+/* cli_exec: exec [--stdin] ID [--stdin] -- CMD [ARG...]; streams output as it
+ * comes (docs/API.md "Streamed exec") and exits with the command's status.
+ * --stdin forwards our stdin when it is not a terminal. */
 int cli_exec(int argc, char **argv)
 {
-	struct tether_exec_result res;
+	static const char usage[] = "usage: tether exec [--stdin] ID -- CMD [ARG...]";
+	struct tether_exec_stream s = { .on_output = exec_output, .stdin_fd = -1 };
 	struct tt_err err = { 0 };
 	struct tether *t;
-	int first = 2;
+	const char *id = NULL;
+	int first = -1, code = 0, want_stdin = 0;
 
-	if (argc < 3 || argv[1][0] == '-')
-		return cli_fail("usage: tether exec ID -- CMD [ARG...]");
-	if (strcmp(argv[2], "--") == 0)
-		first = 3;
-	if (first >= argc)
-		return cli_fail("usage: tether exec ID -- CMD [ARG...]");
+	for (int i = 1; i < argc && first < 0; i++) {
+		if (strcmp(argv[i], "--stdin") == 0)
+			want_stdin = 1;
+		else if (strcmp(argv[i], "--") == 0)
+			first = i + 1;
+		else if (argv[i][0] == '-')
+			return cli_fail("%s", usage);
+		else if (id == NULL)
+			id = argv[i];
+		else
+			first = i; /* "exec ID CMD…" without "--" */
+	}
+	if (id == NULL || first < 0 || first >= argc)
+		return cli_fail("%s", usage);
+	if (want_stdin && !isatty(STDIN_FILENO))
+		s.stdin_fd = STDIN_FILENO;
 	if ((t = cli_open()) == NULL)
 		return 1;
-	if (tether_exec(t, argv[1], argv + first, &res, &err) < 0) {
+	if (tether_exec_stream(t, id, argv + first, &s, &code, NULL, &err) < 0) {
 		tether_free(t);
-		return cli_fail("exec %s: %s", argv[1], err.msg);
+		return cli_fail("exec %s: %s", id, err.msg);
 	}
 	tether_free(t);
-	fflush(stdout);
-	write_all(STDOUT_FILENO, res.out, res.out_len);
-	write_all(STDERR_FILENO, res.errout, res.err_len);
-	int code = res.exit_code;
-	tether_exec_result_free(&res);
 	if (code < 0 || code > 255)
 		return 255;
 	return code;

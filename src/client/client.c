@@ -16,7 +16,10 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include <poll.h>
+
 #include <curl/curl.h>
+#include <libwebsockets.h>
 #include <sodium.h>
 
 #include "cleanup.h"
@@ -602,5 +605,360 @@ int tether_file_get(struct tether *t, const char *id, const char *path,
 	rc = 0;
 out:
 	free(s.buf);
+	return rc;
+}
+
+/* ---- streamed exec over WebSocket ---------------------------------------- */
+
+#define XS_PROTOCOL "tether.exec.v1"
+#define XS_TEXT_MAX (64u << 10)     /* one server text message */
+#define XS_IN_CHUNK (64u << 10)     /* stdin bytes per message */
+#define XS_IN_HIGH (1u << 20)       /* stop reading stdin above this */
+#define XS_STDIN_POLL_US (10 * LWS_US_PER_MS)
+
+/* One queued client message; LWS_PRE bytes of headroom precede data. */
+struct xs_msg {
+	struct xs_msg *next;
+	enum lws_write_protocol kind;
+	size_t len;
+	unsigned char buf[];
+};
+
+/* State of one streamed exec (on the caller's stack; the lws context user). */
+struct xs {
+	const struct tether_exec_stream *s;
+	const char *auth;          /* "Bearer …" (borrowed, secret) */
+	char *start;               /* the start message (owned) */
+	struct lws_context *ctx;
+	struct lws *wsi;
+	struct xs_msg *q_head, *q_tail;
+	size_t q_bytes;
+	char text[XS_TEXT_MAX + 1]; /* text message being assembled */
+	size_t text_len;
+	int in_binary;             /* inside a binary message */
+	int bin_tag;               /* its stream (1/2) */
+	int allowed, done, stdin_eof, failed;
+	int exit_code;
+	uint64_t generation;
+	unsigned close_code;
+	lws_sorted_usec_list_t sul;
+	struct tt_err *err;
+};
+
+/* xs_queue: queues one message (copied) and asks for a write. */
+static int xs_queue(struct xs *x, enum lws_write_protocol kind,
+                    const void *data, size_t len)
+{
+	struct xs_msg *m = malloc(sizeof(*m) + LWS_PRE + len);
+
+	if (m == NULL)
+		return -1;
+	m->next = NULL;
+	m->kind = kind;
+	m->len = len;
+	if (len)
+		memcpy(m->buf + LWS_PRE, data, len);
+	if (x->q_tail)
+		x->q_tail->next = m;
+	else
+		x->q_head = m;
+	x->q_tail = m;
+	x->q_bytes += len;
+	if (x->wsi)
+		lws_callback_on_writable(x->wsi);
+	return 0;
+}
+
+/* xs_fail: the first failure wins; the stream ends. */
+static void xs_fail(struct xs *x, enum tt_errc code, const char *msg)
+{
+	if (!x->failed && x->exit_code < 0)
+		tt_err_set(x->err, code, "%s", msg);
+	x->failed = 1;
+	x->done = 1;
+}
+
+/* xs_stdin_poll: forwards what stdin has now (never blocks the loop on a
+ * pipe or terminal), then polls again while stdin is open. */
+static void xs_stdin_poll(lws_sorted_usec_list_t *sul)
+{
+	struct xs *x = lws_container_of(sul, struct xs, sul);
+	unsigned char buf[XS_IN_CHUNK];
+	struct pollfd pfd = { .fd = x->s->stdin_fd, .events = POLLIN };
+	ssize_t n;
+
+	if (x->done || x->stdin_eof)
+		return;
+	while (x->q_bytes < XS_IN_HIGH && poll(&pfd, 1, 0) > 0) {
+		n = read(x->s->stdin_fd, buf, sizeof(buf));
+		if (n < 0 && (errno == EINTR || errno == EAGAIN))
+			break;
+		if (n <= 0) {
+			x->stdin_eof = 1;
+			if (xs_queue(x, LWS_WRITE_TEXT, "{\"type\":\"eof\"}", 14) < 0)
+				xs_fail(x, TT_ERR_NOMEM, "out of memory");
+			return;
+		}
+		if (xs_queue(x, LWS_WRITE_BINARY, buf, (size_t)n) < 0) {
+			xs_fail(x, TT_ERR_NOMEM, "out of memory");
+			return;
+		}
+	}
+	lws_sul_schedule(x->ctx, 0, &x->sul, xs_stdin_poll, XS_STDIN_POLL_US);
+}
+
+/* xs_text: one complete server text message: decision, exit or error. */
+static void xs_text(struct xs *x)
+{
+	json_error_t jerr;
+	json_t *j = json_loadb(x->text, x->text_len, JSON_REJECT_DUPLICATES, &jerr);
+	const char *type = json_string_value(json_object_get(j, "type"));
+	char msg[512];
+
+	if (type == NULL) {
+		xs_fail(x, TT_ERR_MALFORMED, "the edge sent an invalid stream message");
+	} else if (strcmp(type, "decision") == 0) {
+		const char *d = json_string_value(json_object_get(j, "decision"));
+		const char *r = json_string_value(json_object_get(j, "reason"));
+
+		if (d != NULL && strcmp(d, "allow") == 0) {
+			x->allowed = 1;
+			if (x->s->stdin_fd >= 0)
+				xs_stdin_poll(&x->sul);
+		} else {
+			snprintf(msg, sizeof(msg), "%s: %s (the command did not run)",
+			         d ? d : "refused", r ? r : "no reason given");
+			xs_fail(x, d && strcmp(d, "refresh_route") == 0 ? TT_ERR_CONFLICT
+			                                               : TT_ERR_DENIED, msg);
+		}
+	} else if (strcmp(type, "exit") == 0) {
+		json_t *c = json_object_get(j, "exit_code");
+
+		if (!json_is_integer(c)) {
+			xs_fail(x, TT_ERR_MALFORMED, "exit message without exit_code");
+		} else {
+			x->exit_code = (int)json_integer_value(c);
+			x->generation = (uint64_t)json_integer_value(json_object_get(j, "generation"));
+			x->done = 1;
+		}
+	} else if (strcmp(type, "error") == 0) {
+		const char *e = json_string_value(json_object_get(j, "error"));
+		const char *m = json_string_value(json_object_get(j, "message"));
+
+		snprintf(msg, sizeof(msg), "%s: %s", e ? e : "error", m ? m : "stream failed");
+		xs_fail(x, e && strcmp(e, "transport") == 0 ? TT_ERR_TRANSPORT : TT_ERR_IO, msg);
+	}
+	json_decref(j);
+}
+
+/* xs_receive: a piece of a server message. Binary: first byte of a message
+ * says stdout (1) or stderr (2). Text: assembled (bounded), then parsed. */
+static int xs_receive(struct lws *wsi, struct xs *x, const unsigned char *in,
+                      size_t len)
+{
+	int final = lws_is_final_fragment(wsi);
+
+	if (lws_frame_is_binary(wsi)) {
+		if (!x->in_binary) {
+			if (len == 0)
+				return 0;
+			x->bin_tag = in[0];
+			in++;
+			len--;
+			x->in_binary = 1;
+		}
+		if (final)
+			x->in_binary = 0;
+		if (x->bin_tag != 1 && x->bin_tag != 2) {
+			xs_fail(x, TT_ERR_MALFORMED, "the edge sent an unknown output stream");
+			return -1;
+		}
+		if (len > 0 && x->s->on_output(x->s->arg, x->bin_tag, in, len) < 0) {
+			xs_fail(x, TT_ERR_IO, "cannot write the output");
+			return -1;
+		}
+		return 0;
+	}
+	if (x->text_len + len > XS_TEXT_MAX) {
+		xs_fail(x, TT_ERR_TOO_LARGE, "stream message too large");
+		return -1;
+	}
+	memcpy(x->text + x->text_len, in, len);
+	x->text_len += len;
+	if (final) {
+		xs_text(x);
+		x->text_len = 0;
+	}
+	return 0;
+}
+
+/* xs_callback: the lws client callback of one streamed exec. */
+static int xs_callback(struct lws *wsi, enum lws_callback_reasons reason,
+                       void *user, void *in, size_t len)
+{
+	struct xs *x = lws_context_user(lws_get_context(wsi));
+	struct xs_msg *m;
+
+	(void)user;
+	switch (reason) {
+	case LWS_CALLBACK_CLIENT_APPEND_HANDSHAKE_HEADER: {
+		unsigned char **p = in, *end = *p + len;
+
+		if (lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_AUTHORIZATION,
+		                                 (const unsigned char *)x->auth,
+		                                 (int)strlen(x->auth), p, end))
+			return -1;
+		return 0;
+	}
+	case LWS_CALLBACK_CLIENT_ESTABLISHED:
+		if (xs_queue(x, LWS_WRITE_TEXT, x->start, strlen(x->start)) < 0) {
+			xs_fail(x, TT_ERR_NOMEM, "out of memory");
+			return -1;
+		}
+		return 0;
+	case LWS_CALLBACK_CLIENT_RECEIVE:
+		return xs_receive(wsi, x, in, len);
+	case LWS_CALLBACK_CLIENT_WRITEABLE:
+		if ((m = x->q_head) == NULL)
+			return 0;
+		if (lws_write(wsi, m->buf + LWS_PRE, m->len, m->kind) < (int)m->len) {
+			xs_fail(x, TT_ERR_TRANSPORT, "write to the edge failed");
+			return -1;
+		}
+		x->q_head = m->next;
+		if (x->q_head == NULL)
+			x->q_tail = NULL;
+		x->q_bytes -= m->len;
+		free(m);
+		if (x->q_head)
+			lws_callback_on_writable(wsi);
+		return 0;
+	case LWS_CALLBACK_WS_PEER_INITIATED_CLOSE:
+		if (len >= 2)
+			x->close_code = ((unsigned)((unsigned char *)in)[0] << 8) |
+			                ((unsigned char *)in)[1];
+		return 0;
+	case LWS_CALLBACK_CLIENT_CONNECTION_ERROR: {
+		char msg[300];
+
+		snprintf(msg, sizeof(msg), "cannot open the exec stream: %s",
+		         in ? (const char *)in : "connection failed");
+		x->wsi = NULL;
+		xs_fail(x, TT_ERR_TRANSPORT, msg);
+		return 0;
+	}
+	case LWS_CALLBACK_CLIENT_CLOSED:
+		x->wsi = NULL;
+		if (!x->done) {
+			char msg[200];
+
+			snprintf(msg, sizeof(msg), "the exec stream broke off (close "
+			         "code %u); the command may or may not have run and was "
+			         "not repeated", x->close_code);
+			xs_fail(x, TT_ERR_TRANSPORT, msg);
+		}
+		x->done = 1;
+		return 0;
+	default:
+		return 0;
+	}
+}
+
+/* tether_exec_stream: see tether.h. */
+int tether_exec_stream(struct tether *t, const char *id, char *const argv[],
+                       const struct tether_exec_stream *s, int *exit_code,
+                       uint64_t *generation, struct tt_err *err)
+{
+	static const struct lws_protocols protocols[] = {
+		{ XS_PROTOCOL, xs_callback, 0, 65536, 0, NULL, 0 },
+		{ NULL, NULL, 0, 0, 0, NULL, 0 },
+	};
+	struct lws_context_creation_info info;
+	struct lws_client_connect_info cc;
+	char url[TETHER_URL_MAX], full[TETHER_URL_MAX + 256];
+	const char *prot, *host, *upath;
+	_cleanup_free_ char *p = tether_id_path(t, id, "/exec/ws", err);
+	json_t *cmd = json_array(), *start = NULL;
+	struct xs x;
+	struct xs_msg *m;
+	int port, rc = -1;
+
+	memset(&x, 0, sizeof(x));
+	x.s = s;
+	x.err = err;
+	x.exit_code = -1;
+	x.auth = t->auth + strlen("Authorization: ");
+	if (p == NULL || cmd == NULL)
+		goto out;
+	for (size_t i = 0; argv[i]; i++)
+		if (json_array_append_new(cmd, json_string(argv[i])) < 0) {
+			tt_err_set(err, TT_ERR_INVALID, "argument %zu is not UTF-8", i);
+			goto out;
+		}
+	start = json_pack("{s:O,s:b}", "cmd", cmd, "stdin", s->stdin_fd >= 0);
+	x.start = start ? json_dumps(start, JSON_COMPACT) : NULL;
+	if (x.start == NULL) {
+		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+		goto out;
+	}
+	snprintf(url, sizeof(url), "%s", t->cfg.url);
+	if (lws_parse_uri(url, &prot, &host, &port, &upath) != 0 ||
+	    (strcmp(prot, "http") != 0 && strcmp(prot, "https") != 0)) {
+		tt_err_set(err, TT_ERR_INVALID, "bad edge URL %s", t->cfg.url);
+		goto out;
+	}
+	/* lws_parse_uri drops the leading '/' of the path prefix */
+	snprintf(full, sizeof(full), "%s%s%s", upath[0] ? "/" : "", upath, p);
+	lws_set_log_level(0, NULL); /* errors come back through err */
+	memset(&info, 0, sizeof(info));
+	info.port = CONTEXT_PORT_NO_LISTEN;
+	info.protocols = protocols;
+	info.user = &x;
+	info.options = strcmp(prot, "https") == 0 ? LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT : 0;
+	x.ctx = lws_create_context(&info);
+	if (x.ctx == NULL) {
+		tt_err_set(err, TT_ERR_SYS, "cannot create the WebSocket client");
+		goto out;
+	}
+	memset(&cc, 0, sizeof(cc));
+	cc.context = x.ctx;
+	cc.address = host;
+	cc.port = port;
+	cc.path = full;
+	cc.host = host;
+	cc.origin = host;
+	cc.protocol = XS_PROTOCOL;
+	cc.local_protocol_name = XS_PROTOCOL;
+	cc.ssl_connection = strcmp(prot, "https") == 0 ? LCCSCF_USE_SSL : 0;
+	cc.pwsi = &x.wsi;
+	if (lws_client_connect_via_info(&cc) == NULL && !x.done) {
+		tt_err_set(err, TT_ERR_TRANSPORT, "cannot connect to %s", t->cfg.url);
+		lws_context_destroy(x.ctx);
+		goto out;
+	}
+	while (!x.done)
+		if (lws_service(x.ctx, 0) < 0)
+			break;
+	lws_sul_cancel(&x.sul);
+	if (x.wsi != NULL)
+		lws_set_timeout(x.wsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_SYNC);
+	lws_context_destroy(x.ctx);
+	if (!x.failed && x.exit_code >= 0) {
+		*exit_code = x.exit_code;
+		if (generation)
+			*generation = x.generation;
+		t->generation = x.generation;
+		rc = 0;
+	} else if (!x.failed) {
+		tt_err_set(err, TT_ERR_TRANSPORT, "the exec stream ended without an exit status");
+	}
+out:
+	while ((m = x.q_head) != NULL) {
+		x.q_head = m->next;
+		free(m);
+	}
+	free(x.start);
+	json_decref(start);
+	json_decref(cmd);
 	return rc;
 }

@@ -75,6 +75,26 @@ int tether_exec(struct tether *t, const char *id, char *const argv[],
                 struct tether_exec_result *res, struct tt_err *err);
 void tether_exec_result_free(struct tether_exec_result *res);
 
+/* Streamed exec (GET /v1/sandboxes/ID/exec/ws, "tether.exec.v1"): output
+ * is handed to on_output as it arrives (fd 1 stdout, 2 stderr; return -1 to
+ * abort the stream). stdin_fd >= 0 is read until EOF and forwarded as the
+ * command's stdin (-1: the command's stdin is empty). Implementation in
+ * src/client/client.c, on a libwebsockets client with its own event loop. */
+typedef int (*tether_output_fn)(void *arg, int fd, const void *data,
+                                size_t len);
+struct tether_exec_stream {
+	tether_output_fn on_output;
+	void *arg;
+	int stdin_fd;
+};
+/* tether_exec_stream: runs argv; *exit_code is the command's status and
+ * *generation (may be NULL) the execution that ran it. -1 with err when the
+ * stream was refused (RefreshRoute/Deny after the edge's one rebuilt
+ * attempt), failed or broke off (the command may have run; never repeated). */
+int tether_exec_stream(struct tether *t, const char *id, char *const argv[],
+                       const struct tether_exec_stream *s, int *exit_code,
+                       uint64_t *generation, struct tt_err *err);
+
 /* tether_file_put: streams fd (from its current offset, size bytes) to path
  * in the sandbox; *written = bytes the sandbox stored (may be NULL). */
 int tether_file_put(struct tether *t, const char *id, const char *path,

@@ -34,6 +34,7 @@
 
 #include "cleanup.h"
 #include "edge/routes.h"
+#include "edge/ws.h"
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
@@ -1186,6 +1187,9 @@ static int edge_cb(struct lws *wsi, enum lws_callback_reasons reason,
 
 static const struct lws_protocols edge_protocols[] = {
 	{ "http", edge_cb, sizeof(struct pss), 0, 0, NULL, 0 },
+	/* streamed exec relay (src/edge/ws.c) */
+	{ EDGEWS_PROTOCOL, edgews_callback, sizeof(struct edgews_pss),
+	  EDGEWS_RX_BUFFER, 0, NULL, 0 },
 	{ NULL, NULL, 0, 0, 0, NULL, 0 }
 };
 
@@ -1261,6 +1265,7 @@ int edge_main(int argc, char **argv)
 		log_error("%s", err.msg);
 		return 1;
 	}
+	edgews_setup(e.hc, e.cp_url, e.routes);
 	e.ctx = http_server_new(e.loop, host, port, edge_protocols, &e, &err);
 	if (e.ctx == NULL) {
 		log_error("%s", err.msg);

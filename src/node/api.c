@@ -33,6 +33,7 @@
 #include "metrics.h"
 #include "node/mgrconn.h"
 #include "node/node.h"
+#include "node/ws_exec.h"
 #include "tetherd/roles.h"
 #include "wire.h"
 
@@ -1207,7 +1208,7 @@ static int api_on_writeable(struct lws *wsi, struct api_pss *pss)
 }
 
 /* api_callback: the lws HTTP protocol handler. Upgrades are not served
- * here (no WebSocket protocol is registered for node-api yet). */
+ * here: streamed exec is its own protocol (src/node/ws_exec.c). */
 static int api_callback(struct lws *wsi, enum lws_callback_reasons reason,
                         void *user, void *in, size_t len)
 {
@@ -1242,6 +1243,9 @@ static int api_callback(struct lws *wsi, enum lws_callback_reasons reason,
 
 static const struct lws_protocols api_protocols[] = {
 	{ "http", api_callback, sizeof(struct api_pss), 0, 0, NULL, 0 },
+	/* streamed exec (src/node/ws_exec.c) */
+	{ WSEXEC_PROTOCOL, wsexec_callback, sizeof(struct wsexec_pss),
+	  WSEXEC_RX_BUFFER, 0, NULL, 0 },
 	{ NULL, NULL, 0, 0, 0, NULL, 0 },
 };
 

@@ -1,0 +1,947 @@
+/* The edge's streamed exec relay (see ws.h, docs/API.md "Streamed exec").
+ *
+ * Client side: the upgrade is authorized in FILTER_PROTOCOL_CONNECTION (the
+ * exact path and a Bearer header; the cp authenticates the key when the
+ * capability is fetched). The first client message (the start message) is
+ * kept; the route comes from the route cache (or a capability fetch), and an
+ * lws client connection to the node's endpoint (same context, same libuv
+ * loop) carries "Authorization: Capability …" and then the start message.
+ *
+ * The node's first message is its decision. RefreshRoute: the start message
+ * was not executed (admission refused it), so the route is repaired by
+ * compare-and-swap and exactly one rebuilt backend stream is opened; the
+ * client's WebSocket stays open meanwhile (SPEC §6) and sees only the
+ * decision that counts. Deny (or a second RefreshRoute) is passed on with
+ * the node's close code (4403 / 4409). After Allow, messages are relayed
+ * whole both ways; client input is held until Allow. A backend that fails
+ * before Allow could not have run the command ("unavailable"); one that
+ * drops afterwards without its exit message gives the client
+ * {"type":"error","error":"transport"} — an exec is never repeated.
+ *
+ * Backpressure: each direction's queue stops reading its producer above
+ * EWS_Q_HIGH and resumes below EWS_Q_LOW (lws_rx_flow_control).
+ *
+ * Ownership: a stream (struct edgews) belongs to the edge, not to either
+ * connection: it is freed when the client connection is gone, the backend
+ * connection detached and no capability fetch is in flight. */
+#include "edge/ws.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <sodium.h>
+
+#include "claims.h"
+#include "cleanup.h"
+#include "log.h"
+#include "metrics.h"
+#include "timefmt.h"
+
+#define EWS_MSG_MAX ((1u << 20) + 16) /* one relayed message */
+#define EWS_Q_HIGH (1u << 20)
+#define EWS_Q_LOW (256u << 10)
+#define EWS_CAP_ANSWER_MAX (64u << 10)
+#define EWS_REASON_MAX 123
+
+/* What the relay borrows from the HTTP edge (edgews_setup). */
+static struct {
+	struct httpc *hc;
+	const char *cp_url;
+	struct routes *routes;
+} ews_env;
+
+/* One queued message; LWS_PRE bytes of headroom precede the data. */
+struct ews_msg {
+	struct ews_msg *next;
+	enum lws_write_protocol kind;
+	size_t len;
+	uint8_t buf[];
+};
+
+struct ews_q {
+	struct ews_msg *head, *tail;
+	size_t bytes;
+};
+
+/* A message being assembled from fragments (owned buffer). */
+struct ews_asm {
+	uint8_t *buf;
+	size_t len;
+	bool binary;
+};
+
+enum ews_state { EWS_START, EWS_ROUTE, EWS_CONNECT, EWS_DECISION,
+                 EWS_RUNNING, EWS_CLOSING };
+
+struct edgews {
+	struct lws *cwsi;            /* client-facing; NULL once gone */
+	struct lws *bwsi;            /* current backend; NULL when none */
+	struct lws_context *ctx;
+	struct lws_vhost *vh;
+	enum ews_state st;
+	char sbx[64];
+	unsigned char keyhash[crypto_hash_sha256_BYTES];
+	char auth[512];              /* the caller's "Bearer …" (secret) */
+	char *start;                 /* the start message (owned) */
+	size_t start_len;
+	bool start_sent;             /* to the current backend */
+	char *token;                 /* capability in use (owned, secret) */
+	char node_url[256];
+	uint64_t route_version, route_gen;
+	struct route_waiter waiter;
+	struct route_ticket ticket;
+	bool waiting, fetching, retried;
+	CURL *easy;                  /* capability fetch in flight (owned) */
+	struct curl_slist *hdrs;
+	char *ans;                   /* its answer (owned, bounded) */
+	size_t ans_len;
+	struct ews_q cq, bq;         /* to the client, to the backend */
+	struct ews_asm cin, bin;     /* from the client, from the backend */
+	bool cpaused, bpaused;       /* rx flow control of each side */
+	bool backend_final;          /* exit / error / refusal seen */
+	uint16_t close_code;         /* for the client, once cq is drained */
+	bool close_sent;             /* the close frame is on its way */
+	lws_sorted_usec_list_t close_sul; /* runs the close outside lws service */
+	char close_reason[EWS_REASON_MAX + 1];
+	uint64_t t0_us, reject_us;
+};
+
+static void ews_resolve(struct edgews *x);
+
+/* edgews_setup: see ws.h. */
+void edgews_setup(struct httpc *hc, const char *cp_url, struct routes *routes)
+{
+	ews_env.hc = hc;
+	ews_env.cp_url = cp_url;
+	ews_env.routes = routes;
+}
+
+/* ews_now_us: monotonic microseconds. */
+static uint64_t ews_now_us(void)
+{
+	return uv_hrtime() / 1000u;
+}
+
+/* q_push: queues a copy of data as one message. */
+static int q_push(struct ews_q *q, enum lws_write_protocol kind,
+                  const void *data, size_t len)
+{
+	struct ews_msg *m = malloc(sizeof(*m) + LWS_PRE + len);
+
+	if (m == NULL)
+		return -1;
+	m->next = NULL;
+	m->kind = kind;
+	m->len = len;
+	if (len)
+		memcpy(m->buf + LWS_PRE, data, len);
+	if (q->tail)
+		q->tail->next = m;
+	else
+		q->head = m;
+	q->tail = m;
+	q->bytes += len;
+	return 0;
+}
+
+/* q_write: writes the head message on wsi; 1 written, 0 empty, -1 failed. */
+static int q_write(struct ews_q *q, struct lws *wsi)
+{
+	struct ews_msg *m = q->head;
+
+	if (m == NULL)
+		return 0;
+	if (lws_write(wsi, m->buf + LWS_PRE, m->len, m->kind) < (int)m->len)
+		return -1;
+	q->head = m->next;
+	if (q->head == NULL)
+		q->tail = NULL;
+	q->bytes -= m->len;
+	free(m);
+	return 1;
+}
+
+/* q_clear: drops every queued message. */
+static void q_clear(struct ews_q *q)
+{
+	struct ews_msg *m;
+
+	while ((m = q->head) != NULL) {
+		q->head = m->next;
+		free(m);
+	}
+	q->tail = NULL;
+	q->bytes = 0;
+}
+
+/* asm_add: appends a fragment; 1 when the message is complete, 0 when more
+ * follows, -1 over the bound or out of memory. */
+static int asm_add(struct ews_asm *a, struct lws *wsi, const void *in, size_t len)
+{
+	uint8_t *nb;
+
+	if (a->len == 0)
+		a->binary = lws_frame_is_binary(wsi) != 0;
+	if (a->len + len > EWS_MSG_MAX)
+		return -1;
+	if (len > 0) {
+		nb = realloc(a->buf, a->len + len);
+		if (nb == NULL)
+			return -1;
+		a->buf = nb;
+		memcpy(a->buf + a->len, in, len);
+		a->len += len;
+	}
+	return lws_is_final_fragment(wsi) ? 1 : 0;
+}
+
+/* ews_maybe_free: frees x once nothing refers to it any more. */
+static void ews_maybe_free(struct edgews *x)
+{
+	if (x->cwsi != NULL || x->bwsi != NULL || x->easy != NULL)
+		return;
+	lws_sul_cancel(&x->close_sul);
+	if (x->waiting)
+		routes_cancel_wait(ews_env.routes, &x->waiter);
+	q_clear(&x->cq);
+	q_clear(&x->bq);
+	free(x->cin.buf);
+	free(x->bin.buf);
+	free(x->start);
+	free(x->ans);
+	if (x->token) {
+		sodium_memzero(x->token, strlen(x->token));
+		free(x->token);
+	}
+	sodium_memzero(x->auth, sizeof(x->auth));
+	free(x);
+}
+
+/* ews_backend_drop: lets go of the current backend connection (it is
+ * closed by lws; its late callbacks find no stream). */
+static void ews_backend_drop(struct edgews *x)
+{
+	if (x->bwsi == NULL)
+		return;
+	lws_set_opaque_user_data(x->bwsi, NULL);
+	lws_set_timeout(x->bwsi, PENDING_TIMEOUT_CLOSE_SEND, LWS_TO_KILL_ASYNC);
+	x->bwsi = NULL;
+}
+
+/* ews_to_client: queues a message for the client. */
+static void ews_to_client(struct edgews *x, enum lws_write_protocol kind,
+                          const void *data, size_t len)
+{
+	if (x->cwsi == NULL)
+		return;
+	if (q_push(&x->cq, kind, data, len) < 0) {
+		x->close_code = LWS_CLOSE_STATUS_UNEXPECTED_CONDITION;
+		x->st = EWS_CLOSING;
+	}
+	lws_callback_on_writable(x->cwsi);
+	if (x->cq.bytes > EWS_Q_HIGH && x->bwsi != NULL && !x->bpaused) {
+		x->bpaused = true;
+		lws_rx_flow_control(x->bwsi, 0);
+	}
+}
+
+/* ews_close_client: the client is closed with code (and reason) once what
+ * is queued for it has been written. */
+static void ews_close_client(struct edgews *x, uint16_t code, const char *reason,
+                             const char *result)
+{
+	char labels[64];
+
+	if (x->st == EWS_CLOSING)
+		return;
+	x->st = EWS_CLOSING;
+	x->close_code = code;
+	snprintf(x->close_reason, sizeof(x->close_reason), "%s", reason ? reason : "");
+	snprintf(labels, sizeof(labels), "result=\"%s\"", result);
+	metrics_inc("tether_edge_exec_streams_total", labels);
+	if (x->cwsi != NULL) {
+		if (x->cpaused) { /* let lws see the client's own close */
+			x->cpaused = false;
+			lws_rx_flow_control(x->cwsi, 1);
+		}
+		lws_callback_on_writable(x->cwsi);
+	}
+}
+
+/* ews_error: {"type":"error",…} to the client, then close (code). */
+static void ews_error(struct edgews *x, uint16_t code, const char *err,
+                     const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void ews_error(struct edgews *x, uint16_t code, const char *err,
+                      const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+	json_t *o;
+	char *s;
+
+	if (x->st == EWS_CLOSING)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	o = json_pack("{s:s,s:s,s:s}", "type", "error", "error", err, "message", msg);
+	s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	if (s != NULL)
+		ews_to_client(x, LWS_WRITE_TEXT, s, strlen(s));
+	free(s);
+	ews_backend_drop(x);
+	ews_close_client(x, code, err, err);
+}
+
+/* ews_connect: opens the backend stream to the node the route names. */
+static void ews_connect(struct edgews *x)
+{
+	struct lws_client_connect_info cc;
+	char url[sizeof(x->node_url)], path[128];
+	const char *prot, *host, *upath;
+	struct lws *wsi;
+	int port;
+
+	snprintf(url, sizeof(url), "%s", x->node_url);
+	if (lws_parse_uri(url, &prot, &host, &port, &upath) != 0 ||
+	    strcmp(prot, "http") != 0) {
+		ews_error(x, LWS_CLOSE_STATUS_UNEXPECTED_CONDITION, "unavailable",
+		          "unusable node address %s", x->node_url);
+		return;
+	}
+	snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec/ws", x->sbx);
+	memset(&cc, 0, sizeof(cc));
+	cc.context = x->ctx;
+	cc.vhost = x->vh;
+	cc.address = host;
+	cc.port = port;
+	cc.path = path;
+	cc.host = host;
+	cc.origin = host;
+	cc.protocol = EDGEWS_PROTOCOL;
+	cc.local_protocol_name = EDGEWS_PROTOCOL;
+	cc.opaque_user_data = x;
+	x->st = EWS_CONNECT;
+	x->start_sent = false;
+	wsi = lws_client_connect_via_info(&cc);
+	if (x->st != EWS_CONNECT)
+		return; /* a connection error was reported synchronously */
+	x->bwsi = wsi;
+	if (wsi == NULL)
+		ews_error(x, 1011, "unavailable",
+		          "exec on %s: cannot reach worker node %s; the command did "
+		          "not start", x->sbx, x->node_url);
+}
+
+/* ews_take: ent (a route-cache copy) is the route of the next attempt. */
+static void ews_take(struct edgews *x, struct route_entry *ent)
+{
+	if (x->token) {
+		sodium_memzero(x->token, strlen(x->token));
+		free(x->token);
+	}
+	x->token = tt_steal_ptr(&ent->token);
+	x->route_version = ent->version;
+	x->route_gen = ent->generation;
+	snprintf(x->node_url, sizeof(x->node_url), "%s", ent->node_url);
+}
+
+/* ews_cap_write: the capability answer, bounded. */
+static size_t ews_cap_write(char *data, size_t size, size_t nmemb, void *arg)
+{
+	struct edgews *x = arg;
+	size_t n = size * nmemb;
+	char *nb;
+
+	if (x->ans_len + n > EWS_CAP_ANSWER_MAX)
+		return 0;
+	nb = realloc(x->ans, x->ans_len + n + 1);
+	if (nb == NULL)
+		return 0;
+	x->ans = nb;
+	memcpy(x->ans + x->ans_len, data, n);
+	x->ans_len += n;
+	x->ans[x->ans_len] = '\0';
+	return n;
+}
+
+/* ews_cap_use: stores a capability answer in the route cache (if the slot
+ * is still ours) and takes it for this stream. */
+static int ews_cap_use(struct edgews *x, json_t *j)
+{
+	const char *tok = json_string_value(json_object_get(j, "token"));
+	const char *exp = json_string_value(json_object_get(j, "expires_at"));
+	const char *node = json_string_value(json_object_get(j, "node_url"));
+	const char *wrk = json_string_value(json_object_get(j, "worker"));
+	json_t *gen = json_object_get(j, "generation");
+	struct route_entry f, out;
+
+	memset(&f, 0, sizeof(f));
+	memset(&out, 0, sizeof(out));
+	if (tok == NULL || exp == NULL || node == NULL || !json_is_integer(gen) ||
+	    json_integer_value(gen) < 1 || strncmp(node, "http://", 7) != 0 ||
+	    strlen(node) >= sizeof(f.node_url) ||
+	    rfc3339_parse(exp, strlen(exp), &f.expires_at, NULL) < 0)
+		return -1;
+	f.token = (char *)tok; /* borrowed: routes_commit copies */
+	f.generation = (uint64_t)json_integer_value(gen);
+	snprintf(f.worker, sizeof(f.worker), "%s", wrk ? wrk : "");
+	snprintf(f.node_url, sizeof(f.node_url), "%s", node);
+	x->fetching = false; /* the commit ends the fetch and wakes waiters */
+	if (routes_commit(ews_env.routes, x->keyhash, x->sbx, &x->ticket, &f,
+	                  &out) == 0) {
+		ews_take(x, &out);
+		return 0;
+	}
+	route_entry_clear(&out);
+	f.token = strdup(tok); /* not stored: this stream still uses it */
+	if (f.token == NULL)
+		return -1;
+	f.version = 0;
+	ews_take(x, &f);
+	return 0;
+}
+
+/* ews_cap_done: the cp issued (or refused) a capability. */
+static void ews_cap_done(CURL *easy, CURLcode rc, void *arg)
+{
+	struct edgews *x = arg;
+	long status = 0;
+	json_t *j;
+	int ok;
+
+	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+	curl_easy_cleanup(easy);
+	curl_slist_free_all(x->hdrs);
+	x->hdrs = NULL;
+	x->easy = NULL;
+	j = x->ans ? json_loadb(x->ans, x->ans_len, JSON_REJECT_DUPLICATES, NULL) : NULL;
+	free(x->ans);
+	x->ans = NULL;
+	x->ans_len = 0;
+	if (x->cwsi == NULL || x->st == EWS_CLOSING) {
+		json_decref(j);
+		if (x->fetching)
+			routes_abort(ews_env.routes, x->keyhash, x->sbx);
+		x->fetching = false;
+		ews_maybe_free(x);
+		return;
+	}
+	if (rc != CURLE_OK || (status != 200 && status != 201)) {
+		const char *code = json_string_value(json_object_get(j, "error"));
+		const char *msg = json_string_value(json_object_get(j, "message"));
+		char c[48];
+
+		if (x->fetching)
+			routes_abort(ews_env.routes, x->keyhash, x->sbx);
+		x->fetching = false;
+		metrics_inc("tether_edge_upstream_failures_total", "upstream=\"cp\"");
+		snprintf(c, sizeof(c), "%s", code ? code : "unavailable");
+		if (rc != CURLE_OK)
+			ews_error(x, 1011, "unavailable", "control plane: %s",
+			          curl_easy_strerror(rc));
+		else /* the cp's refusal (401/404/409…): close code 4000 + status */
+			ews_error(x, (uint16_t)(4000 + (status < 1000 ? status : 0)),
+			          c, "%s", msg ? msg : "the control plane refused");
+		json_decref(j);
+		return;
+	}
+	ok = j != NULL && ews_cap_use(x, j) == 0;
+	json_decref(j);
+	if (x->fetching)
+		routes_abort(ews_env.routes, x->keyhash, x->sbx);
+	x->fetching = false;
+	if (!ok) {
+		ews_error(x, 1011, "unavailable",
+		          "the control plane answered an unusable capability");
+		return;
+	}
+	ews_connect(x);
+}
+
+/* ews_cap_fetch: asks the cp for a capability with the caller's own key. */
+static void ews_cap_fetch(struct edgews *x)
+{
+	static const char body[] =
+		"{\"purpose\":\"control\",\"ops\":[\"exec\",\"fs.read\",\"fs.write\"]}";
+	char url[512], line[600];
+	struct tt_err err = { 0 };
+	CURL *c;
+
+	metrics_inc("tether_edge_cap_fetch_total",
+	            x->retried ? "why=\"repair\"" : "why=\"miss\"");
+	snprintf(url, sizeof(url), "%s/v1/sandboxes/%s/capabilities",
+	         ews_env.cp_url, x->sbx);
+	c = curl_easy_init();
+	if (c == NULL)
+		goto fail;
+	snprintf(line, sizeof(line), "Authorization: %s", x->auth);
+	x->hdrs = curl_slist_append(NULL, line);
+	sodium_memzero(line, sizeof(line));
+	x->hdrs = curl_slist_append(x->hdrs, "Content-Type: application/json");
+	x->hdrs = curl_slist_append(x->hdrs, "Expect:");
+	curl_easy_setopt(c, CURLOPT_URL, url);
+	curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
+	curl_easy_setopt(c, CURLOPT_TIMEOUT, 30L);
+	curl_easy_setopt(c, CURLOPT_HTTPHEADER, x->hdrs);
+	curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+	curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(sizeof(body) - 1));
+	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, ews_cap_write);
+	curl_easy_setopt(c, CURLOPT_WRITEDATA, x);
+	x->easy = c;
+	if (httpc_start(ews_env.hc, c, ews_cap_done, x, &err) == 0)
+		return;
+	x->easy = NULL;
+	curl_easy_cleanup(c);
+fail:
+	curl_slist_free_all(x->hdrs);
+	x->hdrs = NULL;
+	routes_abort(ews_env.routes, x->keyhash, x->sbx);
+	x->fetching = false;
+	ews_error(x, 1011, "internal", "cannot ask the control plane");
+}
+
+/* ews_woken: the fetch this stream waited for is over: resolve again. */
+static void ews_woken(void *arg)
+{
+	struct edgews *x = arg;
+
+	x->waiting = false;
+	if (x->cwsi == NULL) {
+		ews_maybe_free(x);
+		return;
+	}
+	ews_resolve(x);
+}
+
+/* ews_resolve: the route of the next attempt — cached, shared with a fetch
+ * in flight, or fetched here. The rebuilt attempt repairs by CAS: the
+ * refused route is replaced only if it is still the cached one. */
+static void ews_resolve(struct edgews *x)
+{
+	struct route_entry ent;
+	int v;
+
+	memset(&ent, 0, sizeof(ent));
+	x->st = EWS_ROUTE;
+	x->waiter.fn = ews_woken;
+	x->waiter.arg = x;
+	if (x->retried)
+		v = routes_repair_begin(ews_env.routes, x->keyhash, x->sbx,
+		                        x->route_version, tt_now(), &x->waiter,
+		                        &ent, &x->ticket);
+	else
+		v = routes_acquire(ews_env.routes, x->keyhash, x->sbx, tt_now(),
+		                   &x->waiter, &ent, &x->ticket);
+	switch (v) {
+	case ROUTE_USE:
+		metrics_inc("tether_edge_capcache_total",
+		            x->retried ? "result=\"reuse\"" : "result=\"hit\"");
+		ews_take(x, &ent);
+		ews_connect(x);
+		return;
+	case ROUTE_WAIT:
+		metrics_inc("tether_edge_capcache_total", "result=\"wait\"");
+		x->waiting = true;
+		return;
+	case ROUTE_FETCH:
+		metrics_inc("tether_edge_capcache_total",
+		            x->retried ? "result=\"repair\"" : "result=\"miss\"");
+		x->fetching = true;
+		ews_cap_fetch(x);
+		return;
+	default:
+		ews_error(x, 1011, "internal", "out of memory");
+	}
+}
+
+/* ews_on_decision: the node's first message. Returns -1 when the backend
+ * connection is to be closed at once (the rebuilt attempt replaces it). */
+static int ews_on_decision(struct edgews *x, const uint8_t *msg, size_t len)
+{
+	json_t *j = json_loadb((const char *)msg, len, JSON_REJECT_DUPLICATES, NULL);
+	const char *type = json_string_value(json_object_get(j, "type"));
+	const char *d = json_string_value(json_object_get(j, "decision"));
+	bool refresh = d != NULL && strcmp(d, "refresh_route") == 0, allow;
+	char reason[EWS_REASON_MAX + 1];
+
+	if (type != NULL && strcmp(type, "error") == 0) {
+		/* the node failed before admission (manager unreachable…) */
+		json_decref(j);
+		x->backend_final = true;
+		ews_to_client(x, LWS_WRITE_TEXT, msg, len);
+		ews_close_client(x, 1011, "error", "error");
+		return 0;
+	}
+	if (type == NULL || strcmp(type, "decision") != 0 || d == NULL) {
+		json_decref(j);
+		ews_error(x, 1011, "transport", "the node sent no decision");
+		return -1;
+	}
+	allow = strcmp(d, "allow") == 0;
+	json_decref(j); /* d pointed into j */
+	if (allow) {
+		x->st = EWS_RUNNING;
+		if (x->retried)
+			metrics_observe_us("tether_edge_route_repair_duration_seconds",
+			                   NULL, ews_now_us() - x->reject_us);
+		ews_to_client(x, LWS_WRITE_TEXT, msg, len);
+		if (x->cpaused && x->bq.bytes < EWS_Q_LOW && x->cwsi != NULL) {
+			x->cpaused = false;
+			lws_rx_flow_control(x->cwsi, 1);
+		}
+		if (x->bq.head != NULL)
+			lws_callback_on_writable(x->bwsi);
+		return 0;
+	}
+	if (refresh && !x->retried) {
+		/* Not executed (admission refused it): exactly one rebuilt
+		 * attempt on a repaired route; the client stays connected. */
+		metrics_inc("tether_edge_refresh_total", NULL);
+		metrics_inc("tether_edge_rebuilt_attempts_total", "why=\"refresh_route\"");
+		log_info("exec stream %s: refresh_route (generation %" PRIu64
+		         "): rebuilding the backend stream once", x->sbx, x->route_gen);
+		x->retried = true;
+		x->reject_us = ews_now_us();
+		lws_set_opaque_user_data(x->bwsi, NULL);
+		x->bwsi = NULL;
+		ews_resolve(x);
+		return -1;
+	}
+	if (refresh)
+		metrics_inc("tether_edge_refresh_exhausted_total", NULL);
+	x->backend_final = true;
+	ews_to_client(x, LWS_WRITE_TEXT, msg, len);
+	snprintf(reason, sizeof(reason), "%.*s", (int)len, (const char *)msg);
+	ews_backend_drop(x);
+	ews_close_client(x, refresh ? 4409 : 4403, reason,
+	                 refresh ? "refresh_route" : "deny");
+	return 0;
+}
+
+/* ews_from_backend: one whole message from the node. */
+static int ews_from_backend(struct edgews *x, const uint8_t *msg, size_t len,
+                            bool binary)
+{
+	json_t *j;
+	const char *type;
+
+	if (x->st == EWS_DECISION) {
+		if (binary) {
+			ews_error(x, 1011, "transport", "the node sent output before its decision");
+			return -1;
+		}
+		return ews_on_decision(x, msg, len);
+	}
+	if (x->st != EWS_RUNNING)
+		return 0;
+	if (binary) {
+		ews_to_client(x, LWS_WRITE_BINARY, msg, len);
+		return 0;
+	}
+	j = json_loadb((const char *)msg, len, JSON_REJECT_DUPLICATES, NULL);
+	type = json_string_value(json_object_get(j, "type"));
+	ews_to_client(x, LWS_WRITE_TEXT, msg, len);
+	if (type != NULL && strcmp(type, "exit") == 0) {
+		x->backend_final = true;
+		ews_close_client(x, LWS_CLOSE_STATUS_NORMAL, "", "exit");
+	} else if (type != NULL && strcmp(type, "error") == 0) {
+		x->backend_final = true;
+		ews_close_client(x, LWS_CLOSE_STATUS_UNEXPECTED_CONDITION, "error", "error");
+	}
+	json_decref(j);
+	return 0;
+}
+
+/* ews_backend_gone: the node's connection failed or closed. */
+static void ews_backend_gone(struct edgews *x, bool connect_error, const char *why)
+{
+	x->bwsi = NULL;
+	if (x->backend_final || x->st == EWS_CLOSING || x->st == EWS_ROUTE) {
+		ews_maybe_free(x);
+		return;
+	}
+	routes_drop_if(ews_env.routes, x->keyhash, x->sbx, x->route_version);
+	metrics_inc("tether_edge_upstream_failures_total", "upstream=\"node\"");
+	if (connect_error || x->st == EWS_CONNECT)
+		ews_error(x, 1011, "unavailable",
+		          "exec on %s: cannot reach worker node %s (%s); the command "
+		          "did not start", x->sbx, x->node_url, why);
+	else {
+		metrics_inc("tether_edge_not_repeated_total", NULL);
+		ews_error(x, 1011, "transport",
+		          "exec on %s: worker node %s broke off the stream; the "
+		          "command may or may not have run and was not repeated",
+		          x->sbx, x->node_url);
+	}
+	ews_maybe_free(x);
+}
+
+/* ews_filter: authorizes the client's upgrade (never in
+ * HTTP_CONFIRM_UPGRADE): the exact path and a Bearer key. */
+static int ews_filter(struct lws *wsi, struct edgews_pss *pss)
+{
+	char uri[256], sbx[64];
+	const char *p, *slash;
+	struct edgews *x;
+
+	if (pss == NULL || lws_hdr_copy(wsi, uri, sizeof(uri), WSI_TOKEN_GET_URI) <= 0 ||
+	    strncmp(uri, "/v1/sandboxes/", 14) != 0)
+		return 1;
+	p = uri + 14;
+	slash = strchr(p, '/');
+	if (slash == NULL || strcmp(slash, "/exec/ws") != 0 ||
+	    (size_t)(slash - p) >= sizeof(sbx))
+		return 1;
+	memcpy(sbx, p, (size_t)(slash - p));
+	sbx[slash - p] = '\0';
+	if (!sbx_id_valid(sbx))
+		return 1;
+	x = calloc(1, sizeof(*x));
+	if (x == NULL)
+		return 1;
+	if (http_header(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, x->auth, sizeof(x->auth)) < 0 ||
+	    strncmp(x->auth, "Bearer ", 7) != 0 || x->auth[7] == '\0') {
+		sodium_memzero(x->auth, sizeof(x->auth));
+		free(x);
+		metrics_inc("tether_edge_exec_streams_total", "result=\"unauthorized\"");
+		return 1;
+	}
+	crypto_hash_sha256(x->keyhash, (const unsigned char *)x->auth + 7,
+	                   strlen(x->auth + 7));
+	snprintf(x->sbx, sizeof(x->sbx), "%s", sbx);
+	x->cwsi = wsi;
+	x->ctx = lws_get_context(wsi);
+	x->vh = lws_get_vhost(wsi);
+	x->t0_us = ews_now_us();
+	pss->x = x;
+	return 0;
+}
+
+/* ews_client_rx: a piece of a client message. */
+static int ews_client_rx(struct lws *wsi, struct edgews *x, const void *in, size_t len)
+{
+	int rc;
+
+	if (x->st == EWS_CLOSING)
+		return 0;
+	rc = asm_add(&x->cin, wsi, in, len);
+	if (rc < 0) {
+		ews_error(x, 1009, "too_large", "message over %u bytes", EWS_MSG_MAX);
+		return 0;
+	}
+	if (rc == 0)
+		return 0;
+	if (x->st == EWS_START) {
+		if (x->cin.binary) {
+			ews_error(x, 1008, "bad_request",
+			          "the first message must be the JSON start message");
+			return 0;
+		}
+		x->start = (char *)tt_steal_ptr(&x->cin.buf);
+		x->start_len = x->cin.len;
+		x->cin.len = 0;
+		/* input waits for the decision: nothing is forwarded before it */
+		x->cpaused = true;
+		lws_rx_flow_control(wsi, 0);
+		ews_resolve(x);
+		return 0;
+	}
+	if (q_push(&x->bq, x->cin.binary ? LWS_WRITE_BINARY : LWS_WRITE_TEXT,
+	           x->cin.buf, x->cin.len) < 0) {
+		ews_error(x, 1011, "internal", "out of memory");
+		return 0;
+	}
+	x->cin.len = 0;
+	if (x->st == EWS_RUNNING && x->bwsi != NULL)
+		lws_callback_on_writable(x->bwsi);
+	if ((x->bq.bytes > EWS_Q_HIGH || x->st != EWS_RUNNING) && !x->cpaused) {
+		x->cpaused = true;
+		lws_rx_flow_control(wsi, 0);
+	}
+	return 0;
+}
+
+/* ews_close_now: closes the client connection with the prepared code
+ * and reason; lws sends the close frame and waits for the peer's. */
+static void ews_close_now(lws_sorted_usec_list_t *sul)
+{
+	struct edgews *x = lws_container_of(sul, struct edgews, close_sul);
+
+	if (x->cwsi == NULL)
+		return;
+	lws_close_reason(x->cwsi, (enum lws_close_status)x->close_code,
+	                 (unsigned char *)x->close_reason, strlen(x->close_reason));
+	lws_close_free_wsi(x->cwsi, (enum lws_close_status)x->close_code,
+	                   "tether close");
+}
+
+/* ews_client_writeable: one message to the client; the close once drained. */
+static int ews_client_writeable(struct lws *wsi, struct edgews *x)
+{
+	int rc = q_write(&x->cq, wsi);
+
+	if (rc < 0)
+		return -1;
+	if (rc == 1) {
+		if (x->bpaused && x->cq.bytes < EWS_Q_LOW && x->bwsi != NULL) {
+			x->bpaused = false;
+			lws_rx_flow_control(x->bwsi, 1);
+		}
+		if (x->cq.head != NULL || x->st == EWS_CLOSING)
+			lws_callback_on_writable(wsi);
+		return 0;
+	}
+	if (x->st == EWS_CLOSING) {
+		if (x->close_sent)
+			return 0;
+		x->close_sent = true;
+		/* Not "return -1" (nor a timeout): the Debian lws 4.1 build
+		 * (_DEBUG, libuv) then kills the connection before the close
+		 * frame goes out. Closed from a timer instead, it is sent. */
+		lws_sul_schedule(lws_get_context(wsi), 0, &x->close_sul,
+		                 ews_close_now, 1);
+		return 0;
+	}
+	return 0;
+}
+
+/* ews_backend_writeable: the start message first, then (after Allow) the
+ * client's input. */
+static int ews_backend_writeable(struct lws *wsi, struct edgews *x)
+{
+	int rc;
+
+	if (!x->start_sent) {
+		uint8_t *b = malloc(LWS_PRE + x->start_len);
+		int n;
+
+		if (b == NULL)
+			return -1;
+		memcpy(b + LWS_PRE, x->start, x->start_len);
+		n = lws_write(wsi, b + LWS_PRE, x->start_len, LWS_WRITE_TEXT);
+		free(b);
+		if (n < (int)x->start_len)
+			return -1;
+		x->start_sent = true;
+		return 0;
+	}
+	if (x->st != EWS_RUNNING)
+		return 0;
+	rc = q_write(&x->bq, wsi);
+	if (rc < 0)
+		return -1;
+	if (x->cpaused && x->bq.bytes < EWS_Q_LOW && x->cwsi != NULL) {
+		x->cpaused = false;
+		lws_rx_flow_control(x->cwsi, 1);
+	}
+	if (x->bq.head != NULL)
+		lws_callback_on_writable(wsi);
+	return 0;
+}
+
+/* edgews_callback: see ws.h. */
+int edgews_callback(struct lws *wsi, enum lws_callback_reasons reason,
+                    void *user, void *in, size_t len)
+{
+	struct edgews_pss *pss = user;
+	struct edgews *x;
+	int rc;
+
+	switch (reason) {
+	/* ---- the client-facing connection ---- */
+	case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION:
+		return ews_filter(wsi, pss);
+	case LWS_CALLBACK_ESTABLISHED:
+		return pss != NULL && pss->x != NULL ? 0 : -1;
+	case LWS_CALLBACK_RECEIVE:
+		if (pss == NULL || pss->x == NULL)
+			return -1;
+		return ews_client_rx(wsi, pss->x, in, len);
+	case LWS_CALLBACK_SERVER_WRITEABLE:
+		if (pss == NULL || pss->x == NULL)
+			return 0;
+		return ews_client_writeable(wsi, pss->x);
+	case LWS_CALLBACK_CLOSED:
+		if (pss == NULL || (x = pss->x) == NULL)
+			return 0;
+		pss->x = NULL;
+		if (x->st != EWS_CLOSING)
+			metrics_inc("tether_edge_exec_streams_total", "result=\"client_gone\"");
+		x->st = EWS_CLOSING;
+		x->cwsi = NULL;
+		ews_backend_drop(x);
+		ews_maybe_free(x);
+		return 0;
+
+	/* ---- the node-facing connection ---- */
+	case LWS_CALLBACK_CLIENT_APPEND_HANDSHAKE_HEADER: {
+		unsigned char **p = in, *end = *p + len;
+		char auth[4200];
+
+		x = lws_get_opaque_user_data(wsi);
+		if (x == NULL || x->token == NULL)
+			return -1;
+		rc = snprintf(auth, sizeof(auth), "Capability %s", x->token);
+		rc = rc < 0 || (size_t)rc >= sizeof(auth) ||
+		     lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_AUTHORIZATION,
+		                                  (unsigned char *)auth, rc, p, end);
+		sodium_memzero(auth, sizeof(auth));
+		return rc ? -1 : 0;
+	}
+	case LWS_CALLBACK_CLIENT_ESTABLISHED:
+		x = lws_get_opaque_user_data(wsi);
+		if (x == NULL)
+			return -1;
+		x->st = EWS_DECISION;
+		lws_callback_on_writable(wsi);
+		return 0;
+	case LWS_CALLBACK_CLIENT_RECEIVE:
+		x = lws_get_opaque_user_data(wsi);
+		if (x == NULL)
+			return -1;
+		rc = asm_add(&x->bin, wsi, in, len);
+		if (rc < 0) {
+			ews_error(x, 1011, "transport", "the node sent an oversized message");
+			return -1;
+		}
+		if (rc == 0)
+			return 0;
+		rc = ews_from_backend(x, x->bin.buf, x->bin.len, x->bin.binary);
+		x->bin.len = 0;
+		return rc;
+	case LWS_CALLBACK_CLIENT_WRITEABLE:
+		x = lws_get_opaque_user_data(wsi);
+		if (x == NULL)
+			return -1;
+		return ews_backend_writeable(wsi, x);
+	case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
+		x = lws_get_opaque_user_data(wsi);
+		if (x == NULL)
+			return 0;
+		lws_set_opaque_user_data(wsi, NULL);
+		if (x->bwsi != wsi && x->bwsi != NULL)
+			return 0;
+		x->st = x->st == EWS_ROUTE ? EWS_CONNECT : x->st;
+		ews_backend_gone(x, true, in ? (const char *)in : "connection failed");
+		return 0;
+	case LWS_CALLBACK_CLIENT_CLOSED:
+		x = lws_get_opaque_user_data(wsi);
+		if (x == NULL)
+			return 0;
+		lws_set_opaque_user_data(wsi, NULL);
+		ews_backend_gone(x, false, "closed");
+		return 0;
+	default:
+		return 0;
+	}
+}

@@ -1,0 +1,595 @@
+/* Streamed exec over WebSocket (see ws_exec.h, docs/API.md "Streamed exec").
+ *
+ * One stream = one lws session + one manager connection. The upgrade only
+ * checks the path and that a Capability header is present and well-formed
+ * (FILTER_PROTOCOL_CONNECTION cannot wait for the manager); the first client
+ * message (text, the start message) opens the manager connection with op
+ * exec, and the manager's DECISION is the first server message. A non-allow
+ * decision closes the socket (4409 / 4403, the §4 body as reason): nothing
+ * was forwarded. After Allow: manager DATA_OUT / STDERR become binary
+ * messages (first byte 1 / 2), client binary messages become DATA_IN, a
+ * {"type":"eof"} text message EOF_IN; RESULT ends with {"type":"exit"} and
+ * close 1000, ERROR or a lost manager with {"type":"error"} and close 1011.
+ *
+ * Backpressure: the manager is paused while more than WSX_OUT_HIGH bytes
+ * wait for lws; the client is not read while the manager's write queue is
+ * above MGRCONN_HIGH_WATER (or before the decision). */
+#include "node/ws_exec.h"
+
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <jansson.h>
+#include <sodium.h>
+
+#include "claims.h"
+#include "http.h"
+#include "log.h"
+#include "metrics.h"
+#include "node/mgrconn.h"
+#include "node/node.h"
+#include "wire.h"
+
+#define WSX_TOKEN_MAX 4096
+#define WSX_START_MAX (60u << 10)   /* the start message (fits one REQUEST) */
+#define WSX_OUT_HIGH (1u << 20)     /* pause the manager above this */
+#define WSX_OUT_LOW (256u << 10)
+#define WSX_CLOSE_REASON_MAX 123    /* RFC 6455: 125 minus the code */
+
+/* One queued server message; LWS_PRE bytes of headroom precede data. */
+struct wsx_msg {
+	struct wsx_msg *next;
+	enum lws_write_protocol kind;
+	size_t len;
+	uint8_t buf[];
+};
+
+enum wsx_state { WSX_START, WSX_DECISION, WSX_RUNNING, WSX_CLOSING };
+
+/* One stream. Owner: the lws session (pss->x); freed on LWS_CALLBACK_CLOSED. */
+struct wsexec {
+	struct node *n;
+	struct lws *wsi;
+	struct mgrconn *mc;          /* owned; NULL once closed */
+	enum wsx_state state;
+	char sbx[TT_SBX_ID_LEN + 1];
+	char token[WSX_TOKEN_MAX + 1]; /* secret: zeroed once sent / on free */
+	uint8_t *start;              /* start message being assembled (owned) */
+	size_t start_len;
+	bool want_stdin, eof_sent, rx_paused, mc_paused;
+	struct wsx_msg *q_head, *q_tail;
+	size_t q_bytes;
+	uint16_t close_code;         /* sent once the queue is drained */
+	bool close_sent;             /* the close frame is on its way */
+	lws_sorted_usec_list_t close_sul; /* runs the close outside lws service */
+	char close_reason[WSX_CLOSE_REASON_MAX + 1];
+	uint64_t generation;
+	uint64_t t0_us;
+};
+
+/* wsx_token: the capability from "Authorization: Capability <token>";
+ * -1 when absent or malformed. Never logged. */
+static int wsx_token(struct lws *wsi, char *tok, size_t cap)
+{
+	char hdr[WSX_TOKEN_MAX + 32];
+	const char *t;
+	size_t len;
+	int rc = -1;
+
+	if (http_header(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, hdr, sizeof(hdr)) < 0)
+		return -1;
+	if (strncasecmp(hdr, "Capability ", 11) != 0)
+		goto out;
+	t = hdr + 11;
+	while (*t == ' ')
+		t++;
+	len = strlen(t);
+	while (len > 0 && t[len - 1] == ' ')
+		len--;
+	if (len == 0 || len >= cap)
+		goto out;
+	for (size_t i = 0; i < len; i++)
+		if (t[i] <= ' ' || t[i] > '~')
+			goto out;
+	memcpy(tok, t, len);
+	tok[len] = '\0';
+	rc = 0;
+out:
+	sodium_memzero(hdr, sizeof(hdr));
+	return rc;
+}
+
+/* wsx_path_sbx: the sandbox id of "/v1/sandboxes/{id}/exec/ws"; -1 if the
+ * path is anything else. */
+static int wsx_path_sbx(struct lws *wsi, char *sbx, size_t cap)
+{
+	char uri[256];
+	const char *p, *slash;
+
+	if (lws_hdr_copy(wsi, uri, sizeof(uri), WSI_TOKEN_GET_URI) <= 0)
+		return -1;
+	if (strncmp(uri, "/v1/sandboxes/", 14) != 0)
+		return -1;
+	p = uri + 14;
+	slash = strchr(p, '/');
+	if (slash == NULL || strcmp(slash, "/exec/ws") != 0 ||
+	    (size_t)(slash - p) >= cap)
+		return -1;
+	memcpy(sbx, p, (size_t)(slash - p));
+	sbx[slash - p] = '\0';
+	return sbx_id_valid(sbx) ? 0 : -1;
+}
+
+/* wsx_free: releases everything; the session lets go of x. */
+static void wsx_free(struct wsexec *x)
+{
+	struct wsx_msg *m;
+
+	if (x == NULL)
+		return;
+	lws_sul_cancel(&x->close_sul);
+	mgrconn_close(x->mc);
+	while ((m = x->q_head) != NULL) {
+		x->q_head = m->next;
+		free(m);
+	}
+	free(x->start);
+	sodium_memzero(x->token, sizeof(x->token));
+	free(x);
+}
+
+/* wsx_queue: queues one server message (copied) and asks for a write. */
+static int wsx_queue(struct wsexec *x, enum lws_write_protocol kind,
+                     uint8_t tag, const void *data, size_t len)
+{
+	size_t total = len + (tag ? 1 : 0);
+	struct wsx_msg *m = malloc(sizeof(*m) + LWS_PRE + total);
+
+	if (m == NULL)
+		return -1;
+	m->next = NULL;
+	m->kind = kind;
+	m->len = total;
+	if (tag)
+		m->buf[LWS_PRE] = tag;
+	if (len > 0)
+		memcpy(m->buf + LWS_PRE + (tag ? 1 : 0), data, len);
+	if (x->q_tail)
+		x->q_tail->next = m;
+	else
+		x->q_head = m;
+	x->q_tail = m;
+	x->q_bytes += total;
+	lws_callback_on_writable(x->wsi);
+	return 0;
+}
+
+/* wsx_finish: queues a last text message (obj stolen, may be NULL) and the
+ * close that follows it; the manager connection is done. */
+static void wsx_finish(struct wsexec *x, json_t *obj, uint16_t code,
+                       const char *reason, const char *result)
+{
+	char labels[64];
+	char *s = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
+
+	json_decref(obj);
+	if (x->state == WSX_CLOSING) {
+		free(s);
+		return;
+	}
+	x->state = WSX_CLOSING;
+	mgrconn_close(x->mc);
+	x->mc = NULL;
+	if (s != NULL && wsx_queue(x, LWS_WRITE_TEXT, 0, s, strlen(s)) < 0)
+		code = LWS_CLOSE_STATUS_UNEXPECTED_CONDITION;
+	free(s);
+	x->close_code = code;
+	snprintf(x->close_reason, sizeof(x->close_reason), "%s", reason ? reason : "");
+	snprintf(labels, sizeof(labels), "result=\"%s\"", result);
+	metrics_inc("tether_node_exec_streams_total", labels);
+	metrics_observe_us("tether_node_exec_stream_duration_seconds", NULL,
+	                   uv_hrtime() / 1000u - x->t0_us);
+	if (x->rx_paused) { /* let lws see the peer's close */
+		x->rx_paused = false;
+		lws_rx_flow_control(x->wsi, 1);
+	}
+	lws_callback_on_writable(x->wsi);
+}
+
+/* wsx_fail: {"type":"error",…} then close 1011. */
+static void wsx_fail(struct wsexec *x, const char *code, const char *msg)
+{
+	wsx_finish(x, json_pack("{s:s,s:s,s:s}", "type", "error", "error", code,
+	                        "message", msg),
+	           LWS_CLOSE_STATUS_UNEXPECTED_CONDITION, code, code);
+}
+
+/* wsx_on_decision: Allow lets the client's input through; anything else is
+ * sent as is and closes the stream (nothing ran). */
+static void wsx_on_decision(struct wsexec *x, const struct wire_frame *f)
+{
+	json_error_t jerr;
+	json_t *obj = json_loadb((const char *)f->payload, f->len,
+	                         JSON_REJECT_DUPLICATES, &jerr);
+	const char *d = json_string_value(json_object_get(obj, "decision"));
+	char labels[128], reason[48];
+	const char *r;
+	size_t i = 0;
+
+	if (d == NULL) {
+		json_decref(obj);
+		wsx_fail(x, "transport", "manager sent an invalid decision");
+		return;
+	}
+	r = json_string_value(json_object_get(obj, "reason"));
+	for (; r != NULL && r[i] != '\0' && i + 1 < sizeof(reason); i++)
+		reason[i] = (r[i] >= 'a' && r[i] <= 'z') || r[i] == '_' ? r[i] : '_';
+	reason[i] = '\0';
+	snprintf(labels, sizeof(labels), "decision=\"%s\",reason=\"%s\"",
+	         strcmp(d, "allow") == 0 ? "allow" :
+	         strcmp(d, "refresh_route") == 0 ? "refresh_route" : "deny", reason);
+	metrics_inc("tether_node_admission_total", labels);
+	if (strcmp(d, "allow") != 0) {
+		bool refresh = strcmp(d, "refresh_route") == 0;
+		char body[WSX_CLOSE_REASON_MAX + 1];
+
+		json_object_set_new(obj, "type", json_string("decision"));
+		snprintf(body, sizeof(body), "%.*s", (int)f->len, (const char *)f->payload);
+		wsx_finish(x, obj, refresh ? 4409 : 4403, body,
+		           refresh ? "refresh_route" : "deny");
+		return;
+	}
+	json_object_set_new(obj, "type", json_string("decision"));
+	{
+		char *s = json_dumps(obj, JSON_COMPACT);
+
+		json_decref(obj);
+		if (s == NULL || wsx_queue(x, LWS_WRITE_TEXT, 0, s, strlen(s)) < 0) {
+			free(s);
+			wsx_fail(x, "internal", "out of memory");
+			return;
+		}
+		free(s);
+	}
+	x->state = WSX_RUNNING;
+	if (x->rx_paused) {
+		x->rx_paused = false;
+		lws_rx_flow_control(x->wsi, 1);
+	}
+}
+
+/* wsx_on_frame: frames from the manager. */
+static void wsx_on_frame(void *arg, const struct wire_frame *f)
+{
+	struct wsexec *x = arg;
+	json_error_t jerr;
+	json_t *obj;
+
+	if (x->state == WSX_CLOSING)
+		return;
+	if (x->state == WSX_DECISION) {
+		if (f->type == WIRE_DECISION)
+			wsx_on_decision(x, f);
+		else if (f->type == WIRE_ERROR)
+			goto error;
+		else
+			wsx_fail(x, "transport", "manager answered before its decision");
+		return;
+	}
+	switch (f->type) {
+	case WIRE_DATA_OUT:
+	case WIRE_STDERR:
+		if (wsx_queue(x, LWS_WRITE_BINARY, f->type == WIRE_DATA_OUT ? 1 : 2,
+		              f->payload, f->len) < 0) {
+			wsx_fail(x, "internal", "out of memory");
+			return;
+		}
+		if (x->q_bytes > WSX_OUT_HIGH && !x->mc_paused) {
+			x->mc_paused = true;
+			mgrconn_pause(x->mc);
+		}
+		return;
+	case WIRE_RESULT:
+		obj = json_loadb((const char *)f->payload, f->len,
+		                 JSON_REJECT_DUPLICATES, &jerr);
+		if (!json_is_integer(json_object_get(obj, "exit_code"))) {
+			json_decref(obj);
+			wsx_fail(x, "transport", "manager sent an invalid result");
+			return;
+		}
+		json_object_set_new(obj, "type", json_string("exit"));
+		wsx_finish(x, obj, LWS_CLOSE_STATUS_NORMAL, "", "exit");
+		return;
+	case WIRE_ERROR:
+		goto error;
+	default:
+		return; /* nothing else is meaningful for exec */
+	}
+error:
+	obj = json_loadb((const char *)f->payload, f->len, JSON_REJECT_DUPLICATES,
+	                 &jerr);
+	{
+		const char *code = json_string_value(json_object_get(obj, "error"));
+		const char *msg = json_string_value(json_object_get(obj, "message"));
+		char c[48], m[256];
+
+		snprintf(c, sizeof(c), "%s", code ? code : "internal");
+		snprintf(m, sizeof(m), "%s", msg ? msg : "operation failed");
+		json_decref(obj);
+		wsx_fail(x, c, m);
+	}
+}
+
+/* wsx_on_end: the manager connection ended without RESULT/ERROR. */
+static void wsx_on_end(void *arg, const struct tt_err *err)
+{
+	struct wsexec *x = arg;
+
+	if (x->state == WSX_CLOSING)
+		return;
+	log_warn("exec stream %s: %s", x->sbx, err->msg);
+	if (err->code == TT_ERR_IO && x->state == WSX_DECISION)
+		wsx_fail(x, "unavailable", "the sandbox manager is not reachable");
+	else
+		wsx_fail(x, "transport", "lost the manager connection");
+}
+
+/* wsx_on_drain: stdin went out to the manager; read the client again. */
+static void wsx_on_drain(void *arg)
+{
+	struct wsexec *x = arg;
+
+	if (x->rx_paused && x->state == WSX_RUNNING) {
+		x->rx_paused = false;
+		lws_rx_flow_control(x->wsi, 1);
+	}
+}
+
+/* wsx_start: the start message is complete: validate it, build the exec
+ * REQUEST (token included, for the manager only) and open the connection. */
+static void wsx_start(struct wsexec *x)
+{
+	static const struct mgrconn_cbs cbs = {
+		.on_frame = wsx_on_frame,
+		.on_end = wsx_on_end,
+		.on_drain = wsx_on_drain,
+	};
+	json_error_t jerr;
+	json_t *body = json_loadb((const char *)x->start, x->start_len,
+	                          JSON_REJECT_DUPLICATES, &jerr);
+	json_t *cmd = json_object_get(body, "cmd"), *env = json_object_get(body, "env");
+	json_t *cwd = json_object_get(body, "cwd"), *in = json_object_get(body, "stdin");
+	json_t *req, *v;
+	struct tt_err err = { 0 };
+	const char *k, *bad = NULL;
+	size_t i;
+
+	free(x->start);
+	x->start = NULL;
+	if (!json_is_object(body))
+		bad = "the start message must be a JSON object";
+	else if (!json_is_array(cmd) || json_array_size(cmd) == 0 ||
+	         json_array_size(cmd) > 1024)
+		bad = "\"cmd\" must be a non-empty array of strings";
+	json_array_foreach(cmd, i, v)
+		if (!json_is_string(v))
+			bad = "\"cmd\" must be a non-empty array of strings";
+	if (env != NULL && !json_is_object(env))
+		bad = "\"env\" must be an object";
+	json_object_foreach(env, k, v)
+		if (!json_is_string(v))
+			bad = "\"env\" values must be strings";
+	if (cwd != NULL && !json_is_string(cwd))
+		bad = "\"cwd\" must be a string";
+	if (in != NULL && !json_is_boolean(in))
+		bad = "\"stdin\" must be a boolean";
+	if (bad != NULL) {
+		json_decref(body);
+		wsx_fail(x, "bad_request", bad);
+		return;
+	}
+	x->want_stdin = json_is_true(in);
+	req = json_pack("{s:s,s:s,s:s,s:O,s:b}", "token", x->token, "sbx", x->sbx,
+	                "op", "exec", "cmd", cmd, "stdin", x->want_stdin);
+	sodium_memzero(x->token, sizeof(x->token));
+	if (req != NULL && env != NULL)
+		json_object_set(req, "env", env);
+	if (req != NULL && cwd != NULL)
+		json_object_set(req, "cwd", cwd);
+	json_decref(body);
+	if (req == NULL) {
+		wsx_fail(x, "internal", "out of memory");
+		return;
+	}
+	x->state = WSX_DECISION;
+	/* stdin waits for the decision: nothing is forwarded before Allow */
+	x->rx_paused = true;
+	lws_rx_flow_control(x->wsi, 0);
+	x->mc = mgrconn_open(x->n->loop, x->n->sock_path, req, &cbs, x, &err);
+	/* the encoded REQUEST (with the token) lives in mc until it is sent */
+	json_object_set_new(req, "token", json_string(""));
+	json_decref(req);
+	if (x->mc == NULL)
+		wsx_fail(x, err.code == TT_ERR_TOO_LARGE ? "too_large" : "internal",
+		         err.msg);
+}
+
+/* wsx_receive: one client message piece. */
+static int wsx_receive(struct lws *wsi, struct wsexec *x, const void *in,
+                       size_t len)
+{
+	struct tt_err err = { 0 };
+	bool binary = lws_frame_is_binary(wsi) != 0;
+
+	if (x->state == WSX_CLOSING)
+		return 0;
+	if (x->state == WSX_START) {
+		uint8_t *nb;
+
+		if (binary || x->start_len + len > WSX_START_MAX) {
+			wsx_fail(x, "bad_request", binary ?
+			         "the first message must be the JSON start message" :
+			         "start message too large");
+			return 0;
+		}
+		nb = realloc(x->start, x->start_len + len + 1);
+		if (nb == NULL) {
+			wsx_fail(x, "internal", "out of memory");
+			return 0;
+		}
+		x->start = nb;
+		memcpy(x->start + x->start_len, in, len);
+		x->start_len += len;
+		if (lws_is_final_fragment(wsi))
+			wsx_start(x);
+		return 0;
+	}
+	if (x->state != WSX_RUNNING)
+		return 0; /* paused; cannot happen */
+	if (binary) {
+		if (!x->want_stdin || x->eof_sent) {
+			wsx_fail(x, "bad_request", "stdin was not requested or is closed");
+			return 0;
+		}
+		if (len > 0 && mgrconn_send_data(x->mc, WIRE_DATA_IN, in, len, &err) < 0) {
+			wsx_fail(x, "transport", "lost the manager connection");
+			return 0;
+		}
+		if (mgrconn_queued(x->mc) > MGRCONN_HIGH_WATER && !x->rx_paused) {
+			x->rx_paused = true;
+			lws_rx_flow_control(wsi, 0);
+		}
+		return 0;
+	}
+	/* text after the start: only {"type":"eof"} (small, one fragment) */
+	if (len > 0 && len < 64 && memmem(in, len, "\"eof\"", 5) != NULL) {
+		if (x->want_stdin && !x->eof_sent) {
+			uint8_t none = 0;
+
+			x->eof_sent = true;
+			if (mgrconn_send(x->mc, WIRE_EOF_IN, &none, 0, &err) < 0)
+				wsx_fail(x, "transport", "lost the manager connection");
+		}
+		return 0;
+	}
+	wsx_fail(x, "bad_request", "unexpected text message");
+	return 0;
+}
+
+/* wsx_close_now: closes the client connection with the prepared code
+ * and reason; lws sends the close frame and waits for the peer's. */
+static void wsx_close_now(lws_sorted_usec_list_t *sul)
+{
+	struct wsexec *x = lws_container_of(sul, struct wsexec, close_sul);
+
+	if (x->wsi == NULL)
+		return;
+	lws_close_reason(x->wsi, (enum lws_close_status)x->close_code,
+	                 (unsigned char *)x->close_reason, strlen(x->close_reason));
+	lws_close_free_wsi(x->wsi, (enum lws_close_status)x->close_code,
+	                   "tether close");
+}
+
+/* wsx_writeable: one queued message per call; the close once drained. */
+static int wsx_writeable(struct lws *wsi, struct wsexec *x)
+{
+	struct wsx_msg *m = x->q_head;
+
+	if (m != NULL) {
+		if (lws_write(wsi, m->buf + LWS_PRE, m->len, m->kind) < (int)m->len)
+			return -1;
+		x->q_head = m->next;
+		if (x->q_head == NULL)
+			x->q_tail = NULL;
+		x->q_bytes -= m->len;
+		free(m);
+		if (x->mc_paused && x->q_bytes < WSX_OUT_LOW && x->mc != NULL) {
+			x->mc_paused = false;
+			mgrconn_resume(x->mc);
+		}
+		if (x->q_head != NULL || x->state == WSX_CLOSING)
+			lws_callback_on_writable(wsi);
+		return 0;
+	}
+	if (x->state == WSX_CLOSING) {
+		if (x->close_sent)
+			return 0;
+		x->close_sent = true;
+		/* Not "return -1" (nor a timeout): the Debian lws 4.1 build
+		 * (_DEBUG, libuv) then kills the connection before the close
+		 * frame goes out. Closed from a timer instead, it is sent. */
+		lws_sul_schedule(lws_get_context(wsi), 0, &x->close_sul,
+		                 wsx_close_now, 1);
+		return 0;
+	}
+	return 0;
+}
+
+/* wsexec_callback: see ws_exec.h. */
+int wsexec_callback(struct lws *wsi, enum lws_callback_reasons reason,
+                    void *user, void *in, size_t len)
+{
+	struct wsexec_pss *pss = user;
+	struct node *n = lws_context_user(lws_get_context(wsi));
+	char sbx[TT_SBX_ID_LEN + 2], tok[WSX_TOKEN_MAX + 1];
+	struct wsexec *x;
+
+	switch (reason) {
+	case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION:
+		/* The upgrade is authorized here (never in
+		 * HTTP_CONFIRM_UPGRADE): the exact path, a valid sandbox id and a
+		 * well-formed capability. Admission proper is the manager's, on
+		 * the start message; the token is checked again there. */
+		if (pss == NULL || wsx_path_sbx(wsi, sbx, sizeof(sbx)) < 0) {
+			metrics_inc("tether_node_exec_streams_total", "result=\"refused_upgrade\"");
+			return 1;
+		}
+		if (wsx_token(wsi, tok, sizeof(tok)) < 0) {
+			metrics_inc("tether_node_admission_total",
+			            "decision=\"deny\",reason=\"malformed\"");
+			return 1;
+		}
+		x = calloc(1, sizeof(*x));
+		if (x == NULL) {
+			sodium_memzero(tok, sizeof(tok));
+			return 1;
+		}
+		x->n = n;
+		x->wsi = wsi;
+		x->t0_us = uv_hrtime() / 1000u;
+		memcpy(x->sbx, sbx, sizeof(x->sbx));
+		memcpy(x->token, tok, sizeof(x->token));
+		sodium_memzero(tok, sizeof(tok));
+		pss->x = x;
+		return 0;
+	case LWS_CALLBACK_ESTABLISHED:
+		if (pss == NULL || pss->x == NULL)
+			return -1;
+		pss->x->wsi = wsi;
+		return 0;
+	case LWS_CALLBACK_RECEIVE:
+		if (pss == NULL || pss->x == NULL)
+			return -1;
+		return wsx_receive(wsi, pss->x, in, len);
+	case LWS_CALLBACK_SERVER_WRITEABLE:
+		if (pss == NULL || pss->x == NULL)
+			return 0;
+		return wsx_writeable(wsi, pss->x);
+	case LWS_CALLBACK_CLOSED:
+	case LWS_CALLBACK_WSI_DESTROY:
+		if (pss != NULL && pss->x != NULL) {
+			if (pss->x->state != WSX_CLOSING)
+				metrics_inc("tether_node_exec_streams_total",
+				            "result=\"client_gone\"");
+			wsx_free(pss->x);
+			pss->x = NULL;
+		}
+		return 0;
+	default:
+		return 0;
+	}
+}

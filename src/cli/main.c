@@ -33,7 +33,7 @@ static const struct verb verbs[] = {
 	{ "ls", cli_ls, "ls [--json]\tlist sandboxes: state, generation, worker" },
 	{ "info", cli_info, "info ID [--json]\tone sandbox in detail, with its latest snapshot" },
 	{ "workers", cli_workers, "workers [--json]\tregistered workers and their addresses" },
-	{ "exec", cli_exec, "exec ID -- CMD [ARG...]\trun a command; exits with its status" },
+	{ "exec", cli_exec, "exec [--stdin] ID -- CMD [ARG...]\trun a command, streaming its output; exits with its status" },
 	{ "cp", cli_cp, "cp SRC DST\tcopy a file between here and ID:/path" },
 	{ "rm", cli_rm, "rm ID\tdelete a sandbox and its data" },
 	{ "pause", cli_pause, "pause ID [--json]\tsnapshot a sandbox and stop it" },

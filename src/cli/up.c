@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -379,6 +380,24 @@ static int up_parse(struct up *u, int argc, char **argv)
 	return 0;
 }
 
+/* up_on_path: whether a plain "tether" in a new shell finds this binary
+ * (so the welcome text can say how to get it on PATH when it does not). */
+static bool up_on_path(const struct up *u)
+{
+	const char *path = getenv("PATH");
+	size_t n = strlen(u->bindir);
+
+	for (const char *p = path; p != NULL && *p != '\0';) {
+		const char *end = strchr(p, ':');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+
+		if (len == n && strncmp(p, u->bindir, n) == 0)
+			return true;
+		p = end ? end + 1 : NULL;
+	}
+	return false;
+}
+
 /* up_bindir: the directory holding this tether binary (and tetherd). */
 static int up_bindir(struct up *u)
 {
@@ -525,14 +544,17 @@ static void up_welcome(struct up *u, const char *cp_url, const char *edge_url,
 		printf("  worker w%-2d     http://127.0.0.1:%d\n", i, u->base + 10 + i);
 	printf("\n  state  %s\n  logs   %s/logs/\n  config %s (url + API key)\n\n",
 	       u->state, u->state, cfg);
-	printf("Try, in another terminal:\n"
+	printf("Try, in another terminal%s%s%s:\n"
 	       "  id=$(tether create)\n"
 	       "  tether exec $id -- sh -c 'echo hello from $(hostname)'\n"
 	       "  tether cp ./some-file $id:/tmp/some-file\n"
 	       "  tether cp $id:/tmp/some-file ./copy\n"
 	       "  tether ls\n"
 	       "  tether rm $id\n\n"
-	       "Ctrl-C stops the cluster.\n");
+	       "Ctrl-C stops the cluster.\n",
+	       up_on_path(u) ? "" : " (after: export PATH=\"",
+	       up_on_path(u) ? "" : u->bindir,
+	       up_on_path(u) ? "" : ":$PATH\")");
 	fflush(stdout);
 }
 

@@ -13,12 +13,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <grp.h>
 #include <inttypes.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1253,7 +1256,8 @@ static const struct lws_protocols api_protocols[] = {
 
 static const char *const usage_text =
 	"usage: tetherd node --id W --listen 127.0.0.1:PORT --cp URL "
-	"--node-token-file FILE --state DIR [--guest-bin PATH] [--snapshots DIR]\n";
+	"--node-token-file FILE --state DIR [--guest-bin PATH] [--snapshots DIR]\n"
+	"       [--user NAME]  (when started as root; default nobody)\n";
 
 /* node_read_token: the node token file (first line, bounded). */
 static int node_read_token(struct node *n, const char *file, struct tt_err *err)
@@ -1309,6 +1313,7 @@ static int node_parse(struct node *n, int argc, char **argv, struct tt_err *err)
 		{ "state", required_argument, NULL, 's' },
 		{ "guest-bin", required_argument, NULL, 'g' },
 		{ "snapshots", required_argument, NULL, 'S' },
+		{ "user", required_argument, NULL, 'u' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -1327,6 +1332,7 @@ static int node_parse(struct node *n, int argc, char **argv, struct tt_err *err)
 		case 's': n->state_dir = optarg; break;
 		case 'g': n->guest_bin = optarg; break;
 		case 'S': n->snap_dir = optarg; break;
+		case 'u': n->user = optarg; break;
 		default:
 			return tt_err_set(err, TT_ERR_INVALID, "%s", usage_text);
 		}
@@ -1388,7 +1394,8 @@ static int node_spawn_manager(struct node *n, struct tt_err *err)
 	int i = 0, rc;
 
 	snprintf(pid, sizeof(pid), "%d", (int)getpid());
-	snprintf(uid, sizeof(uid), "%u", (unsigned)getuid());
+	/* The uid node-api will have when it connects (after the drop). */
+	snprintf(uid, sizeof(uid), "%u", (unsigned)n->run_uid);
 	args[i++] = (char *)"tetherd";
 	args[i++] = (char *)"manager";
 	args[i++] = (char *)"--state";
@@ -1401,6 +1408,10 @@ static int node_spawn_manager(struct node *n, struct tt_err *err)
 	args[i++] = pid;
 	args[i++] = (char *)"--peer-uid";
 	args[i++] = uid;
+	args[i++] = (char *)"--lifeline";
+	args[i++] = (char *)"0";
+	if (n->run_dir[0] != '\0')
+		args[i++] = (char *)"--private-socket-dir";
 	if (n->guest_bin != NULL) {
 		args[i++] = (char *)"--guest-bin";
 		args[i++] = (char *)n->guest_bin;
@@ -1412,10 +1423,15 @@ static int node_spawn_manager(struct node *n, struct tt_err *err)
 	args[i] = NULL;
 	memset(&o, 0, sizeof(o));
 	memset(stdio, 0, sizeof(stdio));
-	for (int k = 0; k < 3; k++) {
+	for (int k = 1; k < 3; k++) {
 		stdio[k].flags = UV_INHERIT_FD;
 		stdio[k].data.fd = k;
 	}
+	/* stdin is the lifeline: a socketpair end we never write to. */
+	uv_pipe_init(n->loop, &n->lifeline, 0);
+	n->lifeline_open = true;
+	stdio[0].flags = UV_CREATE_PIPE | UV_READABLE_PIPE;
+	stdio[0].data.stream = (uv_stream_t *)&n->lifeline;
 	o.file = "/proc/self/exe"; /* the same tetherd binary */
 	o.args = args;
 	o.exit_cb = node_on_manager_exit;
@@ -1431,13 +1447,25 @@ static int node_spawn_manager(struct node *n, struct tt_err *err)
 	return 0;
 }
 
+/* node_stop_manager: asks the manager to stop. Once unprivileged we may
+ * not signal it (it stays root), so closing the lifeline is what counts;
+ * the signal is for a node-api that never dropped (EPERM is expected). */
+static void node_stop_manager(struct node *n)
+{
+	if (n->lifeline_open) {
+		uv_close((uv_handle_t *)&n->lifeline, NULL);
+		n->lifeline_open = false;
+	}
+	if (n->manager_running)
+		uv_process_kill(&n->manager, SIGTERM);
+}
+
 /* node_fatal: logs, stops the manager and the loop with status 1. */
 static void node_fatal(struct node *n, const char *msg)
 {
 	log_error("%s", msg);
 	n->exit_code = 1;
-	if (n->manager_running)
-		uv_process_kill(&n->manager, SIGTERM);
+	node_stop_manager(n);
 	uv_stop(n->loop);
 }
 
@@ -1518,9 +1546,97 @@ static void node_on_signal(uv_signal_t *s, int signum)
 	/* The feed stops after the loop (node_main), so that no transfer
 	 * outlives it. */
 	if (n->manager_running)
-		uv_process_kill(&n->manager, SIGTERM);
+		node_stop_manager(n); /* its exit callback stops the loop */
 	else
 		uv_stop(n->loop);
+}
+
+/* node_user_resolve: who we run as. As root: --user (default "nobody"),
+ * which must not be root; otherwise no change (and --user is refused, since
+ * it could not be honoured). */
+static int node_user_resolve(struct node *n, struct tt_err *err)
+{
+	const char *name = n->user != NULL ? n->user : "nobody";
+	struct passwd *pw;
+
+	n->run_uid = getuid();
+	n->run_gid = getgid();
+	if (geteuid() != 0) {
+		if (n->user != NULL)
+			return tt_err_set(err, TT_ERR_INVALID,
+			                  "--user needs tetherd node to start as root");
+		return 0;
+	}
+	errno = 0;
+	pw = getpwnam(name);
+	if (pw == NULL)
+		return tt_err_set(err, TT_ERR_INVALID, "unknown user '%s'%s%s", name,
+		                  errno ? ": " : "", errno ? strerror(errno) : "");
+	if (pw->pw_uid == 0 || pw->pw_gid == 0)
+		return tt_err_set(err, TT_ERR_INVALID,
+		                  "--user %s: node-api must not run with uid or gid 0", name);
+	n->run_uid = pw->pw_uid;
+	n->run_gid = pw->pw_gid;
+	n->drop = true;
+	return 0;
+}
+
+/* node_run_dir: a fresh directory for manager.sock that the unprivileged
+ * node-api can reach (the state dir's ancestors, e.g. /root, may not be).
+ * Root-owned, mode 0711: others may pass through but not list it or put
+ * anything in it; the manager chowns the 0600 socket inside to run_uid. */
+static int node_run_dir(struct node *n, struct tt_err *err)
+{
+	static const char *const bases[] = { "/run", "/tmp" };
+
+	for (size_t i = 0; i < sizeof(bases) / sizeof(bases[0]); i++) {
+		snprintf(n->run_dir, sizeof(n->run_dir), "%s/tether-node.XXXXXX", bases[i]);
+		/* Privileged: /run is writable only by root; that is the point,
+		 * since no unprivileged user can pre-create or swap this dir. */
+		if (mkdtemp(n->run_dir) == NULL)
+			continue;
+		if (chmod(n->run_dir, 0711) < 0) {
+			tt_err_sys(err, TT_ERR_IO, "chmod %s", n->run_dir);
+			rmdir(n->run_dir);
+			n->run_dir[0] = '\0';
+			return -1;
+		}
+		snprintf(n->sock_path, sizeof(n->sock_path), "%s/manager.sock", n->run_dir);
+		return 0;
+	}
+	n->run_dir[0] = '\0';
+	return tt_err_sys(err, TT_ERR_IO, "cannot create a runtime dir in /run or /tmp");
+}
+
+/* node_drop: becomes run_uid/run_gid for good (OpenBSD style privsep):
+ * the manager is spawned and the token read, nothing privileged is left to
+ * do. Verified after the fact: a half-done drop is a fatal error. */
+static int node_drop(struct node *n, struct tt_err *err)
+{
+	uid_t ru, eu, su;
+	gid_t rg, eg, sg;
+
+	/* Privileged, and the last privileged calls node-api makes: shed the
+	 * supplementary groups (root's), then gid before uid (afterwards we
+	 * could no longer change gids). */
+	if (setgroups(0, NULL) < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "setgroups");
+	if (setresgid(n->run_gid, n->run_gid, n->run_gid) < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "setresgid %u", (unsigned)n->run_gid);
+	if (setresuid(n->run_uid, n->run_uid, n->run_uid) < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "setresuid %u", (unsigned)n->run_uid);
+	/* No way back through a setuid binary either. */
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "PR_SET_NO_NEW_PRIVS");
+	if (getresuid(&ru, &eu, &su) < 0 || getresgid(&rg, &eg, &sg) < 0 ||
+	    ru != n->run_uid || eu != n->run_uid || su != n->run_uid ||
+	    rg != n->run_gid || eg != n->run_gid || sg != n->run_gid ||
+	    getgroups(0, NULL) != 0)
+		return tt_err_set(err, TT_ERR_SYS, "privilege drop did not take");
+	if (setuid(0) == 0 || setgid(0) == 0)
+		return tt_err_set(err, TT_ERR_SYS, "privilege drop is reversible; refusing to run");
+	log_info("running as uid %u gid %u", (unsigned)n->run_uid, (unsigned)n->run_gid);
+	return 0;
 }
 
 /* node_main: see roles.h. */
@@ -1551,8 +1667,19 @@ int node_main(int argc, char **argv)
 	}
 	loop = uv_default_loop();
 	n->loop = loop;
-	if (node_spawn_manager(n, &err) < 0) {
+	/* Order: everything root-only first (token read in node_parse, run
+	 * dir, manager spawn), then the drop, then the loop. */
+	if (node_user_resolve(n, &err) < 0 || (n->drop && node_run_dir(n, &err) < 0) ||
+	    node_spawn_manager(n, &err) < 0) {
 		log_error("%s", err.msg);
+		if (n->run_dir[0] != '\0' && !n->manager_running)
+			rmdir(n->run_dir);
+		sodium_memzero(n->node_token, sizeof(n->node_token));
+		return 1;
+	}
+	if (n->drop && node_drop(n, &err) < 0) {
+		log_error("%s", err.msg);
+		node_stop_manager(n); /* still root here if setresuid failed */
 		sodium_memzero(n->node_token, sizeof(n->node_token));
 		return 1;
 	}
@@ -1568,8 +1695,8 @@ int node_main(int argc, char **argv)
 
 	uv_run(loop, UV_RUN_DEFAULT);
 
-	if (n->manager_running) /* error exit: do not leave it behind */
-		uv_process_kill(&n->manager, SIGTERM);
+	if (n->manager_running || n->lifeline_open) /* error exit: do not leave it behind */
+		node_stop_manager(n);
 	/* Order matters: the feed is marked stopping before httpc_free runs
 	 * its aborted-transfer callbacks; the loop does not run again, so
 	 * nothing is freed under a pending callback (the process exits). */

@@ -108,6 +108,13 @@ struct manager {
 	uv_pipe_t server;
 	uv_signal_t sigterm, sigint;
 	bool stopping;
+	/* The node-api's end of a socketpair (--lifeline): EOF means node-api
+	 * is gone or stopping. An unprivileged node-api cannot signal us (we
+	 * stay root), so this is how it asks us to shut down. */
+	uv_pipe_t lifeline;
+	bool lifeline_on;
+	int lifeline_fd;           /* --lifeline FD, or -1 */
+	bool own_sock_dir;         /* --private-socket-dir: rmdir it at exit */
 	/* A sandbox directory tree made ahead of time (<state>/sandboxes/
 	 * .spare), renamed into place by the next create: its mkdirs are off
 	 * the create path. Refilled from a timer after each use. */
@@ -697,6 +704,25 @@ static void bridge_abort(struct mgr_exec *ex)
 	if (ex->bridge_pidfd >= 0)
 		close(ex->bridge_pidfd);
 	ex->bridge_pidfd = -1;
+}
+
+/* sock_dir_remove: the runtime directory node-api made for our socket (it
+ * cannot remove it itself once unprivileged); empty after the unlink. */
+static void sock_dir_remove(struct manager *m)
+{
+	char dir[PATH_MAX];
+	char *slash;
+
+	if (!m->own_sock_dir)
+		return;
+	snprintf(dir, sizeof(dir), "%s", m->sock_path);
+	slash = strrchr(dir, '/');
+	if (slash == NULL || slash == dir)
+		return;
+	*slash = '\0';
+	if (rmdir(dir) < 0 && errno != ENOENT)
+		log_warn("cannot remove %s: %s", dir, strerror(errno));
+	m->own_sock_dir = false;
 }
 
 /* bridge_finish: the launched bridge's "ready" (it listens), then its
@@ -1756,6 +1782,11 @@ static void shutdown_all(struct manager *m)
 		exec_stop(m, m->execs);
 	uv_close((uv_handle_t *)&m->server, NULL);
 	unlink(m->sock_path);
+	sock_dir_remove(m);
+	if (m->lifeline_on) {
+		uv_close((uv_handle_t *)&m->lifeline, NULL);
+		m->lifeline_on = false;
+	}
 	uv_signal_stop(&m->sigterm);
 	uv_signal_stop(&m->sigint);
 	uv_close((uv_handle_t *)&m->sigterm, NULL);
@@ -1805,6 +1836,8 @@ static int parse_args(struct manager *m, int argc, char **argv)
 		{ "peer-uid", required_argument, NULL, 'u' },
 		{ "guest-bin", required_argument, NULL, 'g' },
 		{ "snapshots", required_argument, NULL, 'S' },
+		{ "lifeline", required_argument, NULL, 'L' },
+		{ "private-socket-dir", no_argument, NULL, 'P' },
 		{ NULL, 0, NULL, 0 },
 	};
 	bool have_pid = false, have_uid = false;
@@ -1821,6 +1854,8 @@ static int parse_args(struct manager *m, int argc, char **argv)
 		case 'u': m->peer_uid = (uid_t)strtoul(optarg, NULL, 10); have_uid = true; break;
 		case 'g': snprintf(m->guest_bin, sizeof(m->guest_bin), "%s", optarg); break;
 		case 'S': snprintf(m->snap_dir, sizeof(m->snap_dir), "%s", optarg); break;
+		case 'L': m->lifeline_fd = atoi(optarg); break;
+		case 'P': m->own_sock_dir = true; break;
 		default: return -1;
 		}
 	}
@@ -1828,16 +1863,81 @@ static int parse_args(struct manager *m, int argc, char **argv)
 	    !have_uid || m->peer_pid <= 0) {
 		fprintf(stderr, "usage: tetherd manager --state DIR --socket PATH --worker-id W"
 		                " --peer-pid PID --peer-uid UID [--guest-bin PATH]"
-		                " [--snapshots DIR]\n");
+		                " [--snapshots DIR] [--lifeline FD] [--private-socket-dir]\n");
 		return -1;
 	}
 	return 0;
 }
 
-/* listen_socket: the manager socket, mode 0600, stale file replaced. */
+/* listen_socket: the manager socket, mode 0600, stale file replaced; owned
+ * by the peer's uid when that is not ours, so that only it can connect. */
 static int listen_socket(struct manager *m, struct tt_err *err)
 {
-	return uvutil_listen(m->loop, &m->server, m->sock_path, 128, on_connection, m, err);
+	if (uvutil_listen(m->loop, &m->server, m->sock_path, 128, on_connection, m, err) < 0)
+		return -1;
+	if (m->peer_uid == geteuid())
+		return 0;
+	/* Privileged (CAP_CHOWN): node-api runs unprivileged, and connecting
+	 * needs write permission on the socket. Handing the 0600 socket to
+	 * exactly its uid keeps every other uid out by permissions; the
+	 * SO_PEERCRED pid+uid check still applies to each connection. */
+	if (chown(m->sock_path, m->peer_uid, (gid_t)-1) < 0)
+		return tt_err_sys(err, TT_ERR_IO, "chown %s to uid %u", m->sock_path,
+		                  (unsigned)m->peer_uid);
+	return 0;
+}
+
+/* on_lifeline: node-api never writes; EOF or an error means it closed its
+ * end (stopping) or died, and the worker stops with it. */
+static void on_lifeline(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+	struct manager *m = s->data;
+
+	(void)buf;
+	if (nread >= 0)
+		return; /* 0: EAGAIN; data is ignored (read into a static sink) */
+	log_info("node-api closed the lifeline (%s)", uv_strerror((int)nread));
+	shutdown_all(m);
+}
+
+/* lifeline_alloc: one static sink: the bytes are never looked at. */
+static void lifeline_alloc(uv_handle_t *h, size_t size, uv_buf_t *buf)
+{
+	static char sink[64];
+
+	(void)h;
+	(void)size;
+	*buf = uv_buf_init(sink, sizeof(sink));
+}
+
+/* lifeline_start: watches --lifeline FD. It is moved off fd 0 first, and
+ * fd 0 becomes /dev/null, so that nothing we spawn inherits it. */
+static int lifeline_start(struct manager *m, struct tt_err *err)
+{
+	int fd, null;
+
+	if (m->lifeline_fd < 0)
+		return 0;
+	fd = fcntl(m->lifeline_fd, F_DUPFD_CLOEXEC, 3);
+	if (fd < 0)
+		return tt_err_sys(err, TT_ERR_IO, "lifeline fd %d", m->lifeline_fd);
+	null = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (null < 0 || dup2(null, m->lifeline_fd) < 0) {
+		if (null >= 0)
+			close(null);
+		close(fd);
+		return tt_err_sys(err, TT_ERR_IO, "/dev/null over the lifeline fd");
+	}
+	close(null);
+	uv_pipe_init(m->loop, &m->lifeline, 0);
+	m->lifeline.data = m;
+	if (uv_pipe_open(&m->lifeline, fd) < 0 ||
+	    uv_read_start((uv_stream_t *)&m->lifeline, lifeline_alloc, on_lifeline) < 0) {
+		uv_close((uv_handle_t *)&m->lifeline, NULL);
+		return tt_err_set(err, TT_ERR_IO, "cannot watch the lifeline");
+	}
+	m->lifeline_on = true;
+	return 0;
 }
 
 /* manager_main: the sbx-manager role. */
@@ -1852,6 +1952,7 @@ int manager_main(int argc, char **argv)
 	tt_log_init("manager", TT_LOG_INFO);
 	signal(SIGPIPE, SIG_IGN);
 	m->spare_netns = -1;
+	m->lifeline_fd = -1;
 	if (parse_args(m, argc, argv) < 0)
 		return 1;
 	m->loop = uv_default_loop();
@@ -1880,7 +1981,7 @@ int manager_main(int argc, char **argv)
 		goto out;
 	}
 	recover(m);
-	if (listen_socket(m, &err) < 0) {
+	if (listen_socket(m, &err) < 0 || lifeline_start(m, &err) < 0) {
 		log_error("%s", err.msg);
 		goto out;
 	}
@@ -1892,6 +1993,10 @@ int manager_main(int argc, char **argv)
 	uv_run(m->loop, UV_RUN_DEFAULT);
 	rc = 0;
 out:
+	if (rc != 0) { /* shutdown_all did not run */
+		unlink(m->sock_path);
+		sock_dir_remove(m);
+	}
 	while (m->execs)
 		exec_stop(m, m->execs);
 	uv_run(m->loop, UV_RUN_NOWAIT);

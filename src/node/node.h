@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <curl/curl.h>
 #include <uv.h>
@@ -34,6 +35,15 @@ struct node {
 	struct httpc *httpc;
 	uv_process_t manager;
 	bool manager_running;
+	/* Privilege separation (api.c): started as root, node-api spawns the
+	 * manager, then runs as run_uid/run_gid (--user, default "nobody"). */
+	const char *user;          /* --user NAME; NULL = default */
+	bool drop;                 /* root at start: drop to run_uid */
+	uid_t run_uid;             /* our uid after the drop (the manager's peer) */
+	gid_t run_gid;
+	char run_dir[64];          /* root-made dir of manager.sock; "" = state dir */
+	uv_pipe_t lifeline;        /* manager's stdin; closing it stops the manager */
+	bool lifeline_open;
 	uint64_t applied_rev;      /* last rev the manager durably applied */
 	struct node_feed *feed;
 	bool progress_inflight;    /* a POST /v1/feed/progress is running */

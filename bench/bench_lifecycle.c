@@ -42,79 +42,8 @@
 #define REPAIR_GOAL_MS 2.0 /* plus one mint */
 #define METRICS_MAX (1u << 20)
 
-static char scratch[PATH_MAX];
-static pid_t cluster_pid = -1;
-static int port_base;
+static struct bench_cluster cluster = { .name = "bench_lifecycle" };
 static char *const argv_true[] = { "true", NULL };
-
-/* cluster_start: runs build/tether up in the background on scratch. */
-static int cluster_start(void)
-{
-	char state[PATH_MAX + 16], port[16];
-
-	snprintf(state, sizeof(state), "%s/state", scratch);
-	snprintf(port, sizeof(port), "%d", port_base);
-	cluster_pid = fork();
-	if (cluster_pid < 0)
-		return -1;
-	if (cluster_pid == 0) {
-		int devnull = open("/dev/null", O_WRONLY);
-
-		if (devnull >= 0) {
-			dup2(devnull, STDOUT_FILENO);
-			dup2(devnull, STDERR_FILENO);
-		}
-		setenv("HOME", scratch, 1);
-		setenv("TETHER_LOG", "warn", 1);
-		execl("build/tether", "tether", "up", "--workers", "2", "--state",
-		      state, "--port", port, (char *)NULL);
-		_exit(127);
-	}
-	return 0;
-}
-
-/* cluster_stop: SIGTERM to `tether up`, which stops its daemons. */
-static void cluster_stop(void)
-{
-	if (cluster_pid <= 0)
-		return;
-	kill(cluster_pid, SIGTERM);
-	waitpid(cluster_pid, NULL, 0);
-	cluster_pid = -1;
-}
-
-/* cluster_client: waits (up to 30 s) for the CLI config written by
- * `tether up` and two registered workers; returns an edge client and
- * fills *cfg with the edge configuration. */
-static struct tether *cluster_client(struct tether_config *cfg)
-{
-	struct tt_err err = { 0 };
-	struct tether *t = NULL;
-
-	setenv("HOME", scratch, 1);
-	for (int i = 0; i < 300; i++) {
-		usleep(100000);
-		if (waitpid(cluster_pid, NULL, WNOHANG) == cluster_pid) {
-			cluster_pid = -1;
-			fprintf(stderr, "bench_lifecycle: tether up exited (port base %d "
-			        "in use?); logs in %s/state/logs\n", port_base, scratch);
-			break;
-		}
-		if (t == NULL && tether_config_load(cfg, &err) == 0)
-			t = tether_new(cfg, &err);
-		if (t == NULL)
-			continue;
-		json_t *w = tether_workers(t, &err);
-		size_t n = json_array_size(json_object_get(w, "workers"));
-
-		json_decref(w);
-		if (n == 2)
-			return t;
-	}
-	fprintf(stderr, "bench_lifecycle: cluster did not come up: %s\n", err.msg);
-	tether_free(t);
-	return NULL;
-}
 
 /* cp_config: the control plane's URL and the admin API key (the key stays
  * in cfg, wiped by the caller). */
@@ -124,8 +53,8 @@ static int cp_config(struct tether_config *cfg)
 	ssize_t n;
 	int fd;
 
-	snprintf(cfg->url, sizeof(cfg->url), "http://127.0.0.1:%d", port_base);
-	snprintf(path, sizeof(path), "%s/state/cp/admin.key", scratch);
+	snprintf(cfg->url, sizeof(cfg->url), "http://127.0.0.1:%d", cluster.port_base);
+	snprintf(path, sizeof(path), "%s/state/cp/admin.key", cluster.scratch);
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		fprintf(stderr, "bench_lifecycle: %s: %s\n", path, strerror(errno));
@@ -138,16 +67,6 @@ static int cp_config(struct tether_config *cfg)
 	cfg->api_key[n] = '\0';
 	cfg->api_key[strcspn(cfg->api_key, "\r\n \t")] = '\0';
 	return cfg->api_key[0] ? 0 : -1;
-}
-
-/* percentile: v sorted ascending; nearest-rank percentile p in [0,100]. */
-static double percentile(const double *v, size_t n, double p)
-{
-	size_t k = (size_t)((p / 100.0) * (double)n + 0.999999);
-
-	if (k == 0)
-		k = 1;
-	return v[k > n ? n - 1 : k - 1];
 }
 
 /* sort: v ascending, in place. */
@@ -244,7 +163,7 @@ static int put_layer(struct tether *t, const char *id, const char *path,
 	randombytes_buf(buf, LAYER_BYTES);
 	crypto_hash_sha256(sum, buf, LAYER_BYTES);
 	sodium_bin2hex(hex, crypto_hash_sha256_BYTES * 2 + 1, sum, sizeof(sum));
-	snprintf(tmp, sizeof(tmp), "%s/layer", scratch);
+	snprintf(tmp, sizeof(tmp), "%s/layer", cluster.scratch);
 	fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0 || bench_io_full(fd, buf, LAYER_BYTES, 1) < 0 ||
 	    lseek(fd, 0, SEEK_SET) != 0) {
@@ -390,7 +309,7 @@ static char *edge_metrics(void)
 
 	if (e == NULL)
 		return NULL;
-	snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", port_base + 1);
+	snprintf(url, sizeof(url), "http://127.0.0.1:%d/metrics", cluster.port_base + 1);
 	curl_easy_setopt(e, CURLOPT_URL, url);
 	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, mbuf_write);
 	curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
@@ -516,7 +435,7 @@ out:
 static void print_row(const char *label, const double *v, size_t n)
 {
 	printf("%-32s p50 %8.2f ms  p99 %8.2f ms  (n=%zu)\n", label,
-	       percentile(v, n, 50), percentile(v, n, 99), n);
+	       bench_percentile(v, n, 50), bench_percentile(v, n, 99), n);
 }
 
 /* report: prints both parts' figures (sorts them). */
@@ -536,16 +455,16 @@ static void report(struct resume_figs *a, struct repair_figs *b)
 	print_row("  first exec after resume", a->first_exec, MOVES);
 	printf("  goal p50 <= %.0f ms: resume call %s, resume + first exec %s\n",
 	       RESUME_GOAL_MS,
-	       percentile(a->resume, MOVES, 50) <= RESUME_GOAL_MS ? "met" : "NOT met",
-	       percentile(a->resume_exec, MOVES, 50) <= RESUME_GOAL_MS ? "met" : "NOT met");
+	       bench_percentile(a->resume, MOVES, 50) <= RESUME_GOAL_MS ? "met" : "NOT met",
+	       bench_percentile(a->resume_exec, MOVES, 50) <= RESUME_GOAL_MS ? "met" : "NOT met");
 
 	sort(b->warm, REPAIR_MOVES * WARM_PER_MOVE);
 	sort(b->stale, REPAIR_MOVES);
 	sort(b->mint, REPAIR_MOVES);
-	warm50 = percentile(b->warm, REPAIR_MOVES * WARM_PER_MOVE, 50);
-	stale50 = percentile(b->stale, REPAIR_MOVES, 50);
-	stale99 = percentile(b->stale, REPAIR_MOVES, 99);
-	mint50 = percentile(b->mint, REPAIR_MOVES, 50);
+	warm50 = bench_percentile(b->warm, REPAIR_MOVES * WARM_PER_MOVE, 50);
+	stale50 = bench_percentile(b->stale, REPAIR_MOVES, 50);
+	stale99 = bench_percentile(b->stale, REPAIR_MOVES, 99);
+	mint50 = bench_percentile(b->mint, REPAIR_MOVES, 50);
 	over50 = stale50 - warm50;
 	goal = REPAIR_GOAL_MS + mint50;
 	printf("route repair, %d moves made at the cp behind the edge's cache "
@@ -563,7 +482,7 @@ static void report(struct resume_figs *a, struct repair_figs *b)
 	/* a move through the edge drops its cache: no rejected attempt */
 	printf("  of which the rejected attempt: p50 %.2f ms (stale exec - first exec "
 	       "after an edge-proxied move)\n",
-	       stale50 - percentile(a->first_exec, MOVES, 50));
+	       stale50 - bench_percentile(a->first_exec, MOVES, 50));
 }
 
 int main(void)
@@ -575,18 +494,17 @@ int main(void)
 	struct tether *t = NULL, *cp = NULL;
 	int rc = 1;
 
-	snprintf(scratch, sizeof(scratch), "/tmp/tether-bench-lifecycle.XXXXXX");
-	if (mkdtemp(scratch) == NULL) {
-		perror("mkdtemp");
+	if (bench_cluster_scratch(&cluster,
+	                          "/tmp/tether-bench-lifecycle.XXXXXX") < 0)
 		return 1;
-	}
 	signal(SIGPIPE, SIG_IGN);
 	if (sodium_init() < 0 || curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
 		goto out;
 	/* its own range: 12000..16980, clear of bench_path and the
 	 * integration tests */
-	port_base = 12000 + (int)(getpid() % 250) * 20;
-	if (cluster_start() < 0 || (t = cluster_client(&cfg)) == NULL)
+	cluster.port_base = 12000 + (int)(getpid() % 250) * 20;
+	if (bench_cluster_start(&cluster) < 0 ||
+	    (t = bench_cluster_client(&cluster, &cfg)) == NULL)
 		goto out;
 	if (cp_config(&cpcfg) < 0 || (cp = tether_new(&cpcfg, &err)) == NULL) {
 		fprintf(stderr, "bench_lifecycle: control-plane client: %s\n", err.msg);
@@ -603,11 +521,6 @@ out:
 	sodium_memzero(&cpcfg, sizeof(cpcfg));
 	tether_free(cp);
 	tether_free(t);
-	cluster_stop();
-	if (fork() == 0) {
-		execlp("rm", "rm", "-rf", scratch, (char *)NULL);
-		_exit(127);
-	}
-	wait(NULL);
+	bench_cluster_stop(&cluster);
 	return rc;
 }

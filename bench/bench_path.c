@@ -28,81 +28,7 @@
 #define EXEC_ITERS 300
 #define READ_ITERS 2000
 
-static char scratch[PATH_MAX];
-static pid_t cluster_pid = -1;
-
-/* cluster_start: runs build/tether up in the background on scratch. */
-static int cluster_start(int port_base)
-{
-	char state[PATH_MAX + 16], port[16];
-
-	snprintf(state, sizeof(state), "%s/state", scratch);
-	snprintf(port, sizeof(port), "%d", port_base);
-	cluster_pid = fork();
-	if (cluster_pid < 0)
-		return -1;
-	if (cluster_pid == 0) {
-		int devnull = open("/dev/null", O_WRONLY);
-
-		if (devnull >= 0) {
-			dup2(devnull, STDOUT_FILENO);
-			dup2(devnull, STDERR_FILENO);
-		}
-		setenv("HOME", scratch, 1);
-		setenv("TETHER_LOG", "warn", 1);
-		execl("build/tether", "tether", "up", "--workers", "2", "--state",
-		      state, "--port", port, (char *)NULL);
-		_exit(127);
-	}
-	return 0;
-}
-
-/* cluster_stop: SIGTERM to `tether up`, which stops its daemons. */
-static void cluster_stop(void)
-{
-	if (cluster_pid <= 0)
-		return;
-	kill(cluster_pid, SIGTERM);
-	waitpid(cluster_pid, NULL, 0);
-	cluster_pid = -1;
-}
-
-/* cluster_client: waits (up to 30 s) for the CLI config written by
- * `tether up` and for two registered workers; returns a client. */
-static struct tether *cluster_client(void)
-{
-	struct tether_config cfg = { 0 };
-	struct tt_err err = { 0 };
-	struct tether *t = NULL;
-
-	setenv("HOME", scratch, 1);
-	for (int i = 0; i < 300; i++) {
-		usleep(100000);
-		if (t == NULL && tether_config_load(&cfg, &err) == 0)
-			t = tether_new(&cfg, &err);
-		if (t == NULL)
-			continue;
-		json_t *w = tether_workers(t, &err);
-		size_t n = json_array_size(json_object_get(w, "workers"));
-
-		json_decref(w);
-		if (n == 2)
-			return t;
-	}
-	fprintf(stderr, "bench_path: cluster did not come up: %s\n", err.msg);
-	tether_free(t);
-	return NULL;
-}
-
-/* percentile: v sorted ascending; nearest-rank percentile p in [0,100]. */
-static double percentile(const double *v, size_t n, double p)
-{
-	size_t k = (size_t)((p / 100.0) * (double)n + 0.999999);
-
-	if (k == 0)
-		k = 1;
-	return v[k > n ? n - 1 : k - 1];
-}
+static struct bench_cluster cluster = { .name = "bench_path" };
 
 /* bench_creates: p50/p99 of CREATES creates; removes them afterwards. */
 static int bench_creates(struct tether *t)
@@ -126,8 +52,8 @@ static int bench_creates(struct tether *t)
 	}
 	qsort(v, CREATES, sizeof(v[0]), bench_cmp_double);
 	printf("create            p50 %7.2f ms  p99 %7.2f ms  (n=%d; goal p50 <= 10 ms: %s)\n",
-	       percentile(v, CREATES, 50), percentile(v, CREATES, 99), CREATES,
-	       percentile(v, CREATES, 50) <= 10.0 ? "met" : "NOT met");
+	       bench_percentile(v, CREATES, 50), bench_percentile(v, CREATES, 99), CREATES,
+	       bench_percentile(v, CREATES, 50) <= 10.0 ? "met" : "NOT met");
 	for (int i = 0; i < CREATES; i++)
 		tether_rm(t, ids[i], &err);
 	return 0;
@@ -188,7 +114,7 @@ static int put_4k(struct tether *t, const char *id, const char *path)
 	struct tt_err err = { 0 };
 	int fd, rc;
 
-	snprintf(tmp, sizeof(tmp), "%s/4k", scratch);
+	snprintf(tmp, sizeof(tmp), "%s/4k", cluster.scratch);
 	memset(buf, 'x', sizeof(buf));
 	fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC, 0600);
 	if (fd < 0 || write(fd, buf, sizeof(buf)) != (ssize_t)sizeof(buf) ||
@@ -213,8 +139,8 @@ static int direct_baselines(double *exec_us, double *read_us)
 	pid_t guest;
 	int fd;
 
-	snprintf(root, sizeof(root), "%s/direct", scratch);
-	snprintf(sock, sizeof(sock), "%s/direct.sock", scratch);
+	snprintf(root, sizeof(root), "%s/direct", cluster.scratch);
+	snprintf(sock, sizeof(sock), "%s/direct.sock", cluster.scratch);
 	snprintf(file, sizeof(file), "%s/f4k", root);
 	if (mkdir(root, 0700) < 0)
 		return -1;
@@ -238,20 +164,21 @@ static int direct_baselines(double *exec_us, double *read_us)
 int main(void)
 {
 	double rtt, d_exec, d_read, f_exec, f_read;
+	struct tether_config cfg = { 0 };
 	struct tt_err err = { 0 };
 	struct tether *t;
 	json_t *s;
 	char id[64];
 	int rc = 1;
 
-	snprintf(scratch, sizeof(scratch), "/tmp/tether-bench-path.XXXXXX");
-	if (mkdtemp(scratch) == NULL) {
-		perror("mkdtemp");
+	if (bench_cluster_scratch(&cluster, "/tmp/tether-bench-path.XXXXXX") < 0)
 		return 1;
-	}
 	signal(SIGPIPE, SIG_IGN);
-	if (cluster_start(27000 + (int)(getpid() % 500) * 20) < 0 ||
-	    (t = cluster_client()) == NULL)
+	cluster.port_base = 27000 + (int)(getpid() % 500) * 20;
+	t = bench_cluster_start(&cluster) < 0 ? NULL :
+	    bench_cluster_client(&cluster, &cfg);
+	sodium_memzero(&cfg, sizeof(cfg));
+	if (t == NULL)
 		goto out;
 	if (bench_creates(t) < 0)
 		goto out_client;
@@ -286,11 +213,6 @@ int main(void)
 out_client:
 	tether_free(t);
 out:
-	cluster_stop();
-	if (fork() == 0) {
-		execlp("rm", "rm", "-rf", scratch, (char *)NULL);
-		_exit(127);
-	}
-	wait(NULL);
+	bench_cluster_stop(&cluster);
 	return rc;
 }

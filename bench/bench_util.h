@@ -1,10 +1,12 @@
 /* Shared measuring code for the guest baselines (bench_guest.c) and the
- * full-path benchmark: header-only (static inline) because bench_*.c files
+ * full-path benchmarks: header-only (static inline) because bench_*.c files
  * are each built alone against libtethercore. */
 #ifndef TT_BENCH_UTIL_H
 #define TT_BENCH_UTIL_H
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -18,6 +20,7 @@
 
 #include <sodium.h>
 
+#include "client/tether.h"
 #include "guest/hello.h"
 #include "wire.h"
 
@@ -273,6 +276,116 @@ static inline double bench_guest_fs_read(const char *sock, const char *path,
 
 	snprintf(req, sizeof(req), "{\"op\":\"fs.read\",\"path\":\"%s\"}", path);
 	return bench_wire_median(sock, req, iters);
+}
+
+/* A local cluster run by `tether up --workers 2` for the full-path
+ * benchmarks: its scratch directory (HOME and state), port base and pid. */
+struct bench_cluster {
+	const char *name; /* the benchmark's name, for messages */
+	char scratch[PATH_MAX];
+	int port_base;
+	pid_t pid;
+};
+
+/* bench_percentile: v sorted ascending; nearest-rank percentile p in [0,100]. */
+static inline double bench_percentile(const double *v, size_t n, double p)
+{
+	size_t k = (size_t)((p / 100.0) * (double)n + 0.999999);
+
+	if (k == 0)
+		k = 1;
+	return v[k > n ? n - 1 : k - 1];
+}
+
+/* bench_cluster_scratch: makes c's scratch directory from a mkdtemp
+ * template; 0 or -1. */
+static inline int bench_cluster_scratch(struct bench_cluster *c,
+                                        const char *tmpl)
+{
+	c->pid = -1;
+	snprintf(c->scratch, sizeof(c->scratch), "%s", tmpl);
+	if (mkdtemp(c->scratch) == NULL) {
+		perror("mkdtemp");
+		return -1;
+	}
+	return 0;
+}
+
+/* bench_cluster_start: runs build/tether up in the background on scratch. */
+static inline int bench_cluster_start(struct bench_cluster *c)
+{
+	char state[PATH_MAX + 16], port[16];
+
+	snprintf(state, sizeof(state), "%s/state", c->scratch);
+	snprintf(port, sizeof(port), "%d", c->port_base);
+	c->pid = fork();
+	if (c->pid < 0)
+		return -1;
+	if (c->pid == 0) {
+		int devnull = open("/dev/null", O_WRONLY);
+
+		if (devnull >= 0) {
+			dup2(devnull, STDOUT_FILENO);
+			dup2(devnull, STDERR_FILENO);
+		}
+		setenv("HOME", c->scratch, 1);
+		setenv("TETHER_LOG", "warn", 1);
+		execl("build/tether", "tether", "up", "--workers", "2", "--state",
+		      state, "--port", port, (char *)NULL);
+		_exit(127);
+	}
+	return 0;
+}
+
+/* bench_cluster_client: waits (up to 30 s) for the CLI config written by
+ * `tether up` and two registered workers; returns an edge client and
+ * fills *cfg with the edge configuration (the caller wipes it). */
+static inline struct tether *bench_cluster_client(struct bench_cluster *c,
+                                                  struct tether_config *cfg)
+{
+	struct tt_err err = { 0 };
+	struct tether *t = NULL;
+
+	setenv("HOME", c->scratch, 1);
+	for (int i = 0; i < 300; i++) {
+		usleep(100000);
+		if (waitpid(c->pid, NULL, WNOHANG) == c->pid) {
+			c->pid = -1;
+			fprintf(stderr, "%s: tether up exited (port base %d "
+			        "in use?); logs in %s/state/logs\n", c->name,
+			        c->port_base, c->scratch);
+			break;
+		}
+		if (t == NULL && tether_config_load(cfg, &err) == 0)
+			t = tether_new(cfg, &err);
+		if (t == NULL)
+			continue;
+		json_t *w = tether_workers(t, &err);
+		size_t n = json_array_size(json_object_get(w, "workers"));
+
+		json_decref(w);
+		if (n == 2)
+			return t;
+	}
+	fprintf(stderr, "%s: cluster did not come up: %s\n", c->name, err.msg);
+	tether_free(t);
+	return NULL;
+}
+
+/* bench_cluster_stop: SIGTERM to `tether up` (which stops its daemons),
+ * then removes the scratch directory. */
+static inline void bench_cluster_stop(struct bench_cluster *c)
+{
+	if (c->pid > 0) {
+		kill(c->pid, SIGTERM);
+		waitpid(c->pid, NULL, 0);
+		c->pid = -1;
+	}
+	if (fork() == 0) {
+		execlp("rm", "rm", "-rf", c->scratch, (char *)NULL);
+		_exit(127);
+	}
+	wait(NULL);
 }
 
 #endif

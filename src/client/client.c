@@ -24,6 +24,7 @@
 
 #include "cleanup.h"
 #include "client/internal.h"
+#include "wsutil.h"
 
 struct tether {
 	struct tether_config cfg;
@@ -616,14 +617,6 @@ out:
 #define XS_IN_HIGH (1u << 20)       /* stop reading stdin above this */
 #define XS_STDIN_POLL_US (10 * LWS_US_PER_MS)
 
-/* One queued client message; LWS_PRE bytes of headroom precede data. */
-struct xs_msg {
-	struct xs_msg *next;
-	enum lws_write_protocol kind;
-	size_t len;
-	unsigned char buf[];
-};
-
 /* State of one streamed exec (on the caller's stack; the lws context user). */
 struct xs {
 	const struct tether_exec_stream *s;
@@ -631,8 +624,7 @@ struct xs {
 	char *start;               /* the start message (owned) */
 	struct lws_context *ctx;
 	struct lws *wsi;
-	struct xs_msg *q_head, *q_tail;
-	size_t q_bytes;
+	struct ws_queue q;         /* client messages waiting for lws */
 	char text[XS_TEXT_MAX + 1]; /* text message being assembled */
 	size_t text_len;
 	int in_binary;             /* inside a binary message */
@@ -649,21 +641,8 @@ struct xs {
 static int xs_queue(struct xs *x, enum lws_write_protocol kind,
                     const void *data, size_t len)
 {
-	struct xs_msg *m = malloc(sizeof(*m) + LWS_PRE + len);
-
-	if (m == NULL)
+	if (ws_queue_push(&x->q, kind, 0, data, len) < 0)
 		return -1;
-	m->next = NULL;
-	m->kind = kind;
-	m->len = len;
-	if (len)
-		memcpy(m->buf + LWS_PRE, data, len);
-	if (x->q_tail)
-		x->q_tail->next = m;
-	else
-		x->q_head = m;
-	x->q_tail = m;
-	x->q_bytes += len;
 	if (x->wsi)
 		lws_callback_on_writable(x->wsi);
 	return 0;
@@ -689,7 +668,7 @@ static void xs_stdin_poll(lws_sorted_usec_list_t *sul)
 
 	if (x->done || x->stdin_eof)
 		return;
-	while (x->q_bytes < XS_IN_HIGH && poll(&pfd, 1, 0) > 0) {
+	while (x->q.bytes < XS_IN_HIGH && poll(&pfd, 1, 0) > 0) {
 		n = read(x->s->stdin_fd, buf, sizeof(buf));
 		if (n < 0 && (errno == EINTR || errno == EAGAIN))
 			break;
@@ -797,7 +776,7 @@ static int xs_callback(struct lws *wsi, enum lws_callback_reasons reason,
                        void *user, void *in, size_t len)
 {
 	struct xs *x = lws_context_user(lws_get_context(wsi));
-	struct xs_msg *m;
+	int rc;
 
 	(void)user;
 	switch (reason) {
@@ -819,18 +798,12 @@ static int xs_callback(struct lws *wsi, enum lws_callback_reasons reason,
 	case LWS_CALLBACK_CLIENT_RECEIVE:
 		return xs_receive(wsi, x, in, len);
 	case LWS_CALLBACK_CLIENT_WRITEABLE:
-		if ((m = x->q_head) == NULL)
-			return 0;
-		if (lws_write(wsi, m->buf + LWS_PRE, m->len, m->kind) < (int)m->len) {
+		rc = ws_queue_write(&x->q, wsi);
+		if (rc < 0) {
 			xs_fail(x, TT_ERR_TRANSPORT, "write to the edge failed");
 			return -1;
 		}
-		x->q_head = m->next;
-		if (x->q_head == NULL)
-			x->q_tail = NULL;
-		x->q_bytes -= m->len;
-		free(m);
-		if (x->q_head)
+		if (rc == 1 && x->q.head)
 			lws_callback_on_writable(wsi);
 		return 0;
 	case LWS_CALLBACK_WS_PEER_INITIATED_CLOSE:
@@ -880,7 +853,6 @@ int tether_exec_stream(struct tether *t, const char *id, char *const argv[],
 	_cleanup_free_ char *p = tether_id_path(t, id, "/exec/ws", err);
 	json_t *cmd = json_array(), *start = NULL;
 	struct xs x;
-	struct xs_msg *m;
 	int port, rc = -1;
 
 	memset(&x, 0, sizeof(x));
@@ -920,15 +892,7 @@ int tether_exec_stream(struct tether *t, const char *id, char *const argv[],
 		tt_err_set(err, TT_ERR_SYS, "cannot create the WebSocket client");
 		goto out;
 	}
-	memset(&cc, 0, sizeof(cc));
-	cc.context = x.ctx;
-	cc.address = host;
-	cc.port = port;
-	cc.path = full;
-	cc.host = host;
-	cc.origin = host;
-	cc.protocol = XS_PROTOCOL;
-	cc.local_protocol_name = XS_PROTOCOL;
+	ws_connect_info(&cc, x.ctx, host, port, full, XS_PROTOCOL);
 	cc.ssl_connection = strcmp(prot, "https") == 0 ? LCCSCF_USE_SSL : 0;
 	cc.pwsi = &x.wsi;
 	if (lws_client_connect_via_info(&cc) == NULL && !x.done) {
@@ -953,10 +917,7 @@ int tether_exec_stream(struct tether *t, const char *id, char *const argv[],
 		tt_err_set(err, TT_ERR_TRANSPORT, "the exec stream ended without an exit status");
 	}
 out:
-	while ((m = x.q_head) != NULL) {
-		x.q_head = m->next;
-		free(m);
-	}
+	ws_queue_clear(&x.q);
 	free(x.start);
 	json_decref(start);
 	json_decref(cmd);

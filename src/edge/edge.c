@@ -33,6 +33,7 @@
 #include <uv.h>
 
 #include "cleanup.h"
+#include "edge/edge_int.h"
 #include "edge/routes.h"
 #include "edge/ws.h"
 #include "http.h"
@@ -91,10 +92,7 @@ struct xreq {
 	int rx_paused;
 	CURL *easy;                /* in-flight transfer (owned), or NULL */
 	struct curl_slist *hdrs;   /* its headers (owned) */
-	char *token;               /* capability in use (owned) */
-	char node_url[256];
-	uint64_t route_version;    /* route-cache tag of token (0: uncached) */
-	uint64_t route_gen;        /* the generation token selects */
+	struct edge_route rt;      /* the route of the next attempt (owned) */
 	struct route_waiter waiter;
 	struct route_ticket ticket;
 	int waiting;               /* queued on another request's fetch */
@@ -177,10 +175,7 @@ static void xreq_free(struct xreq *x)
 {
 	if (x->hdrs)
 		curl_slist_free_all(x->hdrs);
-	if (x->token) {
-		sodium_memzero(x->token, strlen(x->token));
-		free(x->token);
-	}
+	edge_route_clear(&x->rt);
 	bytes_free(&x->in);
 	bytes_free(&x->out);
 	sodium_memzero(x->auth, sizeof(x->auth));
@@ -503,20 +498,6 @@ static void up_release(struct xreq *x, CURL *easy)
 	x->hdrs = NULL;
 }
 
-/* route_take: ent (a route-cache copy) becomes the route of x's next
- * attempt; its token moves into x. */
-static void route_take(struct xreq *x, struct route_entry *ent)
-{
-	if (x->token) {
-		sodium_memzero(x->token, strlen(x->token));
-		free(x->token);
-	}
-	x->token = tt_steal_ptr(&ent->token);
-	x->route_version = ent->version;
-	x->route_gen = ent->generation;
-	snprintf(x->node_url, sizeof(x->node_url), "%s", ent->node_url);
-}
-
 /* route_fetch_end: x no longer fetches for its slot; wakes the waiters if
  * the fetch did not commit (one of them fetches next). */
 static void route_fetch_end(struct xreq *x)
@@ -553,28 +534,18 @@ static void route_resolve(struct xreq *x)
 	memset(&ent, 0, sizeof(ent));
 	x->waiter.fn = route_woken;
 	x->waiter.arg = x;
-	if (x->retried)
-		v = routes_repair_begin(x->e->routes, x->keyhash, x->sbx,
-		                        x->route_version, tt_now(), &x->waiter,
-		                        &ent, &x->ticket);
-	else
-		v = routes_acquire(x->e->routes, x->keyhash, x->sbx, tt_now(),
-		                   &x->waiter, &ent, &x->ticket);
+	v = edge_route_lookup(x->e->routes, x->keyhash, x->sbx, x->retried,
+	                      x->rt.version, &x->waiter, &ent, &x->ticket);
 	switch (v) {
 	case ROUTE_USE:
-		metrics_inc("tether_edge_capcache_total",
-		            x->retried ? "result=\"reuse\"" : "result=\"hit\"");
-		route_take(x, &ent);
+		edge_route_take(&x->rt, &ent);
 		node_start(x);
 		return;
 	case ROUTE_WAIT:
-		metrics_inc("tether_edge_capcache_total", "result=\"wait\"");
 		x->phase = P_CAP;
 		x->waiting = 1;
 		return;
 	case ROUTE_FETCH:
-		metrics_inc("tether_edge_capcache_total",
-		            x->retried ? "result=\"repair\"" : "result=\"miss\"");
 		x->fetching = 1;
 		cap_fetch(x);
 		return;
@@ -595,7 +566,7 @@ static void node_retry(struct xreq *x, CURL *easy, const char *why)
 	            NULL);
 	metrics_inc("tether_edge_rebuilt_attempts_total", labels);
 	log_info("%s for %s (generation %" PRIu64 "): rebuilding the request once",
-	         why, x->sbx, x->route_gen);
+	         why, x->sbx, x->rt.gen);
 	x->retried = 1;
 	x->reject_us = now_us();
 	x->status = 0;
@@ -627,7 +598,7 @@ static void node_transport_error(struct xreq *x, CURL *easy, CURLcode rc)
 	}
 	up_release(x, easy);
 	/* the next operation resolves a fresh route, unless already repaired */
-	routes_drop_if(x->e->routes, x->keyhash, x->sbx, x->route_version);
+	routes_drop_if(x->e->routes, x->keyhash, x->sbx, x->rt.version);
 	metrics_inc("tether_edge_upstream_failures_total", "upstream=\"node\"");
 	x->status = 0;
 	x->capture = 0;
@@ -635,17 +606,17 @@ static void node_transport_error(struct xreq *x, CURL *easy, CURLcode rc)
 		xreq_error(x, started ? 502 : 503, "unavailable",
 		           "%s on %s: worker node %s failed (%s); retried once on a "
 		           "freshly resolved route, giving up", op, x->sbx,
-		           x->node_url, detail);
+		           x->rt.node_url, detail);
 	else if (started) {
 		metrics_inc("tether_edge_not_repeated_total", NULL);
 		xreq_error(x, 502, "unavailable",
 		           "%s on %s: worker node %s failed mid-request (%s); the "
 		           "operation may or may not have run and was not repeated",
-		           op, x->sbx, x->node_url, detail);
+		           op, x->sbx, x->rt.node_url, detail);
 	} else
 		xreq_error(x, 503, "unavailable",
 		           "%s on %s: cannot reach worker node %s (%s); the "
-		           "operation did not start", op, x->sbx, x->node_url, detail);
+		           "operation did not start", op, x->sbx, x->rt.node_url, detail);
 }
 
 /* node_done: the node answered (or failed); repairs a RefreshRoute once,
@@ -685,20 +656,20 @@ static void node_done(CURL *easy, CURLcode rc, void *arg)
 			node_transport_error(x, easy, rc);
 		return;
 	}
-	x->answer_gen = x->route_gen;
+	x->answer_gen = x->rt.gen;
 	if (x->retried && x->status >= 200 && x->status < 300)
 		metrics_observe_us("tether_edge_route_repair_duration_seconds", NULL,
 		                   now_us() - x->reject_us);
 	up_finish(x, easy, rc, "node");
 }
 
-/* node_start: forwards the operation with the capability in x->token. */
+/* node_start: forwards the operation with the capability in x->rt.token. */
 static void node_start(struct xreq *x)
 {
 	char url[3000], auth[4200];
 	struct tt_err err;
 
-	snprintf(url, sizeof(url), "%s%s%s%s", x->node_url, x->path,
+	snprintf(url, sizeof(url), "%s%s%s%s", x->rt.node_url, x->path,
 	         x->query[0] ? "?" : "", x->query);
 	x->phase = P_NODE;
 	x->status = 0;
@@ -714,7 +685,7 @@ static void node_start(struct xreq *x)
 		curl_easy_setopt(x->easy, CURLOPT_FRESH_CONNECT, 1L);
 	curl_easy_setopt(x->easy, CURLOPT_WRITEFUNCTION, up_write);
 	curl_easy_setopt(x->easy, CURLOPT_WRITEDATA, x);
-	snprintf(auth, sizeof(auth), "Capability %s", x->token);
+	snprintf(auth, sizeof(auth), "Capability %s", x->rt.token);
 	x->hdrs = up_headers(x, auth);
 	sodium_memzero(auth, sizeof(auth));
 	curl_easy_setopt(x->easy, CURLOPT_HTTPHEADER, x->hdrs);
@@ -740,37 +711,15 @@ static size_t cap_write(char *data, size_t size, size_t nmemb, void *arg)
  * still ours to fill) and into x. */
 static int cap_use(struct xreq *x, json_t *j)
 {
-	const char *tok = json_string_value(json_object_get(j, "token"));
-	const char *exp = json_string_value(json_object_get(j, "expires_at"));
-	const char *node = json_string_value(json_object_get(j, "node_url"));
-	const char *wrk = json_string_value(json_object_get(j, "worker"));
-	json_t *gen = json_object_get(j, "generation");
-	struct route_entry f, out;
-	int rc;
+	struct route_entry f, take;
 
-	memset(&f, 0, sizeof(f));
-	if (tok == NULL || exp == NULL || node == NULL || !json_is_integer(gen) ||
-	    json_integer_value(gen) < 1 ||
-	    strncmp(node, "http://", 7) != 0 || strlen(node) >= sizeof(f.node_url) ||
-	    rfc3339_parse(exp, strlen(exp), &f.expires_at, NULL) < 0)
+	if (edge_cap_parse(j, &f) < 0)
 		return -1;
-	f.token = (char *)tok; /* borrowed: routes_commit copies */
-	f.generation = (uint64_t)json_integer_value(gen);
-	snprintf(f.worker, sizeof(f.worker), "%s", wrk ? wrk : "");
-	snprintf(f.node_url, sizeof(f.node_url), "%s", node);
 	x->fetching = 0; /* the commit below ends the fetch and wakes waiters */
-	rc = routes_commit(x->e->routes, x->keyhash, x->sbx, &x->ticket, &f, &out);
-	if (rc == 0) {
-		route_take(x, &out);
-		return 0;
-	}
-	route_entry_clear(&out);
-	/* not stored (the slot moved on): this request still uses what it got */
-	f.token = strdup(tok);
-	if (f.token == NULL)
+	if (edge_cap_commit(x->e->routes, x->keyhash, x->sbx, &x->ticket, &f,
+	                    &take) < 0)
 		return -1;
-	f.version = 0;
-	route_take(x, &f);
+	edge_route_take(&x->rt, &take);
 	return 0;
 }
 
@@ -806,34 +755,18 @@ static void cap_done(CURL *easy, CURLcode rc, void *arg)
  * caller's own API key: the cp authenticates the caller every time). */
 static void cap_fetch(struct xreq *x)
 {
-	static const char body[] =
-		"{\"purpose\":\"control\",\"ops\":[\"exec\",\"fs.read\",\"fs.write\"]}";
-	char url[512];
 	struct tt_err err;
-	struct curl_slist *h = NULL;
-	char line[600];
 
-	metrics_inc("tether_edge_cap_fetch_total",
-	            x->retried ? "why=\"repair\"" : "why=\"miss\"");
-	snprintf(url, sizeof(url), "%s/v1/sandboxes/%s/capabilities", x->e->cp_url,
-	         x->sbx);
 	x->phase = P_CAP;
 	x->status = 0;
-	x->easy = up_easy(x, url);
+	x->easy = up_easy(x, "");
 	if (x->easy == NULL) {
 		route_fetch_end(x);
 		xreq_error(x, 500, "internal", "out of memory");
 		return;
 	}
-	snprintf(line, sizeof(line), "Authorization: %s", x->auth);
-	h = curl_slist_append(h, line);
-	sodium_memzero(line, sizeof(line));
-	h = curl_slist_append(h, "Content-Type: application/json");
-	x->hdrs = curl_slist_append(h, "Expect:");
-	curl_easy_setopt(x->easy, CURLOPT_HTTPHEADER, x->hdrs);
-	curl_easy_setopt(x->easy, CURLOPT_POSTFIELDS, body);
-	curl_easy_setopt(x->easy, CURLOPT_POSTFIELDSIZE_LARGE,
-	                 (curl_off_t)(sizeof(body) - 1));
+	edge_cap_request(x->easy, x->e->cp_url, x->sbx, x->auth,
+	                 &x->hdrs);
 	curl_easy_setopt(x->easy, CURLOPT_WRITEFUNCTION, cap_write);
 	curl_easy_setopt(x->easy, CURLOPT_WRITEDATA, x);
 	if (httpc_start(x->e->hc, x->easy, cap_done, x, &err) < 0) {

@@ -38,10 +38,12 @@
 #include <sodium.h>
 
 #include "claims.h"
+#include "edge/edge_int.h"
 #include "cleanup.h"
 #include "log.h"
 #include "metrics.h"
 #include "timefmt.h"
+#include "wsutil.h"
 
 #define EWS_MSG_MAX ((1u << 20) + 16) /* one relayed message */
 #define EWS_Q_HIGH (1u << 20)
@@ -55,19 +57,6 @@ static struct {
 	const char *cp_url;
 	struct routes *routes;
 } ews_env;
-
-/* One queued message; LWS_PRE bytes of headroom precede the data. */
-struct ews_msg {
-	struct ews_msg *next;
-	enum lws_write_protocol kind;
-	size_t len;
-	uint8_t buf[];
-};
-
-struct ews_q {
-	struct ews_msg *head, *tail;
-	size_t bytes;
-};
 
 /* A message being assembled from fragments (owned buffer). */
 struct ews_asm {
@@ -91,9 +80,7 @@ struct edgews {
 	char *start;                 /* the start message (owned) */
 	size_t start_len;
 	bool start_sent;             /* to the current backend */
-	char *token;                 /* capability in use (owned, secret) */
-	char node_url[256];
-	uint64_t route_version, route_gen;
+	struct edge_route rt;        /* the route of the next attempt (owned) */
 	struct route_waiter waiter;
 	struct route_ticket ticket;
 	bool waiting, fetching, retried;
@@ -101,14 +88,11 @@ struct edgews {
 	struct curl_slist *hdrs;
 	char *ans;                   /* its answer (owned, bounded) */
 	size_t ans_len;
-	struct ews_q cq, bq;         /* to the client, to the backend */
+	struct ws_queue cq, bq;         /* to the client, to the backend */
 	struct ews_asm cin, bin;     /* from the client, from the backend */
 	bool cpaused, bpaused;       /* rx flow control of each side */
 	bool backend_final;          /* exit / error / refusal seen */
-	uint16_t close_code;         /* for the client, once cq is drained */
-	bool close_sent;             /* the close frame is on its way */
-	lws_sorted_usec_list_t close_sul; /* runs the close outside lws service */
-	char close_reason[EWS_REASON_MAX + 1];
+	struct ws_close close;       /* for the client, once cq is drained */
 	uint64_t t0_us, reject_us;
 };
 
@@ -126,58 +110,6 @@ void edgews_setup(struct httpc *hc, const char *cp_url, struct routes *routes)
 static uint64_t ews_now_us(void)
 {
 	return uv_hrtime() / 1000u;
-}
-
-/* q_push: queues a copy of data as one message. */
-static int q_push(struct ews_q *q, enum lws_write_protocol kind,
-                  const void *data, size_t len)
-{
-	struct ews_msg *m = malloc(sizeof(*m) + LWS_PRE + len);
-
-	if (m == NULL)
-		return -1;
-	m->next = NULL;
-	m->kind = kind;
-	m->len = len;
-	if (len)
-		memcpy(m->buf + LWS_PRE, data, len);
-	if (q->tail)
-		q->tail->next = m;
-	else
-		q->head = m;
-	q->tail = m;
-	q->bytes += len;
-	return 0;
-}
-
-/* q_write: writes the head message on wsi; 1 written, 0 empty, -1 failed. */
-static int q_write(struct ews_q *q, struct lws *wsi)
-{
-	struct ews_msg *m = q->head;
-
-	if (m == NULL)
-		return 0;
-	if (lws_write(wsi, m->buf + LWS_PRE, m->len, m->kind) < (int)m->len)
-		return -1;
-	q->head = m->next;
-	if (q->head == NULL)
-		q->tail = NULL;
-	q->bytes -= m->len;
-	free(m);
-	return 1;
-}
-
-/* q_clear: drops every queued message. */
-static void q_clear(struct ews_q *q)
-{
-	struct ews_msg *m;
-
-	while ((m = q->head) != NULL) {
-		q->head = m->next;
-		free(m);
-	}
-	q->tail = NULL;
-	q->bytes = 0;
 }
 
 /* asm_add: appends a fragment; 1 when the message is complete, 0 when more
@@ -206,19 +138,16 @@ static void ews_maybe_free(struct edgews *x)
 {
 	if (x->cwsi != NULL || x->bwsi != NULL || x->easy != NULL)
 		return;
-	lws_sul_cancel(&x->close_sul);
+	ws_close_cancel(&x->close);
 	if (x->waiting)
 		routes_cancel_wait(ews_env.routes, &x->waiter);
-	q_clear(&x->cq);
-	q_clear(&x->bq);
+	ws_queue_clear(&x->cq);
+	ws_queue_clear(&x->bq);
 	free(x->cin.buf);
 	free(x->bin.buf);
 	free(x->start);
 	free(x->ans);
-	if (x->token) {
-		sodium_memzero(x->token, strlen(x->token));
-		free(x->token);
-	}
+	edge_route_clear(&x->rt);
 	sodium_memzero(x->auth, sizeof(x->auth));
 	free(x);
 }
@@ -240,8 +169,8 @@ static void ews_to_client(struct edgews *x, enum lws_write_protocol kind,
 {
 	if (x->cwsi == NULL)
 		return;
-	if (q_push(&x->cq, kind, data, len) < 0) {
-		x->close_code = LWS_CLOSE_STATUS_UNEXPECTED_CONDITION;
+	if (ws_queue_push(&x->cq, kind, 0, data, len) < 0) {
+		x->close.code = LWS_CLOSE_STATUS_UNEXPECTED_CONDITION;
 		x->st = EWS_CLOSING;
 	}
 	lws_callback_on_writable(x->cwsi);
@@ -261,8 +190,7 @@ static void ews_close_client(struct edgews *x, uint16_t code, const char *reason
 	if (x->st == EWS_CLOSING)
 		return;
 	x->st = EWS_CLOSING;
-	x->close_code = code;
-	snprintf(x->close_reason, sizeof(x->close_reason), "%s", reason ? reason : "");
+	ws_close_set(&x->close, code, reason);
 	snprintf(labels, sizeof(labels), "result=\"%s\"", result);
 	metrics_inc("tether_edge_exec_streams_total", labels);
 	if (x->cwsi != NULL) {
@@ -304,29 +232,21 @@ static void ews_error(struct edgews *x, uint16_t code, const char *err,
 static void ews_connect(struct edgews *x)
 {
 	struct lws_client_connect_info cc;
-	char url[sizeof(x->node_url)], path[128];
+	char url[sizeof(x->rt.node_url)], path[128];
 	const char *prot, *host, *upath;
 	struct lws *wsi;
 	int port;
 
-	snprintf(url, sizeof(url), "%s", x->node_url);
+	snprintf(url, sizeof(url), "%s", x->rt.node_url);
 	if (lws_parse_uri(url, &prot, &host, &port, &upath) != 0 ||
 	    strcmp(prot, "http") != 0) {
 		ews_error(x, LWS_CLOSE_STATUS_UNEXPECTED_CONDITION, "unavailable",
-		          "unusable node address %s", x->node_url);
+		          "unusable node address %s", x->rt.node_url);
 		return;
 	}
 	snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec/ws", x->sbx);
-	memset(&cc, 0, sizeof(cc));
-	cc.context = x->ctx;
+	ws_connect_info(&cc, x->ctx, host, port, path, EDGEWS_PROTOCOL);
 	cc.vhost = x->vh;
-	cc.address = host;
-	cc.port = port;
-	cc.path = path;
-	cc.host = host;
-	cc.origin = host;
-	cc.protocol = EDGEWS_PROTOCOL;
-	cc.local_protocol_name = EDGEWS_PROTOCOL;
 	cc.opaque_user_data = x;
 	x->st = EWS_CONNECT;
 	x->start_sent = false;
@@ -337,20 +257,7 @@ static void ews_connect(struct edgews *x)
 	if (wsi == NULL)
 		ews_error(x, 1011, "unavailable",
 		          "exec on %s: cannot reach worker node %s; the command did "
-		          "not start", x->sbx, x->node_url);
-}
-
-/* ews_take: ent (a route-cache copy) is the route of the next attempt. */
-static void ews_take(struct edgews *x, struct route_entry *ent)
-{
-	if (x->token) {
-		sodium_memzero(x->token, strlen(x->token));
-		free(x->token);
-	}
-	x->token = tt_steal_ptr(&ent->token);
-	x->route_version = ent->version;
-	x->route_gen = ent->generation;
-	snprintf(x->node_url, sizeof(x->node_url), "%s", ent->node_url);
+		          "not start", x->sbx, x->rt.node_url);
 }
 
 /* ews_cap_write: the capability answer, bounded. */
@@ -376,36 +283,15 @@ static size_t ews_cap_write(char *data, size_t size, size_t nmemb, void *arg)
  * is still ours) and takes it for this stream. */
 static int ews_cap_use(struct edgews *x, json_t *j)
 {
-	const char *tok = json_string_value(json_object_get(j, "token"));
-	const char *exp = json_string_value(json_object_get(j, "expires_at"));
-	const char *node = json_string_value(json_object_get(j, "node_url"));
-	const char *wrk = json_string_value(json_object_get(j, "worker"));
-	json_t *gen = json_object_get(j, "generation");
-	struct route_entry f, out;
+	struct route_entry f, take;
 
-	memset(&f, 0, sizeof(f));
-	memset(&out, 0, sizeof(out));
-	if (tok == NULL || exp == NULL || node == NULL || !json_is_integer(gen) ||
-	    json_integer_value(gen) < 1 || strncmp(node, "http://", 7) != 0 ||
-	    strlen(node) >= sizeof(f.node_url) ||
-	    rfc3339_parse(exp, strlen(exp), &f.expires_at, NULL) < 0)
+	if (edge_cap_parse(j, &f) < 0)
 		return -1;
-	f.token = (char *)tok; /* borrowed: routes_commit copies */
-	f.generation = (uint64_t)json_integer_value(gen);
-	snprintf(f.worker, sizeof(f.worker), "%s", wrk ? wrk : "");
-	snprintf(f.node_url, sizeof(f.node_url), "%s", node);
 	x->fetching = false; /* the commit ends the fetch and wakes waiters */
-	if (routes_commit(ews_env.routes, x->keyhash, x->sbx, &x->ticket, &f,
-	                  &out) == 0) {
-		ews_take(x, &out);
-		return 0;
-	}
-	route_entry_clear(&out);
-	f.token = strdup(tok); /* not stored: this stream still uses it */
-	if (f.token == NULL)
+	if (edge_cap_commit(ews_env.routes, x->keyhash, x->sbx, &x->ticket, &f,
+	                    &take) < 0)
 		return -1;
-	f.version = 0;
-	ews_take(x, &f);
+	edge_route_take(&x->rt, &take);
 	return 0;
 }
 
@@ -469,32 +355,17 @@ static void ews_cap_done(CURL *easy, CURLcode rc, void *arg)
 /* ews_cap_fetch: asks the cp for a capability with the caller's own key. */
 static void ews_cap_fetch(struct edgews *x)
 {
-	static const char body[] =
-		"{\"purpose\":\"control\",\"ops\":[\"exec\",\"fs.read\",\"fs.write\"]}";
-	char url[512], line[600];
 	struct tt_err err = { 0 };
 	CURL *c;
 
-	metrics_inc("tether_edge_cap_fetch_total",
-	            x->retried ? "why=\"repair\"" : "why=\"miss\"");
-	snprintf(url, sizeof(url), "%s/v1/sandboxes/%s/capabilities",
-	         ews_env.cp_url, x->sbx);
 	c = curl_easy_init();
 	if (c == NULL)
 		goto fail;
-	snprintf(line, sizeof(line), "Authorization: %s", x->auth);
-	x->hdrs = curl_slist_append(NULL, line);
-	sodium_memzero(line, sizeof(line));
-	x->hdrs = curl_slist_append(x->hdrs, "Content-Type: application/json");
-	x->hdrs = curl_slist_append(x->hdrs, "Expect:");
-	curl_easy_setopt(c, CURLOPT_URL, url);
+	edge_cap_request(c, ews_env.cp_url, x->sbx, x->auth, &x->hdrs);
 	curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
 	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
 	curl_easy_setopt(c, CURLOPT_TIMEOUT, 30L);
-	curl_easy_setopt(c, CURLOPT_HTTPHEADER, x->hdrs);
-	curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-	curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(sizeof(body) - 1));
 	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, ews_cap_write);
 	curl_easy_setopt(c, CURLOPT_WRITEDATA, x);
 	x->easy = c;
@@ -535,27 +406,17 @@ static void ews_resolve(struct edgews *x)
 	x->st = EWS_ROUTE;
 	x->waiter.fn = ews_woken;
 	x->waiter.arg = x;
-	if (x->retried)
-		v = routes_repair_begin(ews_env.routes, x->keyhash, x->sbx,
-		                        x->route_version, tt_now(), &x->waiter,
-		                        &ent, &x->ticket);
-	else
-		v = routes_acquire(ews_env.routes, x->keyhash, x->sbx, tt_now(),
-		                   &x->waiter, &ent, &x->ticket);
+	v = edge_route_lookup(ews_env.routes, x->keyhash, x->sbx, x->retried,
+	                      x->rt.version, &x->waiter, &ent, &x->ticket);
 	switch (v) {
 	case ROUTE_USE:
-		metrics_inc("tether_edge_capcache_total",
-		            x->retried ? "result=\"reuse\"" : "result=\"hit\"");
-		ews_take(x, &ent);
+		edge_route_take(&x->rt, &ent);
 		ews_connect(x);
 		return;
 	case ROUTE_WAIT:
-		metrics_inc("tether_edge_capcache_total", "result=\"wait\"");
 		x->waiting = true;
 		return;
 	case ROUTE_FETCH:
-		metrics_inc("tether_edge_capcache_total",
-		            x->retried ? "result=\"repair\"" : "result=\"miss\"");
 		x->fetching = true;
 		ews_cap_fetch(x);
 		return;
@@ -609,7 +470,7 @@ static int ews_on_decision(struct edgews *x, const uint8_t *msg, size_t len)
 		metrics_inc("tether_edge_refresh_total", NULL);
 		metrics_inc("tether_edge_rebuilt_attempts_total", "why=\"refresh_route\"");
 		log_info("exec stream %s: refresh_route (generation %" PRIu64
-		         "): rebuilding the backend stream once", x->sbx, x->route_gen);
+		         "): rebuilding the backend stream once", x->sbx, x->rt.gen);
 		x->retried = true;
 		x->reject_us = ews_now_us();
 		lws_set_opaque_user_data(x->bwsi, NULL);
@@ -670,18 +531,18 @@ static void ews_backend_gone(struct edgews *x, bool connect_error, const char *w
 		ews_maybe_free(x);
 		return;
 	}
-	routes_drop_if(ews_env.routes, x->keyhash, x->sbx, x->route_version);
+	routes_drop_if(ews_env.routes, x->keyhash, x->sbx, x->rt.version);
 	metrics_inc("tether_edge_upstream_failures_total", "upstream=\"node\"");
 	if (connect_error || x->st == EWS_CONNECT)
 		ews_error(x, 1011, "unavailable",
 		          "exec on %s: cannot reach worker node %s (%s); the command "
-		          "did not start", x->sbx, x->node_url, why);
+		          "did not start", x->sbx, x->rt.node_url, why);
 	else {
 		metrics_inc("tether_edge_not_repeated_total", NULL);
 		ews_error(x, 1011, "transport",
 		          "exec on %s: worker node %s broke off the stream; the "
 		          "command may or may not have run and was not repeated",
-		          x->sbx, x->node_url);
+		          x->sbx, x->rt.node_url);
 	}
 	ews_maybe_free(x);
 }
@@ -720,6 +581,7 @@ static int ews_filter(struct lws *wsi, struct edgews_pss *pss)
 	                   strlen(x->auth + 7));
 	snprintf(x->sbx, sizeof(x->sbx), "%s", sbx);
 	x->cwsi = wsi;
+	x->close.wsi = &x->cwsi;
 	x->ctx = lws_get_context(wsi);
 	x->vh = lws_get_vhost(wsi);
 	x->t0_us = ews_now_us();
@@ -756,8 +618,8 @@ static int ews_client_rx(struct lws *wsi, struct edgews *x, const void *in, size
 		ews_resolve(x);
 		return 0;
 	}
-	if (q_push(&x->bq, x->cin.binary ? LWS_WRITE_BINARY : LWS_WRITE_TEXT,
-	           x->cin.buf, x->cin.len) < 0) {
+	if (ws_queue_push(&x->bq, x->cin.binary ? LWS_WRITE_BINARY : LWS_WRITE_TEXT,
+	                  0, x->cin.buf, x->cin.len) < 0) {
 		ews_error(x, 1011, "internal", "out of memory");
 		return 0;
 	}
@@ -771,24 +633,10 @@ static int ews_client_rx(struct lws *wsi, struct edgews *x, const void *in, size
 	return 0;
 }
 
-/* ews_close_now: closes the client connection with the prepared code
- * and reason; lws sends the close frame and waits for the peer's. */
-static void ews_close_now(lws_sorted_usec_list_t *sul)
-{
-	struct edgews *x = lws_container_of(sul, struct edgews, close_sul);
-
-	if (x->cwsi == NULL)
-		return;
-	lws_close_reason(x->cwsi, (enum lws_close_status)x->close_code,
-	                 (unsigned char *)x->close_reason, strlen(x->close_reason));
-	lws_close_free_wsi(x->cwsi, (enum lws_close_status)x->close_code,
-	                   "tether close");
-}
-
 /* ews_client_writeable: one message to the client; the close once drained. */
 static int ews_client_writeable(struct lws *wsi, struct edgews *x)
 {
-	int rc = q_write(&x->cq, wsi);
+	int rc = ws_queue_write(&x->cq, wsi);
 
 	if (rc < 0)
 		return -1;
@@ -802,14 +650,7 @@ static int ews_client_writeable(struct lws *wsi, struct edgews *x)
 		return 0;
 	}
 	if (x->st == EWS_CLOSING) {
-		if (x->close_sent)
-			return 0;
-		x->close_sent = true;
-		/* Not "return -1" (nor a timeout): the Debian lws 4.1 build
-		 * (_DEBUG, libuv) then kills the connection before the close
-		 * frame goes out. Closed from a timer instead, it is sent. */
-		lws_sul_schedule(lws_get_context(wsi), 0, &x->close_sul,
-		                 ews_close_now, 1);
+		ws_close_later(&x->close, wsi);
 		return 0;
 	}
 	return 0;
@@ -837,7 +678,7 @@ static int ews_backend_writeable(struct lws *wsi, struct edgews *x)
 	}
 	if (x->st != EWS_RUNNING)
 		return 0;
-	rc = q_write(&x->bq, wsi);
+	rc = ws_queue_write(&x->bq, wsi);
 	if (rc < 0)
 		return -1;
 	if (x->cpaused && x->bq.bytes < EWS_Q_LOW && x->cwsi != NULL) {
@@ -889,9 +730,9 @@ int edgews_callback(struct lws *wsi, enum lws_callback_reasons reason,
 		char auth[4200];
 
 		x = lws_get_opaque_user_data(wsi);
-		if (x == NULL || x->token == NULL)
+		if (x == NULL || x->rt.token == NULL)
 			return -1;
-		rc = snprintf(auth, sizeof(auth), "Capability %s", x->token);
+		rc = snprintf(auth, sizeof(auth), "Capability %s", x->rt.token);
 		rc = rc < 0 || (size_t)rc >= sizeof(auth) ||
 		     lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_AUTHORIZATION,
 		                                  (unsigned char *)auth, rc, p, end);

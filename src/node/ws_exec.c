@@ -33,20 +33,13 @@
 #include "node/mgrconn.h"
 #include "node/node.h"
 #include "wire.h"
+#include "wsutil.h"
 
 #define WSX_TOKEN_MAX 4096
 #define WSX_START_MAX (60u << 10)   /* the start message (fits one REQUEST) */
 #define WSX_OUT_HIGH (1u << 20)     /* pause the manager above this */
 #define WSX_OUT_LOW (256u << 10)
-#define WSX_CLOSE_REASON_MAX 123    /* RFC 6455: 125 minus the code */
-
-/* One queued server message; LWS_PRE bytes of headroom precede data. */
-struct wsx_msg {
-	struct wsx_msg *next;
-	enum lws_write_protocol kind;
-	size_t len;
-	uint8_t buf[];
-};
+#define WSX_CLOSE_REASON_MAX WS_CLOSE_REASON_MAX
 
 enum wsx_state { WSX_START, WSX_DECISION, WSX_RUNNING, WSX_CLOSING };
 
@@ -61,12 +54,8 @@ struct wsexec {
 	uint8_t *start;              /* start message being assembled (owned) */
 	size_t start_len;
 	bool want_stdin, eof_sent, rx_paused, mc_paused;
-	struct wsx_msg *q_head, *q_tail;
-	size_t q_bytes;
-	uint16_t close_code;         /* sent once the queue is drained */
-	bool close_sent;             /* the close frame is on its way */
-	lws_sorted_usec_list_t close_sul; /* runs the close outside lws service */
-	char close_reason[WSX_CLOSE_REASON_MAX + 1];
+	struct ws_queue q;           /* server messages waiting for lws */
+	struct ws_close close;       /* sent once the queue is drained */
 	uint64_t generation;
 	uint64_t t0_us;
 };
@@ -127,16 +116,11 @@ static int wsx_path_sbx(struct lws *wsi, char *sbx, size_t cap)
 /* wsx_free: releases everything; the session lets go of x. */
 static void wsx_free(struct wsexec *x)
 {
-	struct wsx_msg *m;
-
 	if (x == NULL)
 		return;
-	lws_sul_cancel(&x->close_sul);
+	ws_close_cancel(&x->close);
 	mgrconn_close(x->mc);
-	while ((m = x->q_head) != NULL) {
-		x->q_head = m->next;
-		free(m);
-	}
+	ws_queue_clear(&x->q);
 	free(x->start);
 	sodium_memzero(x->token, sizeof(x->token));
 	free(x);
@@ -146,24 +130,8 @@ static void wsx_free(struct wsexec *x)
 static int wsx_queue(struct wsexec *x, enum lws_write_protocol kind,
                      uint8_t tag, const void *data, size_t len)
 {
-	size_t total = len + (tag ? 1 : 0);
-	struct wsx_msg *m = malloc(sizeof(*m) + LWS_PRE + total);
-
-	if (m == NULL)
+	if (ws_queue_push(&x->q, kind, tag, data, len) < 0)
 		return -1;
-	m->next = NULL;
-	m->kind = kind;
-	m->len = total;
-	if (tag)
-		m->buf[LWS_PRE] = tag;
-	if (len > 0)
-		memcpy(m->buf + LWS_PRE + (tag ? 1 : 0), data, len);
-	if (x->q_tail)
-		x->q_tail->next = m;
-	else
-		x->q_head = m;
-	x->q_tail = m;
-	x->q_bytes += total;
 	lws_callback_on_writable(x->wsi);
 	return 0;
 }
@@ -187,8 +155,7 @@ static void wsx_finish(struct wsexec *x, json_t *obj, uint16_t code,
 	if (s != NULL && wsx_queue(x, LWS_WRITE_TEXT, 0, s, strlen(s)) < 0)
 		code = LWS_CLOSE_STATUS_UNEXPECTED_CONDITION;
 	free(s);
-	x->close_code = code;
-	snprintf(x->close_reason, sizeof(x->close_reason), "%s", reason ? reason : "");
+	ws_close_set(&x->close, code, reason);
 	snprintf(labels, sizeof(labels), "result=\"%s\"", result);
 	metrics_inc("tether_node_exec_streams_total", labels);
 	metrics_observe_us("tether_node_exec_stream_duration_seconds", NULL,
@@ -288,7 +255,7 @@ static void wsx_on_frame(void *arg, const struct wire_frame *f)
 			wsx_fail(x, "internal", "out of memory");
 			return;
 		}
-		if (x->q_bytes > WSX_OUT_HIGH && !x->mc_paused) {
+		if (x->q.bytes > WSX_OUT_HIGH && !x->mc_paused) {
 			x->mc_paused = true;
 			mgrconn_pause(x->mc);
 		}
@@ -480,52 +447,24 @@ static int wsx_receive(struct lws *wsi, struct wsexec *x, const void *in,
 	return 0;
 }
 
-/* wsx_close_now: closes the client connection with the prepared code
- * and reason; lws sends the close frame and waits for the peer's. */
-static void wsx_close_now(lws_sorted_usec_list_t *sul)
-{
-	struct wsexec *x = lws_container_of(sul, struct wsexec, close_sul);
-
-	if (x->wsi == NULL)
-		return;
-	lws_close_reason(x->wsi, (enum lws_close_status)x->close_code,
-	                 (unsigned char *)x->close_reason, strlen(x->close_reason));
-	lws_close_free_wsi(x->wsi, (enum lws_close_status)x->close_code,
-	                   "tether close");
-}
-
 /* wsx_writeable: one queued message per call; the close once drained. */
 static int wsx_writeable(struct lws *wsi, struct wsexec *x)
 {
-	struct wsx_msg *m = x->q_head;
+	int rc = ws_queue_write(&x->q, wsi);
 
-	if (m != NULL) {
-		if (lws_write(wsi, m->buf + LWS_PRE, m->len, m->kind) < (int)m->len)
-			return -1;
-		x->q_head = m->next;
-		if (x->q_head == NULL)
-			x->q_tail = NULL;
-		x->q_bytes -= m->len;
-		free(m);
-		if (x->mc_paused && x->q_bytes < WSX_OUT_LOW && x->mc != NULL) {
+	if (rc < 0)
+		return -1;
+	if (rc == 1) {
+		if (x->mc_paused && x->q.bytes < WSX_OUT_LOW && x->mc != NULL) {
 			x->mc_paused = false;
 			mgrconn_resume(x->mc);
 		}
-		if (x->q_head != NULL || x->state == WSX_CLOSING)
+		if (x->q.head != NULL || x->state == WSX_CLOSING)
 			lws_callback_on_writable(wsi);
 		return 0;
 	}
-	if (x->state == WSX_CLOSING) {
-		if (x->close_sent)
-			return 0;
-		x->close_sent = true;
-		/* Not "return -1" (nor a timeout): the Debian lws 4.1 build
-		 * (_DEBUG, libuv) then kills the connection before the close
-		 * frame goes out. Closed from a timer instead, it is sent. */
-		lws_sul_schedule(lws_get_context(wsi), 0, &x->close_sul,
-		                 wsx_close_now, 1);
-		return 0;
-	}
+	if (x->state == WSX_CLOSING)
+		ws_close_later(&x->close, wsi);
 	return 0;
 }
 
@@ -560,6 +499,7 @@ int wsexec_callback(struct lws *wsi, enum lws_callback_reasons reason,
 		}
 		x->n = n;
 		x->wsi = wsi;
+		x->close.wsi = &x->wsi;
 		x->t0_us = uv_hrtime() / 1000u;
 		memcpy(x->sbx, sbx, sizeof(x->sbx));
 		memcpy(x->token, tok, sizeof(x->token));

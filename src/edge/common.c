@@ -1,0 +1,126 @@
+/* Helpers shared by the HTTP edge and the streamed exec relay (see
+ * edge_int.h): one copy of the route and capability logic both use. */
+#include "edge/edge_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <sodium.h>
+
+#include "cleanup.h"
+#include "metrics.h"
+#include "timefmt.h"
+
+/* edge_route_take: ent's token moves into rt, the old one is wiped. */
+void edge_route_take(struct edge_route *rt, struct route_entry *ent)
+{
+	edge_route_clear(rt);
+	rt->token = tt_steal_ptr(&ent->token);
+	rt->version = ent->version;
+	rt->gen = ent->generation;
+	snprintf(rt->node_url, sizeof(rt->node_url), "%s", ent->node_url);
+}
+
+/* edge_route_clear: the token is a secret: wiped before it is freed. */
+void edge_route_clear(struct edge_route *rt)
+{
+	if (rt->token) {
+		sodium_memzero(rt->token, strlen(rt->token));
+		free(rt->token);
+		rt->token = NULL;
+	}
+}
+
+/* edge_route_lookup: one place counts cache hits, waits and misses. */
+int edge_route_lookup(struct routes *r, const unsigned char *kh,
+                      const char *sbx, int retried, uint64_t rt_version,
+                      struct route_waiter *w, struct route_entry *ent,
+                      struct route_ticket *t)
+{
+	int v;
+
+	if (retried)
+		v = routes_repair_begin(r, kh, sbx, rt_version, tt_now(), w, ent, t);
+	else
+		v = routes_acquire(r, kh, sbx, tt_now(), w, ent, t);
+	switch (v) {
+	case ROUTE_USE:
+		metrics_inc("tether_edge_capcache_total",
+		            retried ? "result=\"reuse\"" : "result=\"hit\"");
+		break;
+	case ROUTE_WAIT:
+		metrics_inc("tether_edge_capcache_total", "result=\"wait\"");
+		break;
+	case ROUTE_FETCH:
+		metrics_inc("tether_edge_capcache_total",
+		            retried ? "result=\"repair\"" : "result=\"miss\"");
+		/* the caller fetches at once: the fetch is counted here */
+		metrics_inc("tether_edge_cap_fetch_total",
+		            retried ? "why=\"repair\"" : "why=\"miss\"");
+		break;
+	default:
+		break;
+	}
+	return v;
+}
+
+/* edge_cap_parse: every field bounded and checked before it is used. */
+int edge_cap_parse(json_t *j, struct route_entry *f)
+{
+	const char *tok = json_string_value(json_object_get(j, "token"));
+	const char *exp = json_string_value(json_object_get(j, "expires_at"));
+	const char *node = json_string_value(json_object_get(j, "node_url"));
+	const char *wrk = json_string_value(json_object_get(j, "worker"));
+	json_t *gen = json_object_get(j, "generation");
+
+	memset(f, 0, sizeof(*f));
+	if (tok == NULL || exp == NULL || node == NULL || !json_is_integer(gen) ||
+	    json_integer_value(gen) < 1 || strncmp(node, "http://", 7) != 0 ||
+	    strlen(node) >= sizeof(f->node_url) ||
+	    rfc3339_parse(exp, strlen(exp), &f->expires_at, NULL) < 0)
+		return -1;
+	f->token = (char *)tok; /* borrowed: routes_commit copies */
+	f->generation = (uint64_t)json_integer_value(gen);
+	snprintf(f->worker, sizeof(f->worker), "%s", wrk ? wrk : "");
+	snprintf(f->node_url, sizeof(f->node_url), "%s", node);
+	return 0;
+}
+
+/* edge_cap_commit: a fetch whose slot moved on still serves its caller. */
+int edge_cap_commit(struct routes *r, const unsigned char *kh, const char *sbx,
+                    const struct route_ticket *t, const struct route_entry *f,
+                    struct route_entry *take)
+{
+	memset(take, 0, sizeof(*take));
+	if (routes_commit(r, kh, sbx, t, f, take) == 0)
+		return 0;
+	route_entry_clear(take);
+	*take = *f;
+	take->token = strdup(f->token);
+	if (take->token == NULL)
+		return -1;
+	take->version = 0;
+	return 0;
+}
+
+/* edge_cap_request: the caller's own API key: the cp authenticates the
+ * caller on every fetch. */
+void edge_cap_request(CURL *c, const char *cp_url, const char *sbx,
+                      const char *auth, struct curl_slist **hdrs)
+{
+	static const char body[] = EDGE_CAP_BODY;
+	char url[512], line[600];
+
+	snprintf(url, sizeof(url), "%s/v1/sandboxes/%s/capabilities", cp_url, sbx);
+	snprintf(line, sizeof(line), "Authorization: %s", auth);
+	*hdrs = curl_slist_append(NULL, line);
+	sodium_memzero(line, sizeof(line));
+	*hdrs = curl_slist_append(*hdrs, "Content-Type: application/json");
+	*hdrs = curl_slist_append(*hdrs, "Expect:");
+	curl_easy_setopt(c, CURLOPT_URL, url);
+	curl_easy_setopt(c, CURLOPT_HTTPHEADER, *hdrs);
+	curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+	curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE,
+	                 (curl_off_t)(sizeof(body) - 1));
+}

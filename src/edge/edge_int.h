@@ -1,0 +1,55 @@
+/* Helpers the HTTP edge (edge.c) and its streamed exec relay (ws.c) share:
+ * the route an attempt uses, route-cache lookups and the capability fetch
+ * from the control plane. Implementation: src/edge/common.c. */
+#ifndef TT_EDGE_INT_H
+#define TT_EDGE_INT_H
+
+#include <stdint.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+
+#include "edge/routes.h"
+
+/* The body of every capability request: the ops the edge relays. */
+#define EDGE_CAP_BODY \
+	"{\"purpose\":\"control\",\"ops\":[\"exec\",\"fs.read\",\"fs.write\"]}"
+
+/* The route of a request's (or stream's) next attempt. */
+struct edge_route {
+	char *token;       /* capability in use (owned, secret) */
+	char node_url[256];
+	uint64_t version;  /* route-cache tag of token (0: uncached) */
+	uint64_t gen;      /* the generation token selects */
+};
+
+/* edge_route_take: ent (a route-cache copy) becomes rt; its token moves
+ * into rt and the previous one is wiped. */
+void edge_route_take(struct edge_route *rt, struct route_entry *ent);
+/* edge_route_clear: wipes and frees rt's token. */
+void edge_route_clear(struct edge_route *rt);
+/* edge_route_lookup: routes_repair_begin (a rebuilt attempt refused on
+ * rt_version) or routes_acquire, counting the outcome in
+ * tether_edge_capcache_total (and a ROUTE_FETCH, which the caller starts at
+ * once, in tether_edge_cap_fetch_total). Returns what they return. */
+int edge_route_lookup(struct routes *r, const unsigned char *kh,
+                      const char *sbx, int retried, uint64_t rt_version,
+                      struct route_waiter *w, struct route_entry *ent,
+                      struct route_ticket *t);
+/* edge_cap_parse: checks a capability answer j and fills *f from it (f's
+ * token borrowed from j). 0, or -1 when unusable. */
+int edge_cap_parse(json_t *j, struct route_entry *f);
+/* edge_cap_commit: stores f in the route cache if the slot is still t's
+ * (this ends the fetch and wakes the waiters); *take is then the cached
+ * copy, else a private copy of f (version 0). Free with route_entry_clear.
+ * 0, or -1 when out of memory. */
+int edge_cap_commit(struct routes *r, const unsigned char *kh, const char *sbx,
+                    const struct route_ticket *t, const struct route_entry *f,
+                    struct route_entry *take);
+/* edge_cap_request: makes c a capability request for
+ * sbx to cp_url with the caller's auth ("Bearer …"); the header list goes
+ * to *hdrs (owned by the caller until the transfer ends). */
+void edge_cap_request(CURL *c, const char *cp_url, const char *sbx,
+                      const char *auth, struct curl_slist **hdrs);
+
+#endif

@@ -201,21 +201,6 @@ static json_t *utf8_json_string(const uint8_t *s, size_t n)
 	return json_stringn(o, w);
 }
 
-/* label_safe: keeps a metric label value to [a-z0-9_] (values come from
- * peers and must not inject label syntax). */
-static void label_safe(char *dst, size_t cap, const char *src)
-{
-	size_t i = 0;
-
-	for (; src != NULL && *src != '\0' && i + 1 < cap; src++) {
-		char c = *src;
-
-		dst[i++] = ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-		            c == '_') ? c : '_';
-	}
-	dst[i] = '\0';
-}
-
 /* api_count: request metrics by route and status, and latency. */
 static void api_count(enum api_route r, unsigned status, uint64_t t0_us)
 {
@@ -366,28 +351,14 @@ static void put_flush(struct api_op *op)
  * answer, passed on unchanged. */
 static void op_on_decision(struct api_op *op, const struct wire_frame *f)
 {
-	json_error_t jerr;
-	json_t *obj = json_loadb((const char *)f->payload, f->len,
-	                         JSON_REJECT_DUPLICATES, &jerr);
-	const char *d = json_string_value(json_object_get(obj, "decision"));
-	char labels[128], reason[48];
 	enum tt_verdict v;
+	json_t *obj = mgrconn_decision(f, &v);
 
-	if (d == NULL) {
-		json_decref(obj);
+	if (obj == NULL) {
 		op_reply_error(op, 502, "transport", "manager sent an invalid decision");
 		return;
 	}
-	label_safe(reason, sizeof(reason),
-	           json_string_value(json_object_get(obj, "reason")));
-	snprintf(labels, sizeof(labels), "decision=\"%s\",reason=\"%s\"",
-	         strcmp(d, "allow") == 0 ? "allow" :
-	         strcmp(d, "refresh_route") == 0 ? "refresh_route" : "deny",
-	         reason);
-	metrics_inc("tether_node_admission_total", labels);
-	v = strcmp(d, "allow") == 0 ? TT_ALLOW :
-	    strcmp(d, "refresh_route") == 0 ? TT_REFRESH_ROUTE : TT_DENY;
-	json_decref(obj); /* d points into obj: not used below */
+	json_decref(obj);
 	if (v != TT_ALLOW) {
 		op_reply(op, (unsigned)decision_http_status(v),
 		         strndup((const char *)f->payload, f->len));

@@ -1,11 +1,13 @@
 /* Async client of the sbx-manager socket (see mgrconn.h). */
 #include "node/mgrconn.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cleanup.h"
 #include "log.h"
+#include "metrics.h"
 
 #define MGRCONN_READ_CHUNK (64u * 1024u)
 
@@ -371,4 +373,42 @@ int mgrconn_call(uv_loop_t *loop, const char *path, json_t *req,
 		return -1;
 	}
 	return 0;
+}
+
+/* label_safe: keeps a metric label value to [a-z0-9_] (values come from
+ * peers and must not inject label syntax). */
+static void label_safe(char *dst, size_t cap, const char *src)
+{
+	size_t i = 0;
+
+	for (; src != NULL && *src != '\0' && i + 1 < cap; src++) {
+		char c = *src;
+
+		dst[i++] = ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+		            c == '_') ? c : '_';
+	}
+	dst[i] = '\0';
+}
+
+/* mgrconn_decision: parses and counts one DECISION frame. */
+json_t *mgrconn_decision(const struct wire_frame *f, enum tt_verdict *verdict)
+{
+	json_error_t jerr;
+	json_t *obj = json_loadb((const char *)f->payload, f->len,
+	                         JSON_REJECT_DUPLICATES, &jerr);
+	const char *d = json_string_value(json_object_get(obj, "decision"));
+	char labels[128], reason[48];
+
+	if (d == NULL) {
+		json_decref(obj);
+		return NULL;
+	}
+	*verdict = strcmp(d, "allow") == 0 ? TT_ALLOW :
+	           strcmp(d, "refresh_route") == 0 ? TT_REFRESH_ROUTE : TT_DENY;
+	label_safe(reason, sizeof(reason),
+	           json_string_value(json_object_get(obj, "reason")));
+	snprintf(labels, sizeof(labels), "decision=\"%s\",reason=\"%s\"",
+	         decision_verdict_name(*verdict), reason);
+	metrics_inc("tether_node_admission_total", labels);
+	return obj;
 }

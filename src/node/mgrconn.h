@@ -12,6 +12,7 @@
 #include <uv.h>
 
 #include "err.h"
+#include "decision.h"
 #include "wire.h"
 
 struct mgrconn;
@@ -54,6 +55,12 @@ void mgrconn_resume(struct mgrconn *c);
 /* mgrconn_close: no further callbacks; the memory goes when libuv has
  * closed the handle. NULL is accepted. */
 void mgrconn_close(struct mgrconn *c);
+/* mgrconn_decision: parses the manager's DECISION frame (JSON_REJECT_
+ * DUPLICATES), counts it in tether_node_admission_total{decision,reason}
+ * and returns the object (caller decrefs) with *verdict set; NULL when the
+ * frame is not a decision (a protocol error: answer "transport"). */
+json_t *mgrconn_decision(const struct wire_frame *f, enum tt_verdict *verdict);
+
 
 /* A whole control call (status, feed.apply): request -> the final RESULT
  * object (or an error). result is owned by the callee (decref it). */

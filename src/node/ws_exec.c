@@ -179,29 +179,15 @@ static void wsx_fail(struct wsexec *x, const char *code, const char *msg)
  * sent as is and closes the stream (nothing ran). */
 static void wsx_on_decision(struct wsexec *x, const struct wire_frame *f)
 {
-	json_error_t jerr;
-	json_t *obj = json_loadb((const char *)f->payload, f->len,
-	                         JSON_REJECT_DUPLICATES, &jerr);
-	const char *d = json_string_value(json_object_get(obj, "decision"));
-	char labels[128], reason[48];
-	const char *r;
-	size_t i = 0;
+	enum tt_verdict v;
+	json_t *obj = mgrconn_decision(f, &v);
 
-	if (d == NULL) {
-		json_decref(obj);
+	if (obj == NULL) {
 		wsx_fail(x, "transport", "manager sent an invalid decision");
 		return;
 	}
-	r = json_string_value(json_object_get(obj, "reason"));
-	for (; r != NULL && r[i] != '\0' && i + 1 < sizeof(reason); i++)
-		reason[i] = (r[i] >= 'a' && r[i] <= 'z') || r[i] == '_' ? r[i] : '_';
-	reason[i] = '\0';
-	snprintf(labels, sizeof(labels), "decision=\"%s\",reason=\"%s\"",
-	         strcmp(d, "allow") == 0 ? "allow" :
-	         strcmp(d, "refresh_route") == 0 ? "refresh_route" : "deny", reason);
-	metrics_inc("tether_node_admission_total", labels);
-	if (strcmp(d, "allow") != 0) {
-		bool refresh = strcmp(d, "refresh_route") == 0;
+	if (v != TT_ALLOW) {
+		bool refresh = v == TT_REFRESH_ROUTE;
 		char body[WSX_CLOSE_REASON_MAX + 1];
 
 		json_object_set_new(obj, "type", json_string("decision"));

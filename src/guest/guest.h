@@ -6,6 +6,7 @@
 
 #include <jansson.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -26,6 +27,9 @@ struct guest_ctx {
 	 * is refused, since no handshake can succeed. Each handler zeroes its
 	 * copy once it has answered the challenge. */
 	uint8_t *secret;
+	/* The agent runs as PID 1 of its own pid namespace (a sandbox): the host
+	 * bridge, outside that namespace, is then the only peer with pid 0. */
+	bool is_init;
 };
 
 /* guest_serve: runs the handshake (hello.h), then reads one REQUEST from

@@ -221,7 +221,8 @@ int main(int argc, char **argv)
 	 * our /proc/<pid>/mem (or environ, fds) to read the secret; handlers
 	 * inherit this through fork. */
 	prctl(PR_SET_DUMPABLE, 0);
-	g = (struct guest_ctx){ .gen = o.gen, .att = o.att, .sbx = o.sbx };
+	g = (struct guest_ctx){ .gen = o.gen, .att = o.att, .sbx = o.sbx,
+	                        .is_init = getpid() == 1 };
 	if (o.secret_fd >= 0) {
 		if (sodium_init() < 0 || hello_read_secret(o.secret_fd, secret, 5000) < 0) {
 			fprintf(stderr, "tether-guest: reading the activation secret: %s\n",

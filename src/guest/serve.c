@@ -124,6 +124,22 @@ static int guest_handshake(const struct guest_ctx *g, int conn, uint8_t *buf)
 	const char *sbx;
 	int rc;
 
+	/* In a sandbox (the agent is its PID 1), the only legitimate peer is the
+	 * host bridge, which lives outside our pid namespace and so shows as pid 0. A peer
+	 * with a pid here is a sandbox process: answering it would make the
+	 * agent an oracle for proofs of the activation secret. */
+	if (g->is_init) {
+		struct ucred cr;
+		socklen_t crlen = sizeof(cr);
+
+		if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) < 0 ||
+		    cr.pid != 0) {
+			log_warn("refused a connection from inside the sandbox");
+			wire_send_error(conn, "peer_refused",
+			                "the agent answers only the host bridge");
+			return -1;
+		}
+	}
 	set_rcvtimeo(conn, GUEST_HELLO_TIMEOUT_S);
 	rc = wire_recv(conn, &f, buf, WIRE_PAYLOAD_MAX + 1, &err);
 	set_rcvtimeo(conn, 0);

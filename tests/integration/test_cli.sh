@@ -204,6 +204,21 @@ if [ "$host_got" = host-secret ] && [ $rc != 0 ] && ! grep -q host-secret "$WORK
 	ok "a host listener on 127.0.0.1 is unreachable from the sandbox"
 else notok "a host listener on 127.0.0.1 is unreachable from the sandbox" "host=$host_got rc=$rc $(cat "$WORK/o")"; fi
 
+# A sandbox process asking the guest agent for a handshake proof (it would
+# make the agent an oracle for the activation secret) is refused; the host
+# bridge's next operation still works.
+"$T" exec "$S1" -- perl -MIO::Socket::UNIX -e '
+my $s = IO::Socket::UNIX->new(Peer => "/run/tether/guest.sock") or die "connect: $!\n";
+my $m = q({"v":1,"challenge":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA","sbx":"x","generation":1,"activation":1});
+print $s pack("NCCnN", 0x54545700, 1, 9, 0, length $m), $m;
+read($s, my $h, 12) == 12 or die "no answer\n";
+my ($mg, $v, $t, $z, $n) = unpack("NCCnN", $h);
+read($s, my $p, $n); print "type=$t $p\n";' >"$WORK/o" 2>&1
+"$T" exec "$S1" -- true >/dev/null 2>&1; rc=$?
+if grep -q 'type=8.*peer_refused' "$WORK/o" && [ $rc = 0 ]; then
+	ok "the guest agent refuses a handshake from inside the sandbox (bridge still served)"
+else notok "the guest agent refuses a handshake from inside the sandbox (bridge still served)" "rc=$rc $(cat "$WORK/o")"; fi
+
 # ---- rm ----------------------------------------------------------------------
 check "rm" "$T" rm "$S1"
 "$T" info "$S1" >"$WORK/o" 2>"$WORK/e"; rc=$?

@@ -794,11 +794,12 @@ static int api_token(struct lws *wsi, char *tok, size_t cap)
 	char hdr[API_TOKEN_MAX + 32];
 	const char *t;
 	size_t len;
+	int rc = -1;
 
 	if (http_header(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, hdr, sizeof(hdr)) < 0)
 		return -1;
 	if (strncasecmp(hdr, "Capability ", 11) != 0)
-		return -1;
+		goto out;
 	t = hdr + 11;
 	while (*t == ' ')
 		t++;
@@ -806,14 +807,17 @@ static int api_token(struct lws *wsi, char *tok, size_t cap)
 	while (len > 0 && t[len - 1] == ' ')
 		len--;
 	if (len == 0 || len >= cap)
-		return -1;
+		goto out;
 	for (size_t i = 0; i < len; i++)
 		if (t[i] <= ' ' || t[i] > '~')
-			return -1;
+			goto out;
 	memcpy(tok, t, len);
 	tok[len] = '\0';
+	rc = 0;
+out:
+	/* Every exit: no copy of a (possibly valid) token stays on the stack. */
 	sodium_memzero(hdr, sizeof(hdr));
-	return 0;
+	return rc;
 }
 
 /* api_has_body: whether the request announces a body (length or chunked). */

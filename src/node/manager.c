@@ -919,16 +919,20 @@ static int retire_and_stop(struct manager *m, const struct rec_exec *cur,
 	struct mgr_exec *ex;
 	char sbx[TT_SBX_ID_LEN + 1];
 
+	int rc;
+
 	snprintf(sbx, sizeof(sbx), "%s", cur->id.sbx);
-	if (records_retire(m->db, sbx, cur->id.gen, rev, err) < 0)
-		return -1;
+	/* On a persist failure records_retire still retires the mirror; stop
+	 * the execution anyway (fail closed) and report the error. */
+	rc = records_retire(m->db, sbx, cur->id.gen, rev, err) < 0 ? -1 : 0;
 	ex = exec_find(m, sbx);
 	if (ex != NULL) {
 		exec_stop(m, ex);
-		mark_state(m, sbx, REC_STOPPED);
+		if (rc == 0)
+			mark_state(m, sbx, REC_STOPPED);
 	}
 	cancel_leases(m, sbx);
-	return 0;
+	return rc;
 }
 
 /* apply_install: install {sandbox,generation,worker,substrate,pod,activation}. */

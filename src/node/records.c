@@ -410,8 +410,14 @@ int records_retire(struct records *db, const char *sbx, uint64_t gen,
 	}
 	e = *cur;
 	e.retired = true;
-	if (records_put(db, &e, rev, err) < 0)
+	if (records_put(db, &e, rev, err) < 0) {
+		/* Fail closed: the retirement could not be persisted (e.g. a full
+		 * disk), but admission must refuse this execution from now on
+		 * (SPEC §7), so the mirror says retired anyway; the caller still
+		 * sees the error and stops the execution. */
+		db->execs[mirror_find(db, sbx)].retired = true;
 		return -1;
+	}
 	return 1;
 }
 

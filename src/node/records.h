@@ -55,7 +55,9 @@ int records_put(struct records *db, const struct rec_exec *e, uint64_t rev,
  * mutator call. */
 const struct rec_exec *records_get(const struct records *db, const char *sbx);
 /* records_retire: marks sbx retired if its record has generation gen;
- * returns 1 if it did, 0 if there was nothing to retire. */
+ * returns 1 if it did, 0 if there was nothing to retire. If persisting
+ * fails it returns -1 but the mirror is retired all the same (fail closed:
+ * admission refuses the execution from then on). */
 int records_retire(struct records *db, const char *sbx, uint64_t gen,
                    uint64_t rev, struct tt_err *err);
 /* records_delete: removes sbx's record (absent is not an error). */

@@ -149,6 +149,32 @@ static void test_retire_delete_slots(void **state)
 	records_close(db);
 }
 
+/* test_retire_fails_closed: a retirement that cannot be persisted (another
+ * connection holds the database locked past the busy timeout) reports the
+ * error, yet the mirror admission reads says retired: never fail open. */
+static void test_retire_fails_closed(void **state)
+{
+	struct tt_err err = { 0 };
+	struct records *db = NULL;
+	struct rec_exec a = mkexec(SBX_A, 2);
+	sqlite3 *lock = NULL;
+
+	(void)state;
+	assert_int_equal(records_open(path, &db, &err), 0);
+	assert_int_equal(records_put(db, &a, 1, &err), 0);
+	assert_int_equal(sqlite3_open(path, &lock), SQLITE_OK);
+	assert_int_equal(sqlite3_exec(lock, "BEGIN EXCLUSIVE", NULL, NULL, NULL), SQLITE_OK);
+	assert_int_equal(records_retire(db, SBX_A, 2, 2, &err), -1);
+	assert_true(records_get(db, SBX_A)->retired);
+	sqlite3_exec(lock, "ROLLBACK", NULL, NULL, NULL);
+	sqlite3_close(lock);
+	/* Honest path: once the lock is gone the retirement persists. */
+	assert_int_equal(records_retire(db, SBX_A, 2, 3, &err), 1);
+	db = reopen(db);
+	assert_true(records_get(db, SBX_A)->retired);
+	records_close(db);
+}
+
 /* test_keys: the key ring is replaced as a whole and survives reopen. */
 static void test_keys(void **state)
 {
@@ -243,6 +269,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_put_get_reopen, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_retire_delete_slots, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_retire_fails_closed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_keys, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_crash_safety, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_file, setup, teardown),

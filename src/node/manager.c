@@ -411,6 +411,25 @@ static void cancel_leases(struct manager *m, const char *sbx)
 	}
 }
 
+/* cancel_input_streams: at a pause's retirement, the operations that take
+ * an open-ended input stream (exec with "stdin": an interactive stream)
+ * lose their lease at once (SPEC §6/§7); bounded one-shot operations may
+ * still finish during the drain, so their acknowledged writes are in the
+ * snapshot. */
+static void cancel_input_streams(struct manager *m, const char *sbx)
+{
+	struct mgr_conn *c = m->ops, *next;
+
+	for (; c; c = next) {
+		next = c->next;
+		if (strcmp(c->sbx, sbx) != 0 || c->relay == NULL ||
+		    !json_is_true(json_object_get(c->req, "stdin")))
+			continue;
+		metrics_inc("tether_streams_cancelled_total", "reason=\"epoch\"");
+		relay_abort(c->relay, "refresh_route", "execution retired for a pause");
+	}
+}
+
 /* bridge_kill: SIGTERM, a short grace, then SIGKILL; reaps our child. */
 static void bridge_kill(struct mgr_exec *ex)
 {
@@ -1458,6 +1477,7 @@ static int pause_start(struct mgr_apply *ap, json_t *u, uint64_t rev,
 		free(p);
 		return -1;
 	}
+	cancel_input_streams(m, sbx);
 	p->m = m;
 	p->ap = ap;
 	snprintf(p->sbx, sizeof(p->sbx), "%s", sbx);

@@ -153,6 +153,24 @@ out=$("$T" exec sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa -- true 2>&1)
 rc=$?
 expect "an unknown sandbox: exit 1, not found" '[ "$rc" = 1 ] && echo "$out" | grep -qi "not.found\|unknown\|no such"' "rc=$rc $out"
 
+# ---- a pause cancels an open input stream at once (SPEC §6/§7) ----------------
+PS=$("$T" create --worker w1 2>/dev/null)
+mkfifo "$WORK/in.fifo"
+sleep 60 >"$WORK/in.fifo" &
+HOLD=$!
+"$T" exec --stdin "$PS" -- sh -c 'echo open; cat' <"$WORK/in.fifo" >"$WORK/po" 2>"$WORK/pe" &
+XP=$!
+wait_until 100 grep -q open "$WORK/po"
+t0=$(date +%s%N)
+"$T" pause "$PS" >/dev/null 2>&1; prc=$?
+wait "$XP"; xrc=$?
+t1=$(date +%s%N)
+kill "$HOLD" 2>/dev/null; wait "$HOLD" 2>/dev/null
+expect "a pause cancels an open stdin stream (refresh_route) before its drain deadline" \
+	'[ "$prc" = 0 ] && [ "$xrc" != 0 ] && grep -q "refresh_route" "$WORK/pe" && [ $(( (t1 - t0) / 1000000 )) -lt 4000 ]' \
+	"pause=$prc exec=$xrc ms=$(( (t1 - t0) / 1000000 )) err=$(cat "$WORK/pe")"
+"$T" rm "$PS" >/dev/null 2>&1
+
 # ---- a backend that drops mid-stream: transport error, never repeated --------
 # (last: killing a node-api takes `tether up` down with it)
 "$T" exec "$ID" -- sh -c "echo started; sleep 30" >"$WORK/o" 2>"$WORK/e" &

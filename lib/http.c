@@ -6,9 +6,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+
+#include <sodium.h>
 
 #include "cleanup.h"
 #include "log.h"
+#include "paseto.h"
 
 /* ---- server ---------------------------------------------------------- */
 
@@ -452,4 +456,36 @@ int httpc_start(struct httpc *c, CURL *easy, httpc_done_fn done, void *arg,
 	x->next = c->xfers;
 	c->xfers = x;
 	return 0;
+}
+
+/* http_capability_token: parses "Capability <token>" from Authorization. */
+int http_capability_token(struct lws *wsi, char *tok, size_t cap)
+{
+	char hdr[PASETO_TOKEN_MAX + 32];
+	const char *t;
+	size_t len;
+	int rc = -1;
+
+	if (http_header(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, hdr, sizeof(hdr)) < 0)
+		return -1;
+	if (strncasecmp(hdr, "Capability ", 11) != 0)
+		goto out;
+	t = hdr + 11;
+	while (*t == ' ')
+		t++;
+	len = strlen(t);
+	while (len > 0 && t[len - 1] == ' ')
+		len--;
+	if (len == 0 || len >= cap)
+		goto out;
+	for (size_t i = 0; i < len; i++)
+		if (t[i] <= ' ' || t[i] > '~')
+			goto out;
+	memcpy(tok, t, len);
+	tok[len] = '\0';
+	rc = 0;
+out:
+	/* Every exit: no copy of a (possibly valid) token stays on the stack. */
+	sodium_memzero(hdr, sizeof(hdr));
+	return rc;
 }

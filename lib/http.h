@@ -41,6 +41,10 @@ int http_reply_error(struct lws *wsi, unsigned status, const char *code,
  * length, or -1 when absent or longer than cap - 1. */
 int http_header(struct lws *wsi, enum lws_token_indexes tok, char *buf,
                 size_t cap);
+/* http_capability_token: the token of "Authorization: Capability <token>"
+ * (printable ASCII, at most cap - 1 bytes) into tok; -1 when absent or
+ * malformed. The header copy is zeroed on every path; never logged. */
+int http_capability_token(struct lws *wsi, char *tok, size_t cap);
 /* http_query: URL-decoded value of query parameter name; -1 when absent. */
 int http_query(struct lws *wsi, const char *name, char *buf, size_t cap);
 

@@ -32,6 +32,7 @@
 #include "cleanup.h"
 #include "decision.h"
 #include "http.h"
+#include "paseto.h"
 #include "log.h"
 #include "metrics.h"
 #include "node/mgrconn.h"
@@ -40,7 +41,6 @@
 #include "tetherd/roles.h"
 #include "wire.h"
 
-#define API_TOKEN_MAX 4096
 #define API_PATH_MAX 4096
 #define API_OUT_MAX (16u << 20)      /* exec stdout / stderr each */
 #define API_STREAM_HIGH (1u << 20)   /* GET: pause the manager above this */
@@ -787,39 +787,6 @@ static enum api_route api_route_of(const char *method, const char *uri,
 	return R_OTHER;
 }
 
-/* api_token: the capability from "Authorization: Capability <token>";
- * -1 when absent or malformed. The token is never logged. */
-static int api_token(struct lws *wsi, char *tok, size_t cap)
-{
-	char hdr[API_TOKEN_MAX + 32];
-	const char *t;
-	size_t len;
-	int rc = -1;
-
-	if (http_header(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, hdr, sizeof(hdr)) < 0)
-		return -1;
-	if (strncasecmp(hdr, "Capability ", 11) != 0)
-		goto out;
-	t = hdr + 11;
-	while (*t == ' ')
-		t++;
-	len = strlen(t);
-	while (len > 0 && t[len - 1] == ' ')
-		len--;
-	if (len == 0 || len >= cap)
-		goto out;
-	for (size_t i = 0; i < len; i++)
-		if (t[i] <= ' ' || t[i] > '~')
-			goto out;
-	memcpy(tok, t, len);
-	tok[len] = '\0';
-	rc = 0;
-out:
-	/* Every exit: no copy of a (possibly valid) token stays on the stack. */
-	sodium_memzero(hdr, sizeof(hdr));
-	return rc;
-}
-
 /* api_has_body: whether the request announces a body (length or chunked). */
 static bool api_has_body(struct lws *wsi, long long *clen)
 {
@@ -863,7 +830,7 @@ static int api_on_http(struct lws *wsi, struct api_pss *pss, const char *uri)
 	struct node *n = lws_context_user(lws_get_context(wsi));
 	uint64_t t0 = now_us();
 	char sbx[TT_SBX_ID_LEN + 2], path[API_PATH_MAX], v[32];
-	char tok[API_TOKEN_MAX + 1];
+	char tok[PASETO_TOKEN_MAX + 1];
 	const char *op_name_s = NULL;
 	bool bad_method, has_body;
 	long long clen;
@@ -890,7 +857,7 @@ static int api_on_http(struct lws *wsi, struct api_pss *pss, const char *uri)
 	if (!sbx_id_valid(sbx))
 		return api_error_now(wsi, r, t0, 404, "not_found",
 		                     "no such sandbox", has_body);
-	if (api_token(wsi, tok, sizeof(tok)) < 0) {
+	if (http_capability_token(wsi, tok, sizeof(tok)) < 0) {
 		_cleanup_free_ char *d = deny_malformed_json(sbx);
 
 		metrics_inc("tether_node_admission_total",

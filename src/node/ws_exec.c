@@ -28,6 +28,7 @@
 
 #include "claims.h"
 #include "http.h"
+#include "paseto.h"
 #include "log.h"
 #include "metrics.h"
 #include "node/mgrconn.h"
@@ -35,7 +36,6 @@
 #include "wire.h"
 #include "wsutil.h"
 
-#define WSX_TOKEN_MAX 4096
 #define WSX_START_MAX (60u << 10)   /* the start message (fits one REQUEST) */
 #define WSX_OUT_HIGH (1u << 20)     /* pause the manager above this */
 #define WSX_OUT_LOW (256u << 10)
@@ -50,7 +50,7 @@ struct wsexec {
 	struct mgrconn *mc;          /* owned; NULL once closed */
 	enum wsx_state state;
 	char sbx[TT_SBX_ID_LEN + 1];
-	char token[WSX_TOKEN_MAX + 1]; /* secret: zeroed once sent / on free */
+	char token[PASETO_TOKEN_MAX + 1]; /* secret: zeroed once sent / on free */
 	uint8_t *start;              /* start message being assembled (owned) */
 	size_t start_len;
 	bool want_stdin, eof_sent, rx_paused, mc_paused;
@@ -59,38 +59,6 @@ struct wsexec {
 	uint64_t generation;
 	uint64_t t0_us;
 };
-
-/* wsx_token: the capability from "Authorization: Capability <token>";
- * -1 when absent or malformed. Never logged. */
-static int wsx_token(struct lws *wsi, char *tok, size_t cap)
-{
-	char hdr[WSX_TOKEN_MAX + 32];
-	const char *t;
-	size_t len;
-	int rc = -1;
-
-	if (http_header(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, hdr, sizeof(hdr)) < 0)
-		return -1;
-	if (strncasecmp(hdr, "Capability ", 11) != 0)
-		goto out;
-	t = hdr + 11;
-	while (*t == ' ')
-		t++;
-	len = strlen(t);
-	while (len > 0 && t[len - 1] == ' ')
-		len--;
-	if (len == 0 || len >= cap)
-		goto out;
-	for (size_t i = 0; i < len; i++)
-		if (t[i] <= ' ' || t[i] > '~')
-			goto out;
-	memcpy(tok, t, len);
-	tok[len] = '\0';
-	rc = 0;
-out:
-	sodium_memzero(hdr, sizeof(hdr));
-	return rc;
-}
 
 /* wsx_path_sbx: the sandbox id of "/v1/sandboxes/{id}/exec/ws"; -1 if the
  * path is anything else. */
@@ -460,7 +428,7 @@ int wsexec_callback(struct lws *wsi, enum lws_callback_reasons reason,
 {
 	struct wsexec_pss *pss = user;
 	struct node *n = lws_context_user(lws_get_context(wsi));
-	char sbx[TT_SBX_ID_LEN + 2], tok[WSX_TOKEN_MAX + 1];
+	char sbx[TT_SBX_ID_LEN + 2], tok[PASETO_TOKEN_MAX + 1];
 	struct wsexec *x;
 
 	switch (reason) {
@@ -473,7 +441,7 @@ int wsexec_callback(struct lws *wsi, enum lws_callback_reasons reason,
 			metrics_inc("tether_node_exec_streams_total", "result=\"refused_upgrade\"");
 			return 1;
 		}
-		if (wsx_token(wsi, tok, sizeof(tok)) < 0) {
+		if (http_capability_token(wsi, tok, sizeof(tok)) < 0) {
 			metrics_inc("tether_node_admission_total",
 			            "decision=\"deny\",reason=\"malformed\"");
 			return 1;

@@ -1,6 +1,8 @@
 /* Baselines for the full-path benchmark, measured in one run: a raw unix
  * socket round trip, exec `true` and a 4 KiB fs.read straight to a guest
- * agent started here on a temp root. */
+ * agent started here on a temp root, each both with a new connection (and
+ * handshake) per operation and warm: operations in sequence on one
+ * handshaken connection. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +14,7 @@ int main(void)
 	const char *bin = getenv("TETHER_GUEST_BIN");
 	char root[] = "/tmp/tt-bench-guest.XXXXXX";
 	char sock[300], file[300], cmd[400], data[4096];
-	double raw, ex, rd;
+	double raw, ex, rd, exw, rdw;
 	FILE *f;
 	pid_t pid;
 
@@ -36,6 +38,8 @@ int main(void)
 	}
 	ex = bench_guest_exec(sock, 300);
 	rd = bench_guest_fs_read(sock, "/f4k", 5000);
+	exw = bench_guest_exec_warm(sock, 300);
+	rdw = bench_guest_fs_read_warm(sock, "/f4k", 5000);
 	bench_guest_stop(pid);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
 	if (system(cmd) != 0)
@@ -43,5 +47,7 @@ int main(void)
 	printf("raw_rtt median %.1f us\n", raw);
 	printf("guest_exec_true median %.1f us\n", ex);
 	printf("guest_fs_read_4k median %.1f us\n", rd);
-	return raw < 0 || ex < 0 || rd < 0;
+	printf("guest_exec_true_warm median %.1f us\n", exw);
+	printf("guest_fs_read_4k_warm median %.1f us\n", rdw);
+	return raw < 0 || ex < 0 || rd < 0 || exw < 0 || rdw < 0;
 }

@@ -278,6 +278,73 @@ static inline double bench_guest_fs_read(const char *sock, const char *path,
 	return bench_wire_median(sock, req, iters);
 }
 
+/* bench_wire_seq: one operation on an open, handshaken connection fd:
+ * REQUEST req, then frames until RESULT (0) or ERROR/EOF (-1). */
+static inline int bench_wire_seq(int fd, const char *req, uint8_t *buf)
+{
+	struct wire_frame f;
+
+	if (wire_send(fd, WIRE_REQUEST, req, (uint32_t)strlen(req), NULL) < 0)
+		return -1;
+	while (wire_recv(fd, &f, buf, WIRE_PAYLOAD_MAX + 1, NULL) == 1) {
+		if (f.type == WIRE_RESULT)
+			return 0;
+		if (f.type == WIRE_ERROR)
+			return -1;
+	}
+	return -1;
+}
+
+/* bench_wire_median_warm: like bench_wire_median, but connects and runs
+ * the handshake ONCE, then times each REQUEST..RESULT on that connection
+ * (operations in sequence, as pooled connections carry them); -1 if any
+ * step fails. */
+static inline double bench_wire_median_warm(const char *sock, const char *req,
+                                            int iters)
+{
+	uint8_t *buf = malloc(WIRE_PAYLOAD_MAX + 1);
+	double *v = calloc((size_t)iters, sizeof(*v)), med = -1;
+	int fd = bench_unix_connect(sock);
+
+	if (buf == NULL || v == NULL || fd < 0 || bench_hello(fd, buf) < 0)
+		goto out;
+	for (int i = 0; i < 5; i++)
+		if (bench_wire_seq(fd, req, buf) < 0)
+			goto out;
+	for (int i = 0; i < iters; i++) {
+		double t0 = bench_now_us();
+
+		if (bench_wire_seq(fd, req, buf) < 0)
+			goto out;
+		v[i] = bench_now_us() - t0;
+	}
+	med = bench_median(v, (size_t)iters);
+out:
+	if (fd >= 0)
+		close(fd);
+	free(buf);
+	free(v);
+	return med;
+}
+
+/* bench_guest_exec_warm: median µs of exec `true` on one warm connection. */
+static inline double bench_guest_exec_warm(const char *sock, int iters)
+{
+	return bench_wire_median_warm(sock, "{\"op\":\"exec\",\"cmd\":[\"true\"]}",
+	                              iters);
+}
+
+/* bench_guest_fs_read_warm: median µs of fs.read of path on one warm
+ * connection. */
+static inline double bench_guest_fs_read_warm(const char *sock, const char *path,
+                                              int iters)
+{
+	char req[4200];
+
+	snprintf(req, sizeof(req), "{\"op\":\"fs.read\",\"path\":\"%s\"}", path);
+	return bench_wire_median_warm(sock, req, iters);
+}
+
 /* A local cluster run by `tether up --workers 2` for the full-path
  * benchmarks: its scratch directory (HOME and state), port base and pid. */
 struct bench_cluster {

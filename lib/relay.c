@@ -24,7 +24,12 @@ struct relay_side {
 struct relay {
 	struct relay_side side[2];
 	relay_done_fn done;
+	relay_keep_fn keep;       /* keep mode: instead of done */
 	void *data;
+	unsigned far_writes;      /* queued writes to the far side */
+	bool far_dirty;           /* bytes came after the far side's last frame */
+	bool have_kept;           /* kept: handed back once the far side closed */
+	struct relay_kept kept;
 	bool finishing;           /* last frame queued or ending: read no more */
 	bool ending;              /* handles are being closed */
 	int open_handles;
@@ -187,6 +192,8 @@ static void relay_write_cb(uv_write_t *req, int status)
 	struct relay_side *src = &r->side[1 - dst];
 
 	free(w);
+	if (dst == SIDE_FAR)
+		r->far_writes--;
 	if (r->ending)
 		return;
 	if (status < 0) {
@@ -225,6 +232,8 @@ static int side_write(struct relay *r, int dst, uint8_t type, const void *payloa
 		free(w);
 		return -1;
 	}
+	if (dst == SIDE_FAR)
+		r->far_writes++;
 	if (!final && !src->bp_paused &&
 	    uv_stream_get_write_queue_size(r->side[dst].s) > RELAY_HIGH_WATER) {
 		uv_read_stop(src->s);
@@ -323,6 +332,10 @@ static void side_feed(struct relay *r, int src, const uint8_t *data, size_t len)
 		if (rc == 1)
 			handle_frame(r, src, &f);
 	}
+	/* The far side sent more after its RESULT/ERROR: it breaks the
+	 * sequence, so its connection is not reused. */
+	if (src == SIDE_FAR && len > 0)
+		r->far_dirty = true;
 }
 
 /* relay_alloc_cb: each side reads into its own buffer (frames are copied
@@ -366,6 +379,19 @@ static void side_resume(struct relay_side *sd)
 		uv_read_start(sd->s, relay_alloc_cb, relay_read_cb);
 }
 
+/* relay_finish: reports the end once and frees the relay; kept is what
+ * a keep-mode relay hands back (NULL: everything was closed). */
+static void relay_finish(struct relay *r, struct relay_kept *kept)
+{
+	free(r->side[0].rd);
+	free(r->side[1].rd);
+	if (r->keep)
+		r->keep(r, r->how, r->msg, kept, r->data);
+	else if (r->done)
+		r->done(r, r->how, r->msg, r->data);
+	free(r);
+}
+
 /* relay_close_cb: frees a stream; the last one completes the relay. */
 static void relay_close_cb(uv_handle_t *h)
 {
@@ -374,11 +400,37 @@ static void relay_close_cb(uv_handle_t *h)
 	free(h);
 	if (--r->open_handles > 0)
 		return;
-	free(r->side[0].rd);
-	free(r->side[1].rd);
-	if (r->done)
-		r->done(r, r->how, r->msg, r->data);
-	free(r);
+	relay_finish(r, r->have_kept ? &r->kept : NULL);
+}
+
+/* far_reusable: the far side ended exactly on its RESULT/ERROR frame and
+ * nothing is still being written to it. */
+static bool far_reusable(const struct relay *r)
+{
+	return !r->far_dirty && r->far_writes == 0 &&
+	       r->side[SIDE_FAR].rd->hdr_have == 0;
+}
+
+/* relay_end_keep: a clean end in keep mode: hands the opener (and a clean
+ * far side) back instead of closing them. */
+static void relay_end_keep(struct relay *r)
+{
+	struct relay_kept kept = { .opener = r->side[SIDE_OPENER].s,
+	                           .opener_rd = r->side[SIDE_OPENER].rd };
+
+	r->side[SIDE_OPENER].rd = NULL;
+	uv_read_stop(r->side[SIDE_OPENER].s);
+	uv_read_stop(r->side[SIDE_FAR].s);
+	if (far_reusable(r)) {
+		kept.far = r->side[SIDE_FAR].s;
+		relay_finish(r, &kept);
+		return;
+	}
+	/* The far stream closes first; the opener goes back once it did. */
+	r->kept = kept;
+	r->have_kept = true;
+	r->open_handles = 1;
+	uv_close((uv_handle_t *)r->side[SIDE_FAR].s, relay_close_cb);
 }
 
 /* relay_end: closes both streams (cancelling queued writes); the done
@@ -392,6 +444,10 @@ static void relay_end(struct relay *r, enum relay_end how, const char *msg)
 	r->how = how;
 	if (msg != r->msg)
 		snprintf(r->msg, sizeof(r->msg), "%s", msg ? msg : "");
+	if (r->keep != NULL && how == RELAY_DONE) {
+		relay_end_keep(r);
+		return;
+	}
 	for (int i = 0; i < 2; i++) {
 		uv_read_stop(r->side[i].s);
 		uv_close((uv_handle_t *)r->side[i].s, relay_close_cb);
@@ -420,10 +476,33 @@ static struct relay *relay_alloc(void)
 	return r;
 }
 
+static struct relay *relay_begin(uv_stream_t *opener, uv_stream_t *far,
+                                 const uint8_t *pending, size_t pending_len,
+                                 relay_done_fn done, relay_keep_fn keep,
+                                 void *data, struct tt_err *err);
+
 /* relay_start: wires both sides and begins reading. */
 struct relay *relay_start(uv_stream_t *opener, uv_stream_t *far,
                           const uint8_t *pending, size_t pending_len,
                           relay_done_fn done, void *data, struct tt_err *err)
+{
+	return relay_begin(opener, far, pending, pending_len, done, NULL, data, err);
+}
+
+/* relay_start_keep: the same, handing clean connections back. */
+struct relay *relay_start_keep(uv_stream_t *opener, uv_stream_t *far,
+                               const uint8_t *pending, size_t pending_len,
+                               relay_keep_fn keep, void *data,
+                               struct tt_err *err)
+{
+	return relay_begin(opener, far, pending, pending_len, NULL, keep, data, err);
+}
+
+/* relay_begin: wires both sides and begins reading. */
+static struct relay *relay_begin(uv_stream_t *opener, uv_stream_t *far,
+                                 const uint8_t *pending, size_t pending_len,
+                                 relay_done_fn done, relay_keep_fn keep,
+                                 void *data, struct tt_err *err)
 {
 	struct relay *r = relay_alloc();
 	uv_stream_t *streams[2] = { opener, far };
@@ -431,6 +510,7 @@ struct relay *relay_start(uv_stream_t *opener, uv_stream_t *far,
 	if (r == NULL)
 		goto nomem;
 	r->done = done;
+	r->keep = keep;
 	r->data = data;
 	r->open_handles = 2;
 	for (int i = 0; i < 2; i++) {

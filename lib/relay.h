@@ -14,7 +14,15 @@
  * The relay ends when the RESULT/ERROR has been written to the opener, when
  * either side goes away (the opener then gets ERROR {"error":"transport"}:
  * never a silent retry), or on relay_abort. The done callback runs once,
- * after both streams were closed and freed. Implementation: lib/relay.c. */
+ * after both streams were closed and freed.
+ *
+ * Keep mode (relay_start_keep): connections carry operations in sequence
+ * (docs/ARCHITECTURE.md, "Connections"). After a clean end (RELAY_DONE:
+ * the far side's RESULT/ERROR written to the opener) the opener stream is
+ * handed back, with its decoder state, to read the next REQUEST; the far
+ * stream too when it is clean: nothing after its RESULT/ERROR, no partial
+ * frame, no write to it still queued. Every other end closes both, as
+ * relay_start does. Implementation: lib/relay.c. */
 #ifndef TT_RELAY_H
 #define TT_RELAY_H
 
@@ -50,6 +58,28 @@ typedef void (*relay_done_fn)(struct relay *r, enum relay_end how,
 struct relay *relay_start(uv_stream_t *opener, uv_stream_t *far,
                           const uint8_t *pending, size_t pending_len,
                           relay_done_fn done, void *data, struct tt_err *err);
+/* What a keep-mode relay hands back after a clean end. Reading is stopped
+ * on both streams and nothing is queued on them; the receiver owns all
+ * three and must set each stream's data before using it. */
+struct relay_kept {
+	uv_stream_t *opener;
+	struct wire_reader *opener_rd; /* heap: bytes of a frame the opener
+	                                * already began (input the finished
+	                                * operation did not take) */
+	uv_stream_t *far;              /* NULL: not reusable, the relay closed it */
+};
+/* kept: non-NULL only when how == RELAY_DONE; the callee takes what it
+ * holds. */
+typedef void (*relay_keep_fn)(struct relay *r, enum relay_end how,
+                              const char *msg, struct relay_kept *kept,
+                              void *data);
+/* relay_start_keep: relay_start in keep mode; keep runs once instead of a
+ * done callback: synchronously at a clean end, else after both streams
+ * were closed. */
+struct relay *relay_start_keep(uv_stream_t *opener, uv_stream_t *far,
+                               const uint8_t *pending, size_t pending_len,
+                               relay_keep_fn keep, void *data,
+                               struct tt_err *err);
 /* relay_abort: stops both directions at once, sends the opener ERROR
  * {"error":code,"message":message}, then ends (RELAY_ABORTED). */
 void relay_abort(struct relay *r, const char *code, const char *message);

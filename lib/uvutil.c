@@ -1,6 +1,7 @@
 /* libuv plumbing shared by the sbx-manager and the host bridge (see
  * uvutil.h). */
 #include <errno.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,34 +62,13 @@ void uvutil_signals_start(uv_loop_t *loop, uv_signal_t *term, uv_signal_t *intr,
 	uv_signal_start(intr, cb, SIGINT);
 }
 
-/* uvutil_first_request: the reader is bounded (wire.h), so a peer can
- * neither grow a frame past WIRE_PAYLOAD_MAX nor skip the REQUEST. */
-enum uvutil_req uvutil_first_request(uv_stream_t *s, struct wire_reader *rd,
-                                     const uint8_t *buf, ssize_t nread,
-                                     struct wire_frame *f, uint8_t **pending,
-                                     size_t *pending_len, struct tt_err *err)
+/* request_take: the REQUEST frame f is complete after used bytes of buf:
+ * the rest is copied to *pending. */
+static enum uvutil_req request_take(const uint8_t *buf, size_t nread, size_t used,
+                                    uint8_t **pending, size_t *pending_len)
 {
-	size_t used = 0;
-	int rc;
-
-	if (nread == 0)
-		return UVUTIL_REQ_MORE;
-	if (nread < 0) { /* closed before a whole REQUEST */
-		uv_read_stop(s);
-		return UVUTIL_REQ_CLOSED;
-	}
-	rc = wire_reader_feed(rd, buf, (size_t)nread, &used, f, err);
-	if (rc == 0)
-		return UVUTIL_REQ_MORE;
-	uv_read_stop(s);
-	if (rc < 0)
-		return UVUTIL_REQ_BAD;
-	if (f->type != WIRE_REQUEST) {
-		tt_err_set(err, TT_ERR_MALFORMED, "first frame is not a REQUEST");
-		return UVUTIL_REQ_BAD;
-	}
-	if ((size_t)nread > used) {
-		*pending_len = (size_t)nread - used;
+	if (nread > used) {
+		*pending_len = nread - used;
 		*pending = malloc(*pending_len);
 		if (*pending == NULL) {
 			*pending_len = 0;
@@ -97,4 +77,211 @@ enum uvutil_req uvutil_first_request(uv_stream_t *s, struct wire_reader *rd,
 		memcpy(*pending, buf + used, *pending_len);
 	}
 	return UVUTIL_REQ_READY;
+}
+
+/* request_scan: decodes the frames of one read up to the REQUEST; stray
+ * input frames are dropped when skip_input. The reader is bounded
+ * (wire.h), so a peer can neither grow a frame past WIRE_PAYLOAD_MAX nor
+ * skip the REQUEST. */
+static enum uvutil_req request_scan(uv_stream_t *s, struct wire_reader *rd,
+                                    const uint8_t *buf, ssize_t nread,
+                                    struct wire_frame *f, uint8_t **pending,
+                                    size_t *pending_len, bool skip_input,
+                                    struct tt_err *err)
+{
+	size_t off = 0;
+
+	if (nread == 0)
+		return UVUTIL_REQ_MORE;
+	if (nread < 0) { /* closed before a whole REQUEST */
+		uv_read_stop(s);
+		return UVUTIL_REQ_CLOSED;
+	}
+	while (off < (size_t)nread) {
+		size_t used = 0;
+		int rc = wire_reader_feed(rd, buf + off, (size_t)nread - off, &used, f, err);
+
+		off += used;
+		if (rc == 0)
+			return UVUTIL_REQ_MORE;
+		if (rc < 0) {
+			uv_read_stop(s);
+			return UVUTIL_REQ_BAD;
+		}
+		if (f->type == WIRE_REQUEST) {
+			uv_read_stop(s);
+			return request_take(buf, (size_t)nread, off, pending, pending_len);
+		}
+		if (!skip_input || (f->type != WIRE_DATA_IN && f->type != WIRE_EOF_IN)) {
+			uv_read_stop(s);
+			tt_err_set(err, TT_ERR_MALFORMED, "%s frame where a REQUEST belongs",
+			           wire_type_name(f->type));
+			return UVUTIL_REQ_BAD;
+		}
+	}
+	return UVUTIL_REQ_MORE; /* only stray input so far */
+}
+
+/* uvutil_first_request: the first frame must be the REQUEST. */
+enum uvutil_req uvutil_first_request(uv_stream_t *s, struct wire_reader *rd,
+                                     const uint8_t *buf, ssize_t nread,
+                                     struct wire_frame *f, uint8_t **pending,
+                                     size_t *pending_len, struct tt_err *err)
+{
+	return request_scan(s, rd, buf, nread, f, pending, pending_len, false, err);
+}
+
+/* uvutil_next_request: stray input of the previous operation is dropped. */
+enum uvutil_req uvutil_next_request(uv_stream_t *s, struct wire_reader *rd,
+                                    const uint8_t *buf, ssize_t nread,
+                                    struct wire_frame *f, uint8_t **pending,
+                                    size_t *pending_len, struct tt_err *err)
+{
+	return request_scan(s, rd, buf, nread, f, pending, pending_len, true, err);
+}
+
+/* ---- idle connection pool ------------------------------------------------ */
+
+/* One idle connection: the stream, its deadline, and a scrap buffer for the
+ * read that only ever detects EOF or a protocol breach. Owned by the pool
+ * while listed; freed by the timer's close callback. */
+struct pool_ent {
+	struct uvutil_pool *pool;
+	uv_stream_t *s;
+	uv_timer_t timer;
+	struct pool_ent *next;
+	char scrap[64];
+};
+
+struct uvutil_pool {
+	uv_loop_t *loop;
+	unsigned max_idle, n;
+	uint64_t idle_ms;
+	struct pool_ent *head;   /* most recently idle first */
+};
+
+/* uvutil_pool_new: an empty pool. */
+struct uvutil_pool *uvutil_pool_new(uv_loop_t *loop, unsigned max_idle,
+                                    uint64_t idle_ms)
+{
+	struct uvutil_pool *p = calloc(1, sizeof(*p));
+
+	if (p != NULL) {
+		p->loop = loop;
+		p->max_idle = max_idle;
+		p->idle_ms = idle_ms;
+	}
+	return p;
+}
+
+/* pool_unlink: takes e off its pool's list. */
+static void pool_unlink(struct pool_ent *e)
+{
+	struct pool_ent **pp;
+
+	if (e->pool == NULL)
+		return;
+	for (pp = &e->pool->head; *pp; pp = &(*pp)->next)
+		if (*pp == e) {
+			*pp = e->next;
+			e->pool->n--;
+			break;
+		}
+	e->pool = NULL;
+}
+
+/* ent_timer_closed: the last handle of an entry is gone. */
+static void ent_timer_closed(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+/* ent_drop: closes an idle connection and releases its entry. */
+static void ent_drop(struct pool_ent *e)
+{
+	pool_unlink(e);
+	uv_read_stop(e->s);
+	relay_close_free(e->s);
+	uv_close((uv_handle_t *)&e->timer, ent_timer_closed);
+}
+
+/* ent_alloc: reads of an idle connection land in the scrap buffer. */
+static void ent_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+	struct pool_ent *e = h->data;
+
+	(void)hint;
+	*buf = uv_buf_init(e->scrap, sizeof(e->scrap));
+}
+
+/* ent_read: the far side may send nothing between operations: bytes, EOF
+ * or an error all end this connection. */
+static void ent_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+	(void)buf;
+	if (nread == 0)
+		return;
+	ent_drop(s->data);
+}
+
+/* ent_expired: idle for too long. */
+static void ent_expired(uv_timer_t *t)
+{
+	ent_drop(t->data);
+}
+
+/* uvutil_pool_put: the newest idle connection goes first. */
+void uvutil_pool_put(struct uvutil_pool *p, uv_stream_t *s)
+{
+	struct pool_ent *e;
+
+	if (p == NULL || p->n >= p->max_idle || (e = calloc(1, sizeof(*e))) == NULL) {
+		relay_close_free(s);
+		return;
+	}
+	e->pool = p;
+	e->s = s;
+	s->data = e;
+	uv_timer_init(p->loop, &e->timer);
+	e->timer.data = e;
+	uv_timer_start(&e->timer, ent_expired, p->idle_ms, 0);
+	if (uv_read_start(s, ent_alloc, ent_read) < 0) {
+		ent_drop(e);
+		return;
+	}
+	e->next = p->head;
+	p->head = e;
+	p->n++;
+}
+
+/* uvutil_pool_get: hands the stream over; the entry itself goes. */
+uv_stream_t *uvutil_pool_get(struct uvutil_pool *p)
+{
+	struct pool_ent *e;
+	uv_stream_t *s;
+
+	if (p == NULL || (e = p->head) == NULL)
+		return NULL;
+	pool_unlink(e);
+	s = e->s;
+	uv_read_stop(s);
+	s->data = NULL;
+	uv_close((uv_handle_t *)&e->timer, ent_timer_closed);
+	return s;
+}
+
+/* uvutil_pool_size: for tests and metrics. */
+unsigned uvutil_pool_size(const struct uvutil_pool *p)
+{
+	return p != NULL ? p->n : 0;
+}
+
+/* uvutil_pool_free: every entry closes on its own after this. */
+void uvutil_pool_free(struct uvutil_pool *p)
+{
+	if (p == NULL)
+		return;
+	while (p->head != NULL)
+		ent_drop(p->head);
+	free(p);
 }

@@ -1,7 +1,8 @@
 /* libuv plumbing shared by the two wire-protocol servers on a node: the
  * sbx-manager (src/node/manager.c) and the host bridge (src/bridge/). Both
- * listen on a private Unix socket, accept one operation per connection and
- * read a single REQUEST frame before anything else happens.
+ * listen on a private Unix socket and serve operations in sequence on each
+ * connection, each starting with a REQUEST frame; a small pool of idle
+ * connections each keeps towards the next hop is here too.
  * Implementation: lib/uvutil.c. */
 #ifndef TT_UVUTIL_H
 #define TT_UVUTIL_H
@@ -41,5 +42,31 @@ enum uvutil_req uvutil_first_request(uv_stream_t *s, struct wire_reader *rd,
                                      const uint8_t *buf, ssize_t nread,
                                      struct wire_frame *f, uint8_t **pending,
                                      size_t *pending_len, struct tt_err *err);
+
+/* uvutil_next_request: uvutil_first_request for the operations after the
+ * first on a connection: DATA_IN / EOF_IN frames before the REQUEST are
+ * input the previous operation did not take, and are dropped. */
+enum uvutil_req uvutil_next_request(uv_stream_t *s, struct wire_reader *rd,
+                                    const uint8_t *buf, ssize_t nread,
+                                    struct wire_frame *f, uint8_t **pending,
+                                    size_t *pending_len, struct tt_err *err);
+
+/* A bounded set of idle, verified connections towards one next hop. An idle
+ * connection is read: any byte or EOF from it (the far side may send
+ * nothing between operations) closes it, as does its idle deadline. */
+struct uvutil_pool;
+/* uvutil_pool_new: at most max_idle connections, each kept idle_ms. */
+struct uvutil_pool *uvutil_pool_new(uv_loop_t *loop, unsigned max_idle,
+                                    uint64_t idle_ms);
+/* uvutil_pool_put: takes s (a heap uv_pipe_t, reading stopped, nothing
+ * queued); closes it instead when the pool is full or p is NULL. */
+void uvutil_pool_put(struct uvutil_pool *p, uv_stream_t *s);
+/* uvutil_pool_get: the most recently idle connection (reading stopped,
+ * data NULL; the caller owns it), or NULL. */
+uv_stream_t *uvutil_pool_get(struct uvutil_pool *p);
+/* uvutil_pool_size: idle connections held now. */
+unsigned uvutil_pool_size(const struct uvutil_pool *p);
+/* uvutil_pool_free: closes every idle connection; p may be NULL. */
+void uvutil_pool_free(struct uvutil_pool *p);
 
 #endif

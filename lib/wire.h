@@ -7,12 +7,16 @@
  * field and len <= WIRE_PAYLOAD_MAX before reading the payload, and refuses
  * the connection on any violation (TT_ERR_MALFORMED / TT_ERR_TOO_LARGE).
  *
- * One operation per connection. The opener sends REQUEST (a JSON object,
+ * Operations run in sequence on a connection, one at a time. The opener
+ * sends REQUEST (a JSON object,
  * see docs/ARCHITECTURE.md "Wire protocol"), then optional DATA_IN frames and
  * EOF_IN; the answering side may send one META first (what the opener
  * needs before the bytes, e.g. fs.read's {"size":N}, so node-api can send
  * Content-Length), then DATA_OUT / STDERR frames, and ends with exactly one
- * RESULT or ERROR. DECISION only travels sbx-manager -> node-api.
+ * RESULT or ERROR; only then may the next REQUEST follow. DATA_IN /
+ * EOF_IN that arrive between operations are input the finished operation
+ * did not take: the receiver drops them. DECISION only travels
+ * sbx-manager -> node-api.
  * Implementation: lib/wire.c (no libuv, no jansson: the guest links it
  * statically, the JSON helpers are in wire_json.h). */
 #ifndef TT_WIRE_H

@@ -8,15 +8,19 @@
  *  - manager -> bridge: the peer must be the manager that spawned us
  *    (verify_peer: SO_PEERCRED + SO_PEERPIDFD, start time, executable, uid
  *    against the identity pinned at start from --manager-pid);
- *  - bridge -> guest: per operation a fresh connection. verify_listener
+ *  - bridge -> guest: every new connection is verified: verify_listener
  *    (socket file owner + inode, sock_diag UDIAG_SHOW_VFS inside the
  *    sandbox's network namespace, on a netlink socket created there once at
  *    start, the listening inode held by the sandbox
  *    init pinned at start), connect, verify_peer on the connection, then the
  *    handshake of guest/hello.h (per-activation secret from the manager on
  *    --secret-fd, fresh challenge). Only then the REQUEST and the relay.
- * No reconnect: a dropped guest connection fails the operation (ERROR
- * transport); the next operation opens a new connection, verified again.
+ * Connections carry operations in sequence: the manager's, and the guest
+ * connections, which go back to a small idle pool after a clean end
+ * (lib/uvutil.h) so the next operation skips the verification and the
+ * guest's fork of a handler. No reconnect: a dropped guest connection
+ * fails the operation (ERROR transport); the next operation takes another
+ * idle one or opens a new connection, verified again.
  * Refusals: a specific log line and tether_bridge_refusals_total{reason}
  * (in-process only: the bridge serves no /metrics). Readiness: "ready\n" on
  * --ready-fd once listening. Exits when the sandbox init dies or on
@@ -53,6 +57,11 @@
 #include "wire.h"
 #include "wire_json.h"
 
+/* Idle guest connections kept, and for how long: each is a handler process
+ * in the sandbox (counted by its pids limit). */
+#define BRIDGE_POOL_IDLE_MAX 4
+#define BRIDGE_POOL_IDLE_MS 30000
+
 struct bridge {
 	uv_loop_t *loop;
 	char sbx[TT_SBX_ID_LEN + 1];
@@ -77,17 +86,21 @@ struct bridge {
 	 * check is then a plain send/recv, no thread + setns per operation.
 	 * -1 after a failed query: reopened on the next operation. */
 	int diag_nl;
+	/* Idle guest connections, verified when they were opened. */
+	struct uvutil_pool *pool;
 	uv_pipe_t server;
 	uv_poll_t init_poll;
 	uv_signal_t sigterm, sigint;
 	bool stopping;
 };
 
-/* One operation: the manager's connection until the relay takes over.
- * The two read buffers come last: bconn_new clears only what precedes
- * them (they are always filled before being read). */
+/* One connection from the manager, serving its operations in sequence; a
+ * relay holds both streams while an operation runs. The two read buffers
+ * come last: bconn_new clears only what precedes them (they are always
+ * filled before being read). */
 struct bconn {
 	struct bridge *b;
+	uint64_t served;          /* operations done on this connection */
 	uv_pipe_t *conn;          /* owned until the relay */
 	uv_pipe_t *guest;         /* owned until the relay */
 	struct wire_reader rd;
@@ -133,6 +146,9 @@ static void bconn_free(struct bconn *c)
 	free(c);
 }
 
+static void bconn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void bconn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
 /* bconn_fail: ERROR to the manager, then close. */
 static void bconn_fail(struct bconn *c, const char *code, const char *msg)
 {
@@ -163,17 +179,48 @@ static void bconn_refuse(struct bconn *c, const char *reason, const char *msg)
 	bconn_free(c);
 }
 
-/* relay_done: the operation ended; the relay freed both streams. */
-static void relay_done(struct relay *r, enum relay_end how, const char *msg, void *data)
+/* bconn_next: the operation ended cleanly: wait for the next REQUEST on
+ * the same connection (kept->opener_rd holds a frame the manager began). */
+static void bconn_next(struct bconn *c, struct relay_kept *kept)
+{
+	free(c->req);
+	free(c->pending);
+	c->req = NULL;
+	c->pending = NULL;
+	c->req_len = 0;
+	c->pending_len = 0;
+	c->served++;
+	c->conn = (uv_pipe_t *)kept->opener;
+	if (kept->opener_rd->hdr_have > 0)
+		memcpy(&c->rd, kept->opener_rd, sizeof(c->rd));
+	else
+		wire_reader_init(&c->rd);
+	free(kept->opener_rd);
+	c->conn->data = c;
+	if (uv_read_start((uv_stream_t *)c->conn, bconn_alloc_cb, bconn_read_cb) < 0)
+		bconn_free(c);
+}
+
+/* relay_kept: the operation ended; after a clean end the guest connection
+ * goes back to the pool and the manager's connection waits for the next
+ * REQUEST, else the relay closed both. */
+static void relay_kept(struct relay *r, enum relay_end how, const char *msg,
+                       struct relay_kept *kept, void *data)
 {
 	struct bconn *c = data;
 
 	(void)r;
-	if (how != RELAY_DONE)
-		log_info("operation ended: %s: %s", relay_end_name(how), msg);
-	free(c->req);
-	free(c->pending);
-	free(c);
+	if (kept == NULL) {
+		if (how != RELAY_DONE)
+			log_info("operation ended: %s: %s", relay_end_name(how), msg);
+		free(c->req);
+		free(c->pending);
+		free(c);
+		return;
+	}
+	if (kept->far != NULL)
+		uvutil_pool_put(c->b->pool, kept->far);
+	bconn_next(c, kept);
 }
 
 /* forward_and_relay: the guest is verified: send the REQUEST, relay. */
@@ -187,8 +234,8 @@ static void forward_and_relay(struct bconn *c)
 		bconn_fail(c, "transport", err.msg);
 		return;
 	}
-	r = relay_start((uv_stream_t *)c->conn, (uv_stream_t *)c->guest, c->pending,
-	                c->pending_len, relay_done, c, &err);
+	r = relay_start_keep((uv_stream_t *)c->conn, (uv_stream_t *)c->guest, c->pending,
+	                     c->pending_len, relay_kept, c, &err);
 	if (r == NULL) {
 		bconn_fail(c, "internal", err.msg);
 		return;
@@ -395,6 +442,7 @@ static int listener_verified(struct bridge *b, struct tt_err *err)
 /* handle_request: checks the REQUEST and opens the guest connection. */
 static void handle_request(struct bconn *c, const struct wire_frame *f)
 {
+	uv_stream_t *pooled;
 	struct tt_err err = { 0 };
 	json_t *o = wire_frame_json(f, &err);
 	const char *sbx = o ? json_string_value(json_object_get(o, "sbx")) : NULL;
@@ -413,16 +461,27 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 		return;
 	}
 	c->req = malloc(f->len ? f->len : 1);
-	c->guest = malloc(sizeof(*c->guest));
-	if (c->req == NULL || c->guest == NULL ||
-	    uv_pipe_init(c->b->loop, c->guest, 0) < 0) {
-		free(c->guest);
-		c->guest = NULL;
+	if (c->req == NULL) {
 		bconn_fail(c, "internal", "out of memory");
 		return;
 	}
 	memcpy(c->req, f->payload, f->len);
 	c->req_len = f->len;
+	/* An idle connection was verified in full when it was opened, and its
+	 * peer cannot change while it is open. */
+	pooled = uvutil_pool_get(c->b->pool);
+	if (pooled != NULL) {
+		c->guest = (uv_pipe_t *)pooled;
+		forward_and_relay(c);
+		return;
+	}
+	c->guest = malloc(sizeof(*c->guest));
+	if (c->guest == NULL || uv_pipe_init(c->b->loop, c->guest, 0) < 0) {
+		free(c->guest);
+		c->guest = NULL;
+		bconn_fail(c, "internal", "out of memory");
+		return;
+	}
 	/* The listener first: whoever now listens at the path must be the
 	 * init's socket, seen from inside the sandbox's network namespace. A
 	 * replacement never even gets a connection. */
@@ -454,8 +513,8 @@ static void bconn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	struct tt_err err = { 0 };
 
 	(void)buf;
-	switch (uvutil_first_request(s, &c->rd, c->buf, nread, &f, &c->pending,
-	                             &c->pending_len, &err)) {
+	switch ((c->served > 0 ? uvutil_next_request : uvutil_first_request)(
+	        s, &c->rd, c->buf, nread, &f, &c->pending, &c->pending_len, &err)) {
 	case UVUTIL_REQ_MORE:
 		return;
 	case UVUTIL_REQ_READY:
@@ -695,6 +754,9 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	b->loop = uv_default_loop();
+	/* NULL when out of memory: every connection is then closed after its
+	 * operation, as before pooling. */
+	b->pool = uvutil_pool_new(b->loop, BRIDGE_POOL_IDLE_MAX, BRIDGE_POOL_IDLE_MS);
 	if (pin_peers(b, &err) < 0) {
 		log_error("refusing to start: %s", err.msg);
 		goto fail;

@@ -265,17 +265,29 @@ static int read_conn(struct exec_state *st)
 
 /* drain_to_sink: after RESULT, hands still-open output pipes to a small
  * process that discards what background processes write, so they do not
- * die of SIGPIPE once this connection is gone. It is reparented to the
- * agent (init) and reaped there. */
+ * die of SIGPIPE once the operation is over. It is started through an
+ * intermediate child that exits at once, so it is reparented to the agent
+ * (init, or the subreaper in tests) and reaped there: a handler serving
+ * many operations does not collect one sink per background command. */
 static void drain_to_sink(struct exec_state *st)
 {
 	int out_fd = st->out_fd, err_fd = st->err_fd;
+	pid_t mid;
 
 	if (out_fd < 0 && err_fd < 0)
 		return;
-	if (fork() != 0)
+	mid = fork();
+	if (mid < 0)
+		return; /* the pipes just close: late writers get SIGPIPE */
+	if (mid > 0) {
+		while (waitpid(mid, NULL, 0) < 0 && errno == EINTR)
+			;
 		return;
-	/* The peer must see EOF when the handler exits: drop our copy. */
+	}
+	if (fork() != 0)
+		_exit(0);
+	/* The sink must not keep the connection open (the peer sees EOF
+	 * when the handler ends it): drop our copy. */
 	close(st->conn);
 	close(st->pidfd);
 	if (st->in_fd >= 0)
@@ -302,20 +314,22 @@ static void drain_to_sink(struct exec_state *st)
 }
 
 /* exec_finish: the child exited: forward what is buffered right now (no
- * waiting for EOF), then send RESULT. */
-static void exec_finish(const struct guest_ctx *g, struct exec_state *st,
-                        int status)
+ * waiting for EOF), then send RESULT. 0 once RESULT (or ERROR) is sent,
+ * -1 when the peer is gone. */
+static int exec_finish(const struct guest_ctx *g, struct exec_state *st,
+                       int status)
 {
 	size_t drained = 0;
 	json_t *res;
+	int rc;
 
 	while (drained < EXEC_DRAIN_MAX && (st->out_fd >= 0 || st->err_fd >= 0)) {
 		ssize_t a = 0, b = 0;
 
 		if (st->out_fd >= 0 && (a = pump_out(st, &st->out_fd, WIRE_DATA_OUT)) < 0)
-			return;
+			return -1;
 		if (st->err_fd >= 0 && (b = pump_out(st, &st->err_fd, WIRE_STDERR)) < 0)
-			return;
+			return -1;
 		if (a == 0 && b == 0)
 			break;
 		drained += (size_t)(a + b);
@@ -325,12 +339,15 @@ static void exec_finish(const struct guest_ctx *g, struct exec_state *st,
 		                "signal", WTERMSIG(status));
 	else
 		res = json_pack("{s:i}", "exit_code", WEXITSTATUS(status));
-	guest_result(g, st->conn, res);
+	rc = guest_result(g, st->conn, res);
 	drain_to_sink(st);
+	return rc;
 }
 
-/* exec_loop: multiplexes child exit, output pipes, stdin and the peer. */
-static void exec_loop(const struct guest_ctx *g, struct exec_state *st)
+/* exec_loop: multiplexes child exit, output pipes, stdin and the peer.
+ * 0 once the operation ended with RESULT/ERROR sent, -1 when the
+ * connection must close (peer gone, protocol violation, poll failure). */
+static int exec_loop(const struct guest_ctx *g, struct exec_state *st)
 {
 	for (;;) {
 		struct pollfd pf[5];
@@ -373,20 +390,24 @@ static void exec_loop(const struct guest_ctx *g, struct exec_state *st)
 		if (pf[i_pid].revents) {
 			int status;
 
-			if (waitpid(st->pid, &status, 0) == st->pid) {
-				exec_finish(g, st, status);
-				return;
-			}
+			pid_t w = waitpid(st->pid, &status, 0);
+
+			if (w == st->pid)
+				return exec_finish(g, st, status);
+			if (w < 0 && errno != EINTR)
+				break; /* cannot happen for our own child: do not spin */
 		}
 	}
 	/* The peer went away or broke the protocol: the operation is over, so
 	 * its command is stopped (background processes it started are not). */
 	kill(st->pid, SIGKILL);
 	waitpid(st->pid, NULL, 0);
+	return -1;
 }
 
-/* exec_run: validates the request, starts the command and streams it. */
-void exec_run(const struct guest_ctx *g, int conn, json_t *req)
+/* exec_run: validates the request, starts the command and streams it.
+ * Every early failure answers ERROR (0, or -1 if that send failed). */
+int exec_run(const struct guest_ctx *g, int conn, json_t *req)
 {
 	char *argv[EXEC_ARGV_MAX + 1];
 	char *envp[EXEC_ENV_MAX + 4] = { NULL };
@@ -398,32 +419,27 @@ void exec_run(const struct guest_ctx *g, int conn, json_t *req)
 	json_t *jstdin = json_object_get(req, "stdin");
 	const char *why = NULL;
 	struct exec_state st;
-	int p[2], cwd_errno;
+	int p[2], cwd_errno, rc;
 	pid_t pid;
 
-	if (exec_argv(json_object_get(req, "cmd"), argv) < 0) {
-		wire_send_error(conn, "bad_request",
-		                "\"cmd\" must be an array of 1..%d strings", EXEC_ARGV_MAX);
-		return;
-	}
-	if (jstdin != NULL && !json_is_boolean(jstdin)) {
-		wire_send_error(conn, "bad_request", "\"stdin\" must be a boolean");
-		return;
-	}
+	if (exec_argv(json_object_get(req, "cmd"), argv) < 0)
+		return wire_send_error(conn, "bad_request",
+		                       "\"cmd\" must be an array of 1..%d strings",
+		                       EXEC_ARGV_MAX);
+	if (jstdin != NULL && !json_is_boolean(jstdin))
+		return wire_send_error(conn, "bad_request", "\"stdin\" must be a boolean");
 	if (cwd != NULL) {
 		struct tt_err err = { 0 };
 
 		if (!json_is_string(cwd) ||
-		    path_check(json_string_value(cwd), json_string_length(cwd), &err) < 0) {
-			wire_send_error(conn, "path_invalid", "cwd: %s",
-			                json_is_string(cwd) ? err.msg : "not a string");
-			return;
-		}
+		    path_check(json_string_value(cwd), json_string_length(cwd), &err) < 0)
+			return wire_send_error(conn, "path_invalid", "cwd: %s",
+			                       json_is_string(cwd) ? err.msg : "not a string");
 	}
 	if (exec_envp(json_object_get(req, "env"), envp, &why) < 0) {
-		wire_send_error(conn, "bad_request", "%s", why);
+		rc = wire_send_error(conn, "bad_request", "%s", why);
 		exec_envp_free(envp, EXEC_ENV_MAX + 4);
-		return;
+		return rc;
 	}
 	cwd_fd = exec_cwd(g, cwd != NULL ? json_string_value(cwd) : NULL);
 	cwd_errno = errno;
@@ -431,11 +447,11 @@ void exec_run(const struct guest_ctx *g, int conn, json_t *req)
 	pending = malloc(WIRE_PAYLOAD_MAX + 1);
 	if (cwd_fd < 0 || buf == NULL || pending == NULL) {
 		if (cwd_fd < 0)
-			guest_send_errno(conn, cwd_errno, "cwd");
+			rc = guest_send_errno(conn, cwd_errno, "cwd");
 		else
-			wire_send_error(conn, "internal", "out of memory");
+			rc = wire_send_error(conn, "internal", "out of memory");
 		exec_envp_free(envp, EXEC_ENV_MAX + 4);
-		return;
+		return rc;
 	}
 	if (pipe2(p, O_CLOEXEC) < 0)
 		goto sys;
@@ -463,10 +479,10 @@ void exec_run(const struct guest_ctx *g, int conn, json_t *req)
 	close(err_w), err_w = -1;
 	pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
 	if (pidfd < 0) {
-		wire_send_error(conn, "internal", "pidfd_open: %s", strerror(errno));
+		rc = wire_send_error(conn, "internal", "pidfd_open: %s", strerror(errno));
 		kill(pid, SIGKILL);
 		waitpid(pid, NULL, 0);
-		return;
+		return rc;
 	}
 	fcntl(out_r, F_SETFL, O_NONBLOCK);
 	fcntl(err_r, F_SETFL, O_NONBLOCK);
@@ -478,7 +494,7 @@ void exec_run(const struct guest_ctx *g, int conn, json_t *req)
 		.in_fd = tt_steal_fd(&in_w), .want_stdin = json_is_true(jstdin),
 		.pending = pending, .buf = buf,
 	};
-	exec_loop(g, &st);
+	rc = exec_loop(g, &st);
 	/* The state owns the pipe ends now; the sink process has its copies. */
 	if (st.out_fd >= 0)
 		close(st.out_fd);
@@ -486,8 +502,9 @@ void exec_run(const struct guest_ctx *g, int conn, json_t *req)
 		close(st.err_fd);
 	if (st.in_fd >= 0)
 		close(st.in_fd);
-	return;
+	return rc;
 sys:
-	guest_send_errno(conn, errno, "exec setup");
+	rc = guest_send_errno(conn, errno, "exec setup");
 	exec_envp_free(envp, EXEC_ENV_MAX + 4);
+	return rc;
 }

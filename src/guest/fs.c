@@ -33,43 +33,35 @@ static const char *fs_type_name(mode_t m)
  * Content-Length), then streams exactly N bytes as DATA_OUT and ends with
  * RESULT size. A file that shrinks under the read is an ERROR (never a
  * silently short file); one that grows is cut at N bytes. */
-void fs_read(const struct guest_ctx *g, int conn, json_t *req)
+int fs_read(const struct guest_ctx *g, int conn, json_t *req)
 {
-	const char *path = guest_req_path(conn, req);
+	int rc;
+	const char *path = guest_req_path(conn, req, &rc);
 	_cleanup_free_ uint8_t *buf = NULL;
 	_cleanup_close_ int fd = -1;
 	uint64_t size, done = 0;
 	struct stat st;
 	json_t *meta;
-	int rc;
 
 	if (path == NULL)
-		return;
+		return rc;
 	/* O_NONBLOCK: opening a FIFO must not hang the handler. */
 	fd = path_open(g, path, O_RDONLY | O_NONBLOCK, 0);
-	if (fd < 0 || fstat(fd, &st) < 0) {
-		guest_send_errno(conn, errno, path);
-		return;
-	}
-	if (S_ISDIR(st.st_mode)) {
-		guest_send_errno(conn, EISDIR, path);
-		return;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		wire_send_error(conn, "bad_request", "%s: not a regular file", path);
-		return;
-	}
+	if (fd < 0 || fstat(fd, &st) < 0)
+		return guest_send_errno(conn, errno, path);
+	if (S_ISDIR(st.st_mode))
+		return guest_send_errno(conn, EISDIR, path);
+	if (!S_ISREG(st.st_mode))
+		return wire_send_error(conn, "bad_request", "%s: not a regular file", path);
 	buf = malloc(WIRE_PAYLOAD_MAX);
-	if (buf == NULL) {
-		wire_send_error(conn, "internal", "out of memory");
-		return;
-	}
+	if (buf == NULL)
+		return wire_send_error(conn, "internal", "out of memory");
 	size = (uint64_t)st.st_size;
 	meta = json_pack("{s:I}", "size", (json_int_t)size);
 	rc = meta ? wire_send_json(conn, WIRE_META, meta, NULL) : -1;
 	json_decref(meta);
 	if (rc < 0)
-		return; /* the opener is gone (or no memory): nothing to answer */
+		return -1; /* the opener is gone (or no memory): close */
 	while (done < size) {
 		size_t want = size - done < WIRE_PAYLOAD_MAX ?
 		              (size_t)(size - done) : WIRE_PAYLOAD_MAX;
@@ -77,45 +69,40 @@ void fs_read(const struct guest_ctx *g, int conn, json_t *req)
 
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n < 0) {
-			guest_send_errno(conn, errno, path);
-			return;
-		}
-		if (n == 0) {
-			wire_send_error(conn, "changed",
-			                "%s shrank while being read (%llu of %llu bytes)",
-			                path, (unsigned long long)done,
-			                (unsigned long long)size);
-			return;
-		}
+		if (n < 0)
+			return guest_send_errno(conn, errno, path);
+		if (n == 0)
+			return wire_send_error(conn, "changed",
+			                       "%s shrank while being read (%llu of %llu bytes)",
+			                       path, (unsigned long long)done,
+			                       (unsigned long long)size);
 		if (wire_send(conn, WIRE_DATA_OUT, buf, (uint32_t)n, NULL) < 0)
-			return;
+			return -1;
 		done += (uint64_t)n;
 	}
-	guest_result(g, conn, json_pack("{s:I}", "size", (json_int_t)size));
+	return guest_result(g, conn, json_pack("{s:I}", "size", (json_int_t)size));
 }
 
 /* fs_write_body: receives DATA_IN until EOF_IN into fd. Returns 1 on
- * EOF_IN, 0 when the peer vanished, -1 after an ERROR was sent. */
+ * EOF_IN; 0 after an ERROR was sent for a failure of this operation alone
+ * (the rest of its input is then discarded as stray between operations);
+ * -1 when the connection must close (peer gone, protocol violation). */
 static int fs_write_body(int conn, int fd, uint64_t *bytes)
 {
 	_cleanup_free_ uint8_t *buf = malloc(WIRE_PAYLOAD_MAX + 1);
 	struct tt_err err = { 0 };
 	struct wire_frame f;
 
-	if (buf == NULL) {
-		wire_send_error(conn, "internal", "out of memory");
-		return -1;
-	}
+	if (buf == NULL)
+		return wire_send_error(conn, "internal", "out of memory");
 	for (;;) {
 		int rc = wire_recv(conn, &f, buf, WIRE_PAYLOAD_MAX + 1, &err);
 
 		if (rc == 0)
-			return 0;
+			return -1;
 		if (rc < 0) {
-			if (err.code == TT_ERR_TRANSPORT)
-				return 0;
-			wire_send_error(conn, "bad_request", "%s", err.msg);
+			if (err.code != TT_ERR_TRANSPORT)
+				wire_send_error(conn, "bad_request", "%s", err.msg);
 			return -1;
 		}
 		if (f.type == WIRE_EOF_IN)
@@ -125,18 +112,17 @@ static int fs_write_body(int conn, int fd, uint64_t *bytes)
 			                wire_type_name(f.type));
 			return -1;
 		}
-		if (fsutil_write_all(fd, f.payload, f.len) < 0) {
-			guest_send_errno(conn, errno, "write");
-			return -1;
-		}
+		if (fsutil_write_all(fd, f.payload, f.len) < 0)
+			return guest_send_errno(conn, errno, "write");
 		*bytes += f.len;
 	}
 }
 
 /* fs_write: atomic replace of path with the streamed content. */
-void fs_write(const struct guest_ctx *g, int conn, json_t *req)
+int fs_write(const struct guest_ctx *g, int conn, json_t *req)
 {
-	const char *path = guest_req_path(conn, req);
+	int rc;
+	const char *path = guest_req_path(conn, req, &rc);
 	json_t *jmode = json_object_get(req, "mode");
 	_cleanup_close_ int dfd = -1, fd = -1;
 	char base[NAME_MAX + 1], tmp[64];
@@ -144,76 +130,64 @@ void fs_write(const struct guest_ctx *g, int conn, json_t *req)
 	mode_t mode = 0644;
 	uint64_t bytes = 0;
 	struct stat st;
-	int rc;
 
 	if (path == NULL)
-		return;
+		return rc;
 	if (jmode != NULL) {
 		if (!json_is_integer(jmode) || json_integer_value(jmode) < 0 ||
-		    json_integer_value(jmode) > 07777) {
-			wire_send_error(conn, "bad_request",
-			                "\"mode\" must be an integer 0..07777");
-			return;
-		}
+		    json_integer_value(jmode) > 07777)
+			return wire_send_error(conn, "bad_request",
+			                       "\"mode\" must be an integer 0..07777");
 		mode = (mode_t)json_integer_value(jmode);
 	}
 	dfd = path_open_parent(g, path, base);
-	if (dfd < 0) {
-		guest_send_errno(conn, errno, path);
-		return;
-	}
-	if (fstatat(dfd, base, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
-		guest_send_errno(conn, EISDIR, path);
-		return;
-	}
-	if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
-		guest_send_errno(conn, errno, "getrandom");
-		return;
-	}
+	if (dfd < 0)
+		return guest_send_errno(conn, errno, path);
+	if (fstatat(dfd, base, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+		return guest_send_errno(conn, EISDIR, path);
+	if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
+		return guest_send_errno(conn, errno, "getrandom");
 	snprintf(tmp, sizeof(tmp), ".tether-%02x%02x%02x%02x%02x%02x%02x%02x.tmp",
 	         rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
 	/* A single fresh name in the already-confined directory: O_EXCL and
 	 * O_NOFOLLOW mean it can only be a new file of ours. */
 	fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
 	            0600);
-	if (fd < 0) {
-		guest_send_errno(conn, errno, path);
-		return;
-	}
+	if (fd < 0)
+		return guest_send_errno(conn, errno, path);
 	rc = fs_write_body(conn, fd, &bytes);
 	if (rc == 1 && (fchmod(fd, mode) < 0 || fsync(fd) < 0 ||
 	                renameat(dfd, tmp, dfd, base) < 0)) {
-		guest_send_errno(conn, errno, path);
-		rc = -1;
+		/* All input was taken (EOF_IN): the ERROR ends the operation. */
+		rc = guest_send_errno(conn, errno, path);
+		unlinkat(dfd, tmp, 0);
+		return rc;
 	}
 	if (rc != 1) {
 		/* Aborted or failed: the target is untouched, the temp goes. */
 		unlinkat(dfd, tmp, 0);
-		return;
+		return rc;
 	}
 	/* The rename is durable only once the directory is on disk. */
-	if (fsync(dfd) < 0) {
-		guest_send_errno(conn, errno, "fsync directory");
-		return;
-	}
-	guest_result(g, conn, json_pack("{s:I}", "bytes", (json_int_t)bytes));
+	if (fsync(dfd) < 0)
+		return guest_send_errno(conn, errno, "fsync directory");
+	return guest_result(g, conn, json_pack("{s:I}", "bytes", (json_int_t)bytes));
 }
 
 /* fs_stat: lstat of path. */
-void fs_stat(const struct guest_ctx *g, int conn, json_t *req)
+int fs_stat(const struct guest_ctx *g, int conn, json_t *req)
 {
-	const char *path = guest_req_path(conn, req);
+	int rc;
+	const char *path = guest_req_path(conn, req, &rc);
 	_cleanup_close_ int fd = -1;
 	struct stat st;
 
 	if (path == NULL)
-		return;
+		return rc;
 	fd = path_open(g, path, O_PATH | O_NOFOLLOW, 0);
-	if (fd < 0 || fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0) {
-		guest_send_errno(conn, errno, path);
-		return;
-	}
-	guest_result(g, conn, json_pack("{s:s, s:s, s:I, s:i, s:I}",
+	if (fd < 0 || fstatat(fd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0)
+		return guest_send_errno(conn, errno, path);
+	return guest_result(g, conn, json_pack("{s:s, s:s, s:I, s:i, s:I}",
 	             "path", path, "type", fs_type_name(st.st_mode),
 	             "size", (json_int_t)st.st_size, "mode", (int)(st.st_mode & 07777),
 	             "mtime", (json_int_t)st.st_mtim.tv_sec));
@@ -240,16 +214,14 @@ static int list_flush(int conn, uint8_t *buf, size_t *len)
  * compact JSON objects in DATA_OUT frames (whole lines per frame), then
  * RESULT {"entries_total":N}. Entries removed meanwhile, or whose name is
  * not UTF-8 (JSON cannot carry it), are left out. */
-static void list_send(const struct guest_ctx *g, int conn, DIR *d,
+static int list_send(const struct guest_ctx *g, int conn, DIR *d,
                       char *const *names, size_t n)
 {
 	_cleanup_free_ uint8_t *buf = malloc(WIRE_PAYLOAD_MAX);
 	size_t len = 0, total = 0;
 
-	if (buf == NULL) {
-		wire_send_error(conn, "internal", "out of memory");
-		return;
-	}
+	if (buf == NULL)
+		return wire_send_error(conn, "internal", "out of memory");
 	for (size_t i = 0; i < n; i++) {
 		_cleanup_free_ char *line = NULL;
 		struct stat st;
@@ -270,22 +242,23 @@ static void list_send(const struct guest_ctx *g, int conn, DIR *d,
 		if (l + 1 > WIRE_PAYLOAD_MAX)
 			continue; /* cannot happen: a name is at most 255 bytes */
 		if (len + l + 1 > WIRE_PAYLOAD_MAX && list_flush(conn, buf, &len) < 0)
-			return;
+			return -1;
 		memcpy(buf + len, line, l);
 		buf[len + l] = '\n';
 		len += l + 1;
 		total++;
 	}
 	if (list_flush(conn, buf, &len) < 0)
-		return;
-	guest_result(g, conn, json_pack("{s:I}", "entries_total", (json_int_t)total));
+		return -1;
+	return guest_result(g, conn, json_pack("{s:I}", "entries_total", (json_int_t)total));
 }
 
 /* fs_list: the entries of a directory, sorted by name, at most
  * GUEST_LIST_MAX (refused with too_large before any entry is sent). */
-void fs_list(const struct guest_ctx *g, int conn, json_t *req)
+int fs_list(const struct guest_ctx *g, int conn, json_t *req)
 {
-	const char *path = guest_req_path(conn, req);
+	int rc;
+	const char *path = guest_req_path(conn, req, &rc);
 	char **names = NULL; /* owned here, with every string in it */
 	size_t n = 0;
 	DIR *d;
@@ -293,17 +266,15 @@ void fs_list(const struct guest_ctx *g, int conn, json_t *req)
 	int fd;
 
 	if (path == NULL)
-		return;
+		return rc;
 	fd = path_open(g, path, O_RDONLY | O_DIRECTORY, 0);
-	if (fd < 0) {
-		guest_send_errno(conn, errno, path);
-		return;
-	}
+	if (fd < 0)
+		return guest_send_errno(conn, errno, path);
 	d = fdopendir(fd);
 	if (d == NULL) {
-		guest_send_errno(conn, errno, path);
+		rc = guest_send_errno(conn, errno, path);
 		close(fd);
-		return;
+		return rc;
 	}
 	names = calloc(GUEST_LIST_MAX, sizeof(*names));
 	if (names == NULL)
@@ -312,8 +283,8 @@ void fs_list(const struct guest_ctx *g, int conn, json_t *req)
 		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
 			continue;
 		if (n == GUEST_LIST_MAX) {
-			wire_send_error(conn, "too_large",
-			                "%s has more than %d entries", path, GUEST_LIST_MAX);
+			rc = wire_send_error(conn, "too_large", "%s has more than %d entries",
+			                     path, GUEST_LIST_MAX);
 			goto out;
 		}
 		names[n] = strdup(de->d_name);
@@ -322,15 +293,16 @@ void fs_list(const struct guest_ctx *g, int conn, json_t *req)
 		n++;
 	}
 	qsort(names, n, sizeof(*names), name_cmp);
-	list_send(g, conn, d, names, n);
+	rc = list_send(g, conn, d, names, n);
 	goto out;
 nomem:
-	wire_send_error(conn, "internal", "out of memory");
+	rc = wire_send_error(conn, "internal", "out of memory");
 out:
 	for (size_t i = 0; i < n; i++)
 		free(names[i]);
 	free(names);
 	closedir(d);
+	return rc;
 }
 
 /* mkdir_one: creates one directory; with exist_ok an existing directory
@@ -357,13 +329,14 @@ static int mkdir_one(const struct guest_ctx *g, const char *path, int exist_ok)
 }
 
 /* fs_mkdir: one directory, or with "parents" every missing one (mkdir -p). */
-void fs_mkdir(const struct guest_ctx *g, int conn, json_t *req)
+int fs_mkdir(const struct guest_ctx *g, int conn, json_t *req)
 {
-	const char *path = guest_req_path(conn, req);
+	int rc;
+	const char *path = guest_req_path(conn, req, &rc);
 	int parents = json_is_true(json_object_get(req, "parents"));
 
 	if (path == NULL)
-		return;
+		return rc;
 	if (parents) {
 		char prefix[GUEST_PATH_MAX + 1];
 		size_t len = strlen(path);
@@ -375,16 +348,13 @@ void fs_mkdir(const struct guest_ctx *g, int conn, json_t *req)
 				continue; /* empty component */
 			memcpy(prefix, path, i);
 			prefix[i] = '\0';
-			if (mkdir_one(g, prefix, 1) < 0) {
-				guest_send_errno(conn, errno, prefix);
-				return;
-			}
+			if (mkdir_one(g, prefix, 1) < 0)
+				return guest_send_errno(conn, errno, prefix);
 		}
 	} else if (mkdir_one(g, path, 0) < 0) {
-		guest_send_errno(conn, errno, path);
-		return;
+		return guest_send_errno(conn, errno, path);
 	}
-	guest_result(g, conn, json_pack("{s:b}", "ok", 1));
+	return guest_result(g, conn, json_pack("{s:b}", "ok", 1));
 }
 
 /* remove_tree: removes directory name under dfd and everything in it,
@@ -438,38 +408,32 @@ static int remove_tree(int dfd, const char *name, int depth)
 }
 
 /* fs_remove: a file, symlink or empty directory; with "recursive" a tree. */
-void fs_remove(const struct guest_ctx *g, int conn, json_t *req)
+int fs_remove(const struct guest_ctx *g, int conn, json_t *req)
 {
-	const char *path = guest_req_path(conn, req);
+	int rc;
+	const char *path = guest_req_path(conn, req, &rc);
 	int recursive = json_is_true(json_object_get(req, "recursive"));
 	_cleanup_close_ int dfd = -1;
 	char base[NAME_MAX + 1];
 	struct stat st;
-	int rc;
 
 	if (path == NULL)
-		return;
+		return rc;
 	dfd = path_open_parent(g, path, base);
 	if (dfd < 0) {
 		if (errno == EINVAL)
-			wire_send_error(conn, "path_invalid", "cannot remove %s", path);
-		else
-			guest_send_errno(conn, errno, path);
-		return;
+			return wire_send_error(conn, "path_invalid", "cannot remove %s", path);
+		return guest_send_errno(conn, errno, path);
 	}
-	if (fstatat(dfd, base, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-		guest_send_errno(conn, errno, path);
-		return;
-	}
+	if (fstatat(dfd, base, &st, AT_SYMLINK_NOFOLLOW) < 0)
+		return guest_send_errno(conn, errno, path);
 	if (!S_ISDIR(st.st_mode))
 		rc = unlinkat(dfd, base, 0);
 	else if (recursive)
 		rc = remove_tree(dfd, base, 0);
 	else
 		rc = unlinkat(dfd, base, AT_REMOVEDIR);
-	if (rc < 0) {
-		guest_send_errno(conn, errno, path);
-		return;
-	}
-	guest_result(g, conn, json_pack("{s:b}", "ok", 1));
+	if (rc < 0)
+		return guest_send_errno(conn, errno, path);
+	return guest_result(g, conn, json_pack("{s:b}", "ok", 1));
 }

@@ -1,6 +1,14 @@
-/* tether-guest: the in-sandbox agent. One process per connection serves one
- * operation (guest_serve); exec and file operations are in exec.c / fs.c,
- * path resolution confined to the root in path.c. */
+/* tether-guest: the in-sandbox agent. One process per connection runs the
+ * handshake once, then serves operations in sequence on that connection
+ * (guest_serve, contract in notes/seq.md); exec and file operations are in
+ * exec.c / fs.c, path resolution confined to the root in path.c.
+ *
+ * Every operation function returns 0 when the operation ended with a
+ * RESULT or ERROR that was sent in full (the connection may carry the next
+ * operation), or -1 when the connection must close now (peer gone, a send
+ * failed, a protocol violation, nothing could be answered). It never
+ * returns 0 without a terminal frame sent: the opener would then wait for
+ * one while the handler waits for the next REQUEST. */
 #ifndef TT_GUEST_H
 #define TT_GUEST_H
 
@@ -32,19 +40,22 @@ struct guest_ctx {
 	bool is_init;
 };
 
-/* guest_serve: runs the handshake (hello.h), then reads one REQUEST from
- * conn and answers it; never exits. */
+/* guest_serve: runs the handshake (hello.h), then serves REQUESTs from
+ * conn in sequence until EOF, a protocol violation or the idle bound;
+ * never exits (the caller closes conn). */
 void guest_serve(const struct guest_ctx *g, int conn);
 
-/* guest_result: sends RESULT obj with "generation" added; steals obj. */
+/* guest_result: sends RESULT obj with "generation" added; steals obj.
+ * 0 when RESULT (or, if it cannot be built, an ERROR) was sent, else -1. */
 int guest_result(const struct guest_ctx *g, int conn, json_t *obj);
 /* guest_errno_code: maps an errno to a wire error code ("not_found", ...). */
 const char *guest_errno_code(int e);
 /* guest_req_path: the request's validated "path"; on a missing or invalid
- * path sends ERROR and returns NULL. Points into req. */
-const char *guest_req_path(int conn, json_t *req);
-/* guest_send_errno: sends ERROR for errno e with "what: strerror". */
-void guest_send_errno(int conn, int e, const char *what);
+ * path sends ERROR and returns NULL with *rc the send's result (0/-1).
+ * Points into req. */
+const char *guest_req_path(int conn, json_t *req, int *rc);
+/* guest_send_errno: sends ERROR for errno e with "what: strerror"; 0/-1. */
+int guest_send_errno(int conn, int e, const char *what);
 
 /* path_check: validates a request path (absolute, <= 4096 bytes, no NUL,
  * no ".." component). 0, or -1 with a message in err. */
@@ -59,14 +70,14 @@ int path_open(const struct guest_ctx *g, const char *path, int flags,
 int path_open_parent(const struct guest_ctx *g, const char *path,
                      char base[NAME_MAX + 1]);
 
-/* exec_run: the exec operation. */
-void exec_run(const struct guest_ctx *g, int conn, json_t *req);
-/* fs_* : the file operations. */
-void fs_read(const struct guest_ctx *g, int conn, json_t *req);
-void fs_write(const struct guest_ctx *g, int conn, json_t *req);
-void fs_stat(const struct guest_ctx *g, int conn, json_t *req);
-void fs_list(const struct guest_ctx *g, int conn, json_t *req);
-void fs_mkdir(const struct guest_ctx *g, int conn, json_t *req);
-void fs_remove(const struct guest_ctx *g, int conn, json_t *req);
+/* exec_run: the exec operation; 0 or -1 as above. */
+int exec_run(const struct guest_ctx *g, int conn, json_t *req);
+/* fs_* : the file operations; 0 or -1 as above. */
+int fs_read(const struct guest_ctx *g, int conn, json_t *req);
+int fs_write(const struct guest_ctx *g, int conn, json_t *req);
+int fs_stat(const struct guest_ctx *g, int conn, json_t *req);
+int fs_list(const struct guest_ctx *g, int conn, json_t *req);
+int fs_mkdir(const struct guest_ctx *g, int conn, json_t *req);
+int fs_remove(const struct guest_ctx *g, int conn, json_t *req);
 
 #endif

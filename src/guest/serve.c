@@ -1,8 +1,13 @@
-/* One connection, one operation: read the REQUEST, dispatch on "op". */
+/* One connection, operations in sequence (notes: seq.md): after the
+ * handshake, read a REQUEST, dispatch on "op", repeat until EOF, a protocol
+ * violation or the idle bound. Every op ends with RESULT or ERROR, or the
+ * connection closes: the opener must never wait for a terminal frame while
+ * this handler waits for the next REQUEST. */
 #include <errno.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 
 #include "cleanup.h"
 #include "guest/guest.h"
@@ -10,9 +15,15 @@
 #include "log.h"
 #include "wire_json.h"
 
-/* A peer must send its REQUEST within this time; later phases (stdin,
- * file content) are paced by the peer. */
+/* A peer must send its first REQUEST within this time; later phases
+ * (stdin, file content) are paced by the peer. */
 #define GUEST_REQUEST_TIMEOUT_S 30
+/* A connection idle between operations this long is closed quietly: the
+ * host side pools idle connections for 30 s at most, so this only bounds
+ * handlers whose opener forgot them. */
+#ifndef GUEST_IDLE_TIMEOUT_S /* -D for a quick manual check */
+#define GUEST_IDLE_TIMEOUT_S 600
+#endif
 /* The bridge sends its HELLO right after connecting. */
 #define GUEST_HELLO_TIMEOUT_S 5
 
@@ -38,43 +49,47 @@ const char *guest_errno_code(int e)
 }
 
 /* guest_send_errno: sends ERROR for errno e ("what: strerror"). */
-void guest_send_errno(int conn, int e, const char *what)
+int guest_send_errno(int conn, int e, const char *what)
 {
-	wire_send_error(conn, guest_errno_code(e), "%s: %s", what, strerror(e));
+	return wire_send_error(conn, guest_errno_code(e), "%s: %s", what, strerror(e));
 }
 
-/* guest_result: adds the generation and sends RESULT; steals obj. */
+/* guest_result: adds the generation and sends RESULT; steals obj. When
+ * the RESULT cannot be built or serialized (nothing written yet), an
+ * ERROR ends the operation instead. */
 int guest_result(const struct guest_ctx *g, int conn, json_t *obj)
 {
 	struct tt_err err = { 0 };
 	int rc;
 
-	if (obj == NULL) {
-		wire_send_error(conn, "internal", "out of memory");
-		return -1;
-	}
+	if (obj == NULL)
+		return wire_send_error(conn, "internal", "out of memory");
 	json_object_set_new(obj, "generation", json_integer((json_int_t)g->gen));
 	rc = wire_send_json(conn, WIRE_RESULT, obj, &err);
 	if (rc < 0 && err.code == TT_ERR_TOO_LARGE)
-		wire_send_error(conn, "too_large", "result does not fit one frame");
+		rc = wire_send_error(conn, "too_large", "result does not fit one frame");
+	else if (rc < 0 && err.code == TT_ERR_NOMEM)
+		rc = wire_send_error(conn, "internal", "out of memory");
 	json_decref(obj);
 	return rc;
 }
 
-/* guest_req_path: extracts and validates "path". */
-const char *guest_req_path(int conn, json_t *req)
+/* guest_req_path: extracts and validates "path"; on NULL, *rc is the
+ * result of sending the ERROR. */
+const char *guest_req_path(int conn, json_t *req, int *rc)
 {
 	json_t *p = json_object_get(req, "path");
 	struct tt_err err = { 0 };
 
 	if (!json_is_string(p)) {
-		wire_send_error(conn, "bad_request", "\"path\" (string) is required");
+		*rc = wire_send_error(conn, "bad_request", "\"path\" (string) is required");
 		return NULL;
 	}
 	if (path_check(json_string_value(p), json_string_length(p), &err) < 0) {
-		wire_send_error(conn, "path_invalid", "%s", err.msg);
+		*rc = wire_send_error(conn, "path_invalid", "%s", err.msg);
 		return NULL;
 	}
+	*rc = 0;
 	return json_string_value(p);
 }
 
@@ -88,7 +103,7 @@ static void set_rcvtimeo(int conn, int seconds)
 
 static const struct {
 	const char *name;
-	void (*run)(const struct guest_ctx *, int, json_t *);
+	int (*run)(const struct guest_ctx *, int, json_t *);
 } guest_ops[] = {
 	{ "exec", exec_run },
 	{ "fs.read", fs_read },
@@ -195,15 +210,73 @@ static int guest_handshake(const struct guest_ctx *g, int conn, uint8_t *buf)
 	return rc;
 }
 
-/* guest_serve: reads one REQUEST and runs the operation it names. Garbage
- * gets an ERROR where the peer still listens, then the connection closes. */
+/* serve_next: waits for the next REQUEST (first: the one after the
+ * handshake; else between operations, where stray DATA_IN / EOF_IN the
+ * last operation did not consume are discarded). Returns 1 with *req (a
+ * new reference), 0 to end quietly (EOF, idle bound), -1 to close after
+ * an ERROR where the peer still listens. */
+static int serve_next(int conn, uint8_t *buf, bool first, json_t **req)
+{
+	struct tt_err err = { 0 };
+	struct wire_frame f;
+	int rc, e;
+
+	set_rcvtimeo(conn, first ? GUEST_REQUEST_TIMEOUT_S : GUEST_IDLE_TIMEOUT_S);
+	do {
+		rc = wire_recv(conn, &f, buf, WIRE_PAYLOAD_MAX + 1, &err);
+	} while (rc == 1 && !first &&
+	         (f.type == WIRE_DATA_IN || f.type == WIRE_EOF_IN));
+	e = errno;
+	set_rcvtimeo(conn, 0);
+	if (rc == 0)
+		return 0;
+	if (rc < 0) {
+		if (!first && err.code == TT_ERR_TRANSPORT &&
+		    (e == EAGAIN || e == EWOULDBLOCK))
+			return 0; /* idle too long: the opener forgot us */
+		log_warn("closing a connection: %s", err.msg);
+		wire_send_error(conn, err.code == TT_ERR_TOO_LARGE ? "too_large"
+		                                                   : "bad_request",
+		                "%s", err.msg);
+		return -1;
+	}
+	if (f.type != WIRE_REQUEST) {
+		wire_send_error(conn, "bad_request", "expected REQUEST, got %s",
+		                wire_type_name(f.type));
+		return -1;
+	}
+	*req = wire_frame_json(&f, &err);
+	if (*req == NULL) {
+		wire_send_error(conn, "bad_request", "%s", err.msg);
+		return -1;
+	}
+	return 1;
+}
+
+/* serve_op: runs the operation req names. 0 when it ended with RESULT or
+ * ERROR sent (the connection may carry the next one), -1 when the
+ * connection must close. */
+static int serve_op(const struct guest_ctx *g, int conn, json_t *req)
+{
+	json_t *op = json_object_get(req, "op");
+
+	/* A well-formed frame with an unusable request is the request's
+	 * failure, not the connection's: ERROR, and the next one may follow. */
+	if (!json_is_string(op))
+		return wire_send_error(conn, "bad_request", "\"op\" (string) is required");
+	for (size_t i = 0; i < sizeof(guest_ops) / sizeof(guest_ops[0]); i++) {
+		if (strcmp(json_string_value(op), guest_ops[i].name) == 0)
+			return guest_ops[i].run(g, conn, req);
+	}
+	return wire_send_error(conn, "bad_request", "unknown op");
+}
+
+/* guest_serve: the handshake once, then operations in sequence until EOF,
+ * a protocol violation (ERROR where the peer still listens, then close),
+ * a failed send, or the idle bound. */
 void guest_serve(const struct guest_ctx *g, int conn)
 {
 	_cleanup_free_ uint8_t *buf = malloc(WIRE_PAYLOAD_MAX + 1);
-	struct tt_err err = { 0 };
-	struct wire_frame f;
-	json_t *req, *op;
-	int rc;
 
 	if (buf == NULL) {
 		wire_send_error(conn, "internal", "out of memory");
@@ -211,41 +284,19 @@ void guest_serve(const struct guest_ctx *g, int conn)
 	}
 	if (guest_handshake(g, conn, buf) < 0)
 		return;
-	set_rcvtimeo(conn, GUEST_REQUEST_TIMEOUT_S);
-	rc = wire_recv(conn, &f, buf, WIRE_PAYLOAD_MAX + 1, &err);
-	set_rcvtimeo(conn, 0);
-	if (rc == 0)
-		return;
-	if (rc < 0) {
-		log_warn("refused a connection: %s", err.msg);
-		wire_send_error(conn, err.code == TT_ERR_TOO_LARGE ? "too_large"
-		                                                   : "bad_request",
-		                "%s", err.msg);
-		return;
-	}
-	if (f.type != WIRE_REQUEST) {
-		wire_send_error(conn, "bad_request", "expected REQUEST, got %s",
-		                wire_type_name(f.type));
-		return;
-	}
-	req = wire_frame_json(&f, &err);
-	if (req == NULL) {
-		wire_send_error(conn, "bad_request", "%s", err.msg);
-		return;
-	}
-	op = json_object_get(req, "op");
-	if (!json_is_string(op)) {
-		wire_send_error(conn, "bad_request", "\"op\" (string) is required");
-		json_decref(req);
-		return;
-	}
-	for (size_t i = 0; i < sizeof(guest_ops) / sizeof(guest_ops[0]); i++) {
-		if (strcmp(json_string_value(op), guest_ops[i].name) == 0) {
-			guest_ops[i].run(g, conn, req);
-			json_decref(req);
+	for (bool first = true;; first = false) {
+		json_t *req = NULL;
+		int rc = serve_next(conn, buf, first, &req);
+
+		if (rc <= 0)
 			return;
-		}
+		rc = serve_op(g, conn, req);
+		json_decref(req);
+		if (rc < 0)
+			return;
+		/* Collect any child an operation left exited (exec reaps its
+		 * own; this keeps a long-lived handler free of zombies). */
+		while (waitpid(-1, NULL, WNOHANG) > 0)
+			;
 	}
-	wire_send_error(conn, "bad_request", "unknown op");
-	json_decref(req);
 }

@@ -53,6 +53,9 @@
 #define MGR_UID_BASE 1000000u
 #define MGR_UID_COUNT 65536u
 #define MGR_BRIDGE_READY_MS 5000
+/* Idle connections kept per bridge, and for how long. */
+#define MGR_POOL_IDLE_MAX 4
+#define MGR_POOL_IDLE_MS 30000
 
 /* Runtime (non-durable) state of one execution running here: the sandbox,
  * its bridge and the pidfd watchers. Owned by manager.execs. */
@@ -67,15 +70,24 @@ struct mgr_exec {
 	 * every connection to it must reach exactly this process. */
 	struct proc_identity bridge_id;
 	bool own_children;        /* false when adopted after a restart */
+	/* Identifies this very runtime state (never reused): a connection to
+	 * the bridge goes back only to the pool of the execution it was
+	 * opened for, never to a successor for the same sandbox. */
+	uint64_t serial;
+	/* Idle bridge connections, each verified when opened; freed at stop. */
+	struct uvutil_pool *pool;
 	uv_poll_t init_poll, bridge_poll;
 	int polls_open;
 	bool stopping;
 	struct mgr_exec *next;
 };
 
-/* One accepted node-api connection, from the first byte to the relay. */
+/* One accepted node-api connection, serving its operations in sequence;
+ * a relay holds both streams while an admitted operation runs. */
 struct mgr_conn {
 	struct manager *m;
+	uint64_t served;          /* operations done on this connection */
+	uint64_t exec_serial;     /* mgr_exec.serial of the bridge in use */
 	uv_pipe_t *conn;          /* owned until handed to the relay */
 	uv_pipe_t *bridge;        /* owned until handed to the relay */
 	struct wire_reader rd;
@@ -104,6 +116,7 @@ struct manager {
 	struct records *db;
 	struct capcache *cache;
 	struct mgr_exec *execs;
+	uint64_t exec_serial;      /* last mgr_exec.serial handed out */
 	struct mgr_conn *ops;
 	uv_pipe_t server;
 	uv_signal_t sigterm, sigint;
@@ -228,15 +241,98 @@ static void conn_fail(struct mgr_conn *c, const char *code, const char *msg)
 	conn_free(c);
 }
 
-/* relay_done: an admitted operation ended. */
-static void relay_done(struct relay *r, enum relay_end how, const char *msg, void *data)
+static void conn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+/* ops_unlink: the connection's operation holds no lease any more. */
+static void ops_unlink(struct mgr_conn *c)
+{
+	struct mgr_conn **pp;
+
+	for (pp = &c->m->ops; *pp; pp = &(*pp)->next)
+		if (*pp == c) {
+			*pp = c->next;
+			break;
+		}
+	c->next = NULL;
+}
+
+/* bridge_pool_of: the pool a bridge connection opened for execution
+ * serial of sbx goes back to, or NULL when that execution is no longer
+ * the running one (retired, replaced, stopping). */
+static struct uvutil_pool *bridge_pool_of(struct manager *m, const char *sbx,
+                                          uint64_t serial, uint64_t epoch)
+{
+	const struct rec_exec *rec = records_get(m->db, sbx);
+	struct mgr_exec *ex = exec_find(m, sbx);
+
+	if (ex == NULL || ex->stopping || ex->serial != serial || rec == NULL ||
+	    rec->epoch != epoch || rec->retired || rec->state != REC_RUNNING)
+		return NULL;
+	return ex->pool;
+}
+
+/* relay_kept: an admitted operation ended. After a clean end the bridge
+ * connection goes back to its execution's pool and node-api's connection
+ * waits for the next REQUEST; otherwise the relay closed both. */
+static void relay_kept(struct relay *r, enum relay_end how, const char *msg,
+                       struct relay_kept *kept, void *data)
 {
 	struct mgr_conn *c = data;
 
 	(void)r;
-	if (how != RELAY_DONE)
-		log_info("operation on %s ended: %s: %s", c->sbx, relay_end_name(how), msg);
-	conn_free(c);
+	c->relay = NULL;
+	if (kept == NULL) {
+		if (how != RELAY_DONE)
+			log_info("operation on %s ended: %s: %s", c->sbx, relay_end_name(how),
+			         msg);
+		conn_free(c);
+		return;
+	}
+	ops_unlink(c);
+	if (kept->far != NULL)
+		uvutil_pool_put(bridge_pool_of(c->m, c->sbx, c->exec_serial, c->epoch),
+		                kept->far);
+	json_decref(c->req);
+	free(c->pending);
+	c->req = NULL;
+	c->pending = NULL;
+	c->pending_len = 0;
+	c->sbx[0] = '\0';
+	c->served++;
+	c->conn = (uv_pipe_t *)kept->opener;
+	if (kept->opener_rd->hdr_have > 0)
+		memcpy(&c->rd, kept->opener_rd, sizeof(c->rd));
+	else
+		wire_reader_init(&c->rd);
+	free(kept->opener_rd);
+	c->conn->data = c;
+	if (uv_read_start((uv_stream_t *)c->conn, conn_alloc_cb, conn_read_cb) < 0)
+		conn_free(c);
+}
+
+/* bridge_forward: the bridge connection is verified (now or when it was
+ * opened): forward the REQUEST without its token and relay. */
+static void bridge_forward(struct mgr_conn *c)
+{
+	struct manager *m = c->m;
+	struct tt_err err = { 0 };
+
+	json_object_del(c->req, "token");
+	if (relay_write_json((uv_stream_t *)c->bridge, WIRE_REQUEST, c->req, &err) < 0) {
+		conn_fail(c, "transport", err.msg);
+		return;
+	}
+	c->relay = relay_start_keep((uv_stream_t *)c->conn, (uv_stream_t *)c->bridge,
+	                            c->pending, c->pending_len, relay_kept, c, &err);
+	if (c->relay == NULL) {
+		conn_fail(c, "internal", err.msg);
+		return;
+	}
+	c->conn = NULL; /* the relay owns both streams now */
+	c->bridge = NULL;
+	c->next = m->ops;
+	m->ops = c;
 }
 
 /* bridge_connected: verify the bridge, re-check the lease, forward the
@@ -281,21 +377,7 @@ static void bridge_connected(uv_connect_t *req, int status)
 		conn_fail(c, "transport", msg);
 		return;
 	}
-	json_object_del(c->req, "token");
-	if (relay_write_json((uv_stream_t *)c->bridge, WIRE_REQUEST, c->req, &err) < 0) {
-		conn_fail(c, "transport", err.msg);
-		return;
-	}
-	c->relay = relay_start((uv_stream_t *)c->conn, (uv_stream_t *)c->bridge,
-	                       c->pending, c->pending_len, relay_done, c, &err);
-	if (c->relay == NULL) {
-		conn_fail(c, "internal", err.msg);
-		return;
-	}
-	c->conn = NULL; /* the relay owns both streams now */
-	c->bridge = NULL;
-	c->next = m->ops;
-	m->ops = c;
+	bridge_forward(c);
 }
 
 /* handle_data_op: admission, DECISION, then (allowed) connect the bridge. */
@@ -306,6 +388,7 @@ static void handle_data_op(struct mgr_conn *c)
 	const char *sbx = json_string_value(json_object_get(c->req, "sbx"));
 	const char *op = json_string_value(json_object_get(c->req, "op"));
 	const struct rec_exec *rec;
+	struct mgr_exec *ex;
 	struct tt_installed inst;
 	struct tt_request rq = { 0 };
 	struct tt_decision d;
@@ -349,7 +432,19 @@ static void handle_data_op(struct mgr_conn *c)
 		return;
 	}
 	c->epoch = rec->epoch;
-	if (exec_find(m, sbx) == NULL || sandbox_dir(m, sbx, path, sizeof(path)) < 0 ||
+	ex = exec_find(m, sbx);
+	c->exec_serial = ex != NULL ? ex->serial : 0;
+	if (ex != NULL && !ex->stopping) {
+		/* Admitted just now against the durable record; an idle
+		 * connection reaches the bridge pinned for this execution,
+		 * verified when it was opened. */
+		c->bridge = (uv_pipe_t *)uvutil_pool_get(ex->pool);
+		if (c->bridge != NULL) {
+			bridge_forward(c);
+			return;
+		}
+	}
+	if (ex == NULL || sandbox_dir(m, sbx, path, sizeof(path)) < 0 ||
 	    strlen(path) + sizeof("/bridge.sock") > sizeof(((struct sockaddr_un *)0)->sun_path)) {
 		conn_fail(c, "transport", "no bridge for this execution");
 		return;
@@ -459,6 +554,8 @@ static void exec_stop(struct manager *m, struct mgr_exec *ex)
 		return;
 	ex->stopping = true;
 	cancel_leases(m, ex->sbx);
+	uvutil_pool_free(ex->pool);
+	ex->pool = NULL;
 	for (pp = &m->execs; *pp; pp = &(*pp)->next)
 		if (*pp == ex) {
 			*pp = ex->next;
@@ -845,6 +942,9 @@ static struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec
 		return NULL;
 	}
 	ex->m = m;
+	ex->serial = ++m->exec_serial;
+	/* NULL when out of memory: then no bridge connection is kept. */
+	ex->pool = uvutil_pool_new(m->loop, MGR_POOL_IDLE_MAX, MGR_POOL_IDLE_MS);
 	ex->own_children = true;
 	ex->bridge_pidfd = -1;
 	snprintf(ex->sbx, sizeof(ex->sbx), "%s", rec->id.sbx);
@@ -903,6 +1003,7 @@ static struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec
 	return ex;
 fail:
 	sodium_memzero(secret, sizeof(secret));
+	uvutil_pool_free(ex->pool);
 	free(ex);
 	return NULL;
 }
@@ -1639,8 +1740,8 @@ static void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	const char *op;
 
 	(void)buf;
-	switch (uvutil_first_request(s, &c->rd, c->buf, nread, &f, &c->pending,
-	                             &c->pending_len, &err)) {
+	switch ((c->served > 0 ? uvutil_next_request : uvutil_first_request)(
+	        s, &c->rd, c->buf, nread, &f, &c->pending, &c->pending_len, &err)) {
 	case UVUTIL_REQ_MORE:
 		return;
 	case UVUTIL_REQ_READY:
@@ -1765,6 +1866,9 @@ static void recover(struct manager *m)
 		if (ex == NULL)
 			continue;
 		ex->m = m;
+	ex->serial = ++m->exec_serial;
+	/* NULL when out of memory: then no bridge connection is kept. */
+	ex->pool = uvutil_pool_new(m->loop, MGR_POOL_IDLE_MAX, MGR_POOL_IDLE_MS);
 		snprintf(ex->sbx, sizeof(ex->sbx), "%s", r->id.sbx);
 		ns_sandbox_init(&ex->sb);
 		ex->sb.init_pid = r->init_pid;
@@ -1786,6 +1890,7 @@ static void recover(struct manager *m)
 				close(ex->sb.pidfd);
 			if (ex->bridge_pidfd >= 0)
 				close(ex->bridge_pidfd);
+			uvutil_pool_free(ex->pool);
 			free(ex);
 			mark_state(m, r->id.sbx, REC_LOST);
 			continue;

@@ -11,14 +11,43 @@
 
 #define MGRCONN_READ_CHUNK (64u * 1024u)
 
+/* Idle connections to one socket path on one loop. Owned by the global list
+ * below; it lives as long as the loop unless mgrconn_pool_shutdown ends it,
+ * and then goes when the last connection that points at it is freed. */
+struct mgrpool {
+	struct mgrpool *next;
+	uv_loop_t *loop;
+	char *path;            /* owned */
+	struct mgrconn *idle;  /* idle connections, most recent first (owned) */
+	size_t n_idle;
+	size_t refs;           /* connections pointing here */
+	bool closing;
+};
+
+/* All pools; the node-api runs one loop on one thread, so no lock. */
+static struct mgrpool *pools;
+static uint64_t pool_idle_ms = MGRCONN_IDLE_MS;
+
+/* One connection. Owned by the user between mgrconn_open and mgrconn_close,
+ * by its pool while idle, by libuv's close callbacks while closing. */
 struct mgrconn {
 	uv_pipe_t pipe;
 	uv_connect_t connect_req;
+	uv_timer_t idle_timer; /* closes the connection after pool_idle_ms idle */
 	struct mgrconn_cbs cbs;
 	void *arg;
 	char *req;        /* encoded REQUEST, sent once connected (owned) */
 	size_t req_len;
 	bool connected, closed, ended, paused, want_drain;
+	/* Per operation: the first frame was DECISION allow; the RESULT/ERROR
+	 * that ends it arrived; something made the connection unfit for reuse
+	 * (bytes after the end, a write error, a malformed frame). */
+	bool seen_first, allowed, done, dirty;
+	bool idle;        /* parked in pool->idle */
+	unsigned gen;     /* bumped when the connection changes hands */
+	int handles;      /* libuv handles still to be closed before free */
+	struct mgrpool *pool;    /* NULL for control calls (never pooled) */
+	struct mgrconn *idle_next;
 	uint8_t *pend;    /* read bytes not yet decoded (owned) */
 	size_t pend_len, pend_off;
 	struct wire_reader rd;
@@ -32,6 +61,194 @@ struct mgrconn_wreq {
 	uint8_t data[];
 };
 
+static void mgrconn_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
+static void mgrconn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+/* ---- pool --------------------------------------------------------------- */
+
+/* pool_get: the pool of loop + path, created on first use (NULL when out of
+ * memory: the connection is then simply not pooled). */
+static struct mgrpool *pool_get(uv_loop_t *loop, const char *path)
+{
+	struct mgrpool *p;
+
+	for (p = pools; p != NULL; p = p->next)
+		if (p->loop == loop && strcmp(p->path, path) == 0)
+			return p;
+	p = calloc(1, sizeof(*p));
+	if (p == NULL)
+		return NULL;
+	p->path = strdup(path);
+	if (p->path == NULL) {
+		free(p);
+		return NULL;
+	}
+	p->loop = loop;
+	p->next = pools;
+	pools = p;
+	return p;
+}
+
+/* pool_unref: a connection let go of p; a shut-down pool goes with its last
+ * connection (it is already off the global list). */
+static void pool_unref(struct mgrpool *p)
+{
+	if (p == NULL)
+		return;
+	p->refs--;
+	if (p->closing && p->refs == 0) {
+		free(p->path);
+		free(p);
+	}
+}
+
+/* pool_unlink: takes c off its pool's idle list. */
+static void pool_unlink(struct mgrconn *c)
+{
+	struct mgrconn **pp;
+
+	if (!c->idle)
+		return;
+	for (pp = &c->pool->idle; *pp != NULL; pp = &(*pp)->idle_next) {
+		if (*pp == c) {
+			*pp = c->idle_next;
+			break;
+		}
+	}
+	c->idle_next = NULL;
+	c->idle = false;
+	c->pool->n_idle--;
+}
+
+/* mgrconn_closed: last step, once libuv has released both handles. */
+static void mgrconn_closed(uv_handle_t *h)
+{
+	struct mgrconn *c = h->data;
+
+	if (--c->handles > 0)
+		return;
+	pool_unref(c->pool);
+	free(c->pend);
+	free(c->req);
+	free(c);
+}
+
+/* mgrconn_destroy: closes the connection for good (idle or not). */
+static void mgrconn_destroy(struct mgrconn *c)
+{
+	if (c->closed)
+		return;
+	pool_unlink(c);
+	c->closed = true;
+	c->gen++;
+	uv_close((uv_handle_t *)&c->pipe, mgrconn_closed);
+	uv_close((uv_handle_t *)&c->idle_timer, mgrconn_closed);
+}
+
+/* pool_on_idle_timeout: an idle connection unused for pool_idle_ms. */
+static void pool_on_idle_timeout(uv_timer_t *t)
+{
+	mgrconn_destroy(t->data);
+}
+
+/* mgrconn_reusable: the operation ended cleanly: allowed, its RESULT/ERROR
+ * was the last thing received (nothing buffered after it, no partial
+ * frame), nothing failed, and the pool has room. Called from mgrconn_close,
+ * possibly inside on_frame of that RESULT: pend_off is already past it. */
+static bool mgrconn_reusable(const struct mgrconn *c)
+{
+	return c->pool != NULL && !c->pool->closing &&
+	       c->pool->n_idle < MGRCONN_POOL_MAX && c->connected &&
+	       !c->ended && !c->dirty && c->allowed && c->done &&
+	       (c->pend == NULL || c->pend_off >= c->pend_len) &&
+	       c->rd.hdr_have == 0 && c->rd.have == 0;
+}
+
+/* pool_park: moves a clean connection into its pool: no user callbacks,
+ * reading on (EOF or any byte while idle drops it), idle timer running,
+ * handles unreferenced so an idle pool never keeps the loop alive. */
+static void pool_park(struct mgrconn *c)
+{
+	c->gen++;
+	memset(&c->cbs, 0, sizeof(c->cbs));
+	c->arg = NULL;
+	free(c->pend);
+	c->pend = NULL;
+	c->pend_len = c->pend_off = 0;
+	c->paused = c->want_drain = false;
+	uv_read_stop((uv_stream_t *)&c->pipe);
+	if (uv_read_start((uv_stream_t *)&c->pipe, mgrconn_alloc,
+	                  mgrconn_on_read) < 0 ||
+	    uv_timer_start(&c->idle_timer, pool_on_idle_timeout, pool_idle_ms,
+	                   0) < 0) {
+		mgrconn_destroy(c);
+		return;
+	}
+	uv_unref((uv_handle_t *)&c->pipe);
+	uv_unref((uv_handle_t *)&c->idle_timer);
+	c->idle = true;
+	c->idle_next = c->pool->idle;
+	c->pool->idle = c;
+	c->pool->n_idle++;
+}
+
+/* pool_take: an idle connection of loop + path, handed to a new user with
+ * a fresh per-operation state, or NULL. */
+static struct mgrconn *pool_take(struct mgrpool *p)
+{
+	struct mgrconn *c = p != NULL ? p->idle : NULL;
+
+	if (c == NULL)
+		return NULL;
+	pool_unlink(c);
+	uv_timer_stop(&c->idle_timer);
+	uv_ref((uv_handle_t *)&c->pipe);
+	uv_ref((uv_handle_t *)&c->idle_timer);
+	c->gen++;
+	c->seen_first = c->allowed = c->done = c->dirty = false;
+	return c;
+}
+
+/* mgrconn_pool_idle: see mgrconn.h. */
+size_t mgrconn_pool_idle(uv_loop_t *loop, const char *path)
+{
+	for (struct mgrpool *p = pools; p != NULL; p = p->next)
+		if (p->loop == loop && strcmp(p->path, path) == 0)
+			return p->n_idle;
+	return 0;
+}
+
+/* mgrconn_pool_shutdown: see mgrconn.h. */
+void mgrconn_pool_shutdown(uv_loop_t *loop)
+{
+	struct mgrpool **pp = &pools;
+
+	while (*pp != NULL) {
+		struct mgrpool *p = *pp;
+
+		if (p->loop != loop) {
+			pp = &p->next;
+			continue;
+		}
+		*pp = p->next;
+		p->closing = true;
+		while (p->idle != NULL)
+			mgrconn_destroy(p->idle);
+		if (p->refs == 0) {
+			free(p->path);
+			free(p);
+		}
+	}
+}
+
+/* mgrconn_pool_set_idle_ms: see mgrconn.h. */
+void mgrconn_pool_set_idle_ms(uint64_t ms)
+{
+	pool_idle_ms = ms;
+}
+
+/* ---- one connection ------------------------------------------------------ */
+
 /* mgrconn_end: reports the end of the connection once (unless closed). */
 static void mgrconn_end(struct mgrconn *c, const struct tt_err *err)
 {
@@ -43,33 +260,64 @@ static void mgrconn_end(struct mgrconn *c, const struct tt_err *err)
 		c->cbs.on_end(c->arg, err);
 }
 
-/* mgrconn_closed: last step, once libuv has released the handle. */
-static void mgrconn_closed(uv_handle_t *h)
-{
-	struct mgrconn *c = h->data;
-
-	free(c->pend);
-	free(c->req);
-	free(c);
-}
-
-/* mgrconn_close: see mgrconn.h. */
+/* mgrconn_close: see mgrconn.h. A clean connection goes back to the pool,
+ * anything else is closed as before. */
 void mgrconn_close(struct mgrconn *c)
 {
-	if (c == NULL || c->closed)
+	if (c == NULL || c->closed || c->idle)
 		return;
-	c->closed = true;
-	uv_close((uv_handle_t *)&c->pipe, mgrconn_closed);
+	if (mgrconn_reusable(c))
+		pool_park(c);
+	else
+		mgrconn_destroy(c);
+}
+
+/* frame_is_allow: the frame is a DECISION whose verdict is allow. */
+static bool frame_is_allow(const struct wire_frame *f)
+{
+	json_error_t jerr;
+	json_t *obj;
+	bool allow;
+
+	if (f->type != WIRE_DECISION)
+		return false;
+	obj = json_loadb((const char *)f->payload, f->len, JSON_REJECT_DUPLICATES,
+	                 &jerr);
+	allow = json_is_object(obj) &&
+	        json_is_string(json_object_get(obj, "decision")) &&
+	        strcmp(json_string_value(json_object_get(obj, "decision")),
+	               "allow") == 0;
+	json_decref(obj);
+	return allow;
+}
+
+/* mgrconn_track: follows the operation's frames to judge reuse: DECISION
+ * allow first, then frames until RESULT/ERROR, then nothing. */
+static void mgrconn_track(struct mgrconn *c, const struct wire_frame *f)
+{
+	if (c->done) {
+		c->dirty = true; /* the manager must send nothing after the end */
+		return;
+	}
+	if (!c->seen_first) {
+		c->seen_first = true;
+		c->allowed = frame_is_allow(f);
+		return;
+	}
+	if (c->allowed && (f->type == WIRE_RESULT || f->type == WIRE_ERROR))
+		c->done = true;
 }
 
 /* mgrconn_process: decodes buffered bytes into frames until they run out,
- * the owner pauses, or the owner closes. */
+ * the owner pauses, or the owner closes (or hands the connection back to
+ * the pool: gen changes, and it may already serve someone else). */
 static void mgrconn_process(struct mgrconn *c)
 {
 	struct tt_err err = { 0 };
+	unsigned gen = c->gen;
 
 	while (c->pend != NULL && c->pend_off < c->pend_len && !c->paused &&
-	       !c->closed && !c->ended) {
+	       !c->closed && !c->ended && c->gen == gen) {
 		struct wire_frame f;
 		size_t used = 0;
 		int rc = wire_reader_feed(&c->rd, c->pend + c->pend_off,
@@ -77,15 +325,19 @@ static void mgrconn_process(struct mgrconn *c)
 
 		c->pend_off += used;
 		if (rc < 0) {
+			c->dirty = true;
 			mgrconn_end(c, &err);
 			return;
 		}
-		if (rc == 1 && c->cbs.on_frame != NULL)
-			c->cbs.on_frame(c->arg, &f);
+		if (rc == 1) {
+			mgrconn_track(c, &f);
+			if (c->cbs.on_frame != NULL)
+				c->cbs.on_frame(c->arg, &f);
+		}
 		if (rc == 0 && used == 0)
 			break; /* cannot happen with bytes left; stay safe */
 	}
-	if (c->pend != NULL && c->pend_off >= c->pend_len) {
+	if (c->gen == gen && c->pend != NULL && c->pend_off >= c->pend_len) {
 		free(c->pend);
 		c->pend = NULL;
 		c->pend_len = c->pend_off = 0;
@@ -107,6 +359,14 @@ static void mgrconn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	struct mgrconn *c = s->data;
 	struct tt_err err = { 0 };
 
+	if (c->idle) {
+		/* The manager sends nothing on an idle connection: EOF, an error
+		 * or a stray byte all mean it is unusable. */
+		free(buf->base);
+		if (nread != 0)
+			mgrconn_destroy(c);
+		return;
+	}
 	if (nread <= 0 || c->closed || c->ended) {
 		free(buf->base);
 		if (nread == 0 || c->closed || c->ended)
@@ -120,6 +380,8 @@ static void mgrconn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 		mgrconn_end(c, &err);
 		return;
 	}
+	if (c->done)
+		c->dirty = true; /* bytes after the operation's end */
 	/* Reads are stopped while bytes are pending, so pend is empty here. */
 	free(c->pend);
 	c->pend = (uint8_t *)buf->base;
@@ -128,7 +390,8 @@ static void mgrconn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	mgrconn_process(c);
 }
 
-/* mgrconn_on_write: frees the request; reports failures and drains. */
+/* mgrconn_on_write: frees the request; reports failures and drains. A
+ * failed write also rules out reuse, and drops an idle connection. */
 static void mgrconn_on_write(uv_write_t *req, int status)
 {
 	struct mgrconn_wreq *w = (struct mgrconn_wreq *)req;
@@ -136,7 +399,16 @@ static void mgrconn_on_write(uv_write_t *req, int status)
 	struct tt_err err = { 0 };
 
 	free(w);
-	if (c->closed || c->ended)
+	if (c->closed)
+		return;
+	if (status < 0)
+		c->dirty = true;
+	if (c->idle) {
+		if (status < 0)
+			mgrconn_destroy(c);
+		return;
+	}
+	if (c->ended)
 		return;
 	if (status < 0) {
 		tt_err_set(&err, TT_ERR_TRANSPORT, "write to manager: %s",
@@ -159,7 +431,7 @@ int mgrconn_send(struct mgrconn *c, uint8_t type, const void *payload,
 	uv_buf_t b;
 	int rc;
 
-	if (c->closed || c->ended || !c->connected)
+	if (c->closed || c->ended || c->idle || !c->connected)
 		return tt_err_set(err, TT_ERR_TRANSPORT, "manager connection not open");
 	if (len > WIRE_PAYLOAD_MAX)
 		return tt_err_set(err, TT_ERR_TOO_LARGE, "frame over %u bytes",
@@ -176,6 +448,7 @@ int mgrconn_send(struct mgrconn *c, uint8_t type, const void *payload,
 	rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, &b, 1, mgrconn_on_write);
 	if (rc < 0) {
 		free(w);
+		c->dirty = true;
 		return tt_err_set(err, TT_ERR_TRANSPORT, "write to manager: %s",
 		                  uv_strerror(rc));
 	}
@@ -210,22 +483,25 @@ size_t mgrconn_queued(const struct mgrconn *c)
 /* mgrconn_pause: stops reading; bytes already read stay buffered. */
 void mgrconn_pause(struct mgrconn *c)
 {
-	if (c->paused || c->closed)
+	if (c->paused || c->closed || c->idle)
 		return;
 	c->paused = true;
 	if (c->connected && !c->ended)
 		uv_read_stop((uv_stream_t *)&c->pipe);
 }
 
-/* mgrconn_resume: delivers buffered frames first, then reads again. */
+/* mgrconn_resume: delivers buffered frames first, then reads again (unless
+ * the user closed or released the connection meanwhile). */
 void mgrconn_resume(struct mgrconn *c)
 {
-	if (!c->paused || c->closed)
+	unsigned gen = c->gen;
+
+	if (!c->paused || c->closed || c->idle)
 		return;
 	c->paused = false;
 	mgrconn_process(c);
-	if (!c->paused && !c->closed && !c->ended && c->connected &&
-	    c->pend == NULL)
+	if (c->gen == gen && !c->paused && !c->closed && !c->ended &&
+	    c->connected && c->pend == NULL)
 		uv_read_start((uv_stream_t *)&c->pipe, mgrconn_alloc, mgrconn_on_read);
 }
 
@@ -254,11 +530,40 @@ static void mgrconn_on_connect(uv_connect_t *req, int status)
 		uv_read_start((uv_stream_t *)&c->pipe, mgrconn_alloc, mgrconn_on_read);
 }
 
+/* req_is_control: status and feed.apply get no DECISION and the manager
+ * closes their connection after the RESULT: they never use the pool. */
+static bool req_is_control(json_t *req)
+{
+	const char *op = json_string_value(json_object_get(req, "op"));
+
+	return op != NULL &&
+	       (strcmp(op, "status") == 0 || strcmp(op, "feed.apply") == 0);
+}
+
+/* mgrconn_reuse: sends the REQUEST on an idle pooled connection, which
+ * then serves the user like a fresh one (frames arrive from the loop, never
+ * inside this call). Returns false when the write cannot even be queued:
+ * nothing was sent, the connection is closed, the caller tries another. */
+static bool mgrconn_reuse(struct mgrconn *c, const char *enc, size_t len,
+                          const struct mgrconn_cbs *cbs, void *arg)
+{
+	struct tt_err err = { 0 };
+
+	c->cbs = *cbs;
+	c->arg = arg;
+	if (mgrconn_send(c, WIRE_REQUEST, enc, len, &err) < 0) {
+		mgrconn_destroy(c);
+		return false;
+	}
+	return true;
+}
+
 /* mgrconn_open: see mgrconn.h. */
 struct mgrconn *mgrconn_open(uv_loop_t *loop, const char *path, json_t *req,
                              const struct mgrconn_cbs *cbs, void *arg,
                              struct tt_err *err)
 {
+	struct mgrpool *pool = NULL;
 	struct mgrconn *c;
 	char *enc;
 
@@ -272,6 +577,16 @@ struct mgrconn *mgrconn_open(uv_loop_t *loop, const char *path, json_t *req,
 		tt_err_set(err, TT_ERR_TOO_LARGE, "request over %u bytes",
 		           WIRE_PAYLOAD_MAX);
 		return NULL;
+	}
+	if (!req_is_control(req))
+		pool = pool_get(loop, path);
+	while ((c = pool_take(pool)) != NULL) {
+		if (mgrconn_reuse(c, enc, strlen(enc), cbs, arg)) {
+			free(enc);
+			metrics_inc("tether_node_manager_connections_total",
+			            "conn=\"reused\"");
+			return c;
+		}
 	}
 	c = calloc(1, sizeof(*c));
 	if (c == NULL) {
@@ -290,8 +605,15 @@ struct mgrconn *mgrconn_open(uv_loop_t *loop, const char *path, json_t *req,
 		tt_err_set(err, TT_ERR_SYS, "uv_pipe_init failed");
 		return NULL;
 	}
+	uv_timer_init(loop, &c->idle_timer); /* cannot fail on a live loop */
+	c->handles = 2;
 	c->pipe.data = c;
+	c->idle_timer.data = c;
 	c->connect_req.data = c;
+	c->pool = pool;
+	if (pool != NULL)
+		pool->refs++;
+	metrics_inc("tether_node_manager_connections_total", "conn=\"new\"");
 	/* Connect errors (absent socket, refused) arrive in the callback. */
 	uv_pipe_connect(&c->connect_req, &c->pipe, path, mgrconn_on_connect);
 	return c;

@@ -1,6 +1,15 @@
 /* Async client of the sbx-manager socket (protocol.md "node-api <->
- * sbx-manager"): one connection per operation, lib/wire.h frames, on the
- * node-api's libuv loop. Implementation: src/node/mgrconn.c. */
+ * sbx-manager"): lib/wire.h frames on the node-api's libuv loop.
+ * Implementation: src/node/mgrconn.c.
+ *
+ * Operations run in sequence on a connection (notes/seq.md): a connection
+ * whose operation ended cleanly (DECISION allow, then RESULT or ERROR as the
+ * last bytes received, no write failure) goes back to a small idle pool per
+ * loop + socket path when the user calls mgrconn_close, and the next
+ * mgrconn_open takes it instead of connecting. Anything else is closed as
+ * before. Control calls (op "status" / "feed.apply") always get their own
+ * connection and are never pooled. No transparent retry: an operation sent
+ * on a pooled connection that turns out dead ends with on_end (transport). */
 #ifndef TT_NODE_MGRCONN_H
 #define TT_NODE_MGRCONN_H
 
@@ -52,9 +61,25 @@ size_t mgrconn_queued(const struct mgrconn *c);
  * (backpressure towards the manager). */
 void mgrconn_pause(struct mgrconn *c);
 void mgrconn_resume(struct mgrconn *c);
-/* mgrconn_close: no further callbacks; the memory goes when libuv has
- * closed the handle. NULL is accepted. */
+/* mgrconn_close: no further callbacks; c must not be used again (a clean
+ * connection may already serve the next operation; otherwise the memory
+ * goes when libuv has closed the handles). May be called from on_frame.
+ * NULL is accepted. */
 void mgrconn_close(struct mgrconn *c);
+
+#define MGRCONN_POOL_MAX 4            /* idle connections per loop + path */
+#define MGRCONN_IDLE_MS (30u * 1000u) /* an idle connection is closed after */
+
+/* mgrconn_pool_idle: idle connections kept for loop + path (tests, stats). */
+size_t mgrconn_pool_idle(uv_loop_t *loop, const char *path);
+/* mgrconn_pool_shutdown: closes the idle connections of loop and stops
+ * pooling on it (connections still in use are closed when released); call
+ * it before uv_loop_close. Idle connections are unreferenced, so they never
+ * keep uv_run alive on their own. */
+void mgrconn_pool_shutdown(uv_loop_t *loop);
+/* mgrconn_pool_set_idle_ms: the idle timeout for connections pooled from
+ * now on (default MGRCONN_IDLE_MS; tests shorten it). */
+void mgrconn_pool_set_idle_ms(uint64_t ms);
 /* mgrconn_decision: parses the manager's DECISION frame (JSON_REJECT_
  * DUPLICATES), counts it in tether_node_admission_total{decision,reason}
  * and returns the object (caller decrefs) with *verdict set; NULL when the

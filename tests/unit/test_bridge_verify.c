@@ -224,6 +224,26 @@ static void bridge_exec(const char *sock, const char *script, struct answer *a)
 		close(fd);
 }
 
+/* bridge_hold: starts an exec that prints "start", sleeps, then prints
+ * "held", and returns once "start" came back: the operation then runs on
+ * the guest connection the bridge had idle (verified when opened), so the
+ * next operation must open a new one. The caller reads the rest. */
+static int bridge_hold(const char *sock)
+{
+	json_t *req = json_pack("{s:s,s:s,s:[s,s,s]}", "sbx", SBX, "op", "exec", "cmd", "sh",
+	                        "-c", "echo start; sleep 0.5; echo held");
+	int fd = tu_unix_connect(sock, SOCK_CLOEXEC);
+	struct wire_frame f;
+
+	assert_true(fd >= 0);
+	assert_int_equal(wire_send_json(fd, WIRE_REQUEST, req, NULL), 0);
+	json_decref(req);
+	assert_int_equal(wire_recv(fd, &f, rbuf, sizeof(rbuf), NULL), 1);
+	assert_int_equal(f.type, WIRE_DATA_OUT);
+	assert_int_equal(f.len, 6);
+	return fd;
+}
+
 /* expect_ok: the exec ran and printed want. */
 static void expect_ok(const struct answer *a, const char *want)
 {
@@ -400,6 +420,7 @@ static void test_listener_replaced(void **state)
 	for (int round = 0; round < 2; round++) {
 		uid_t uid = round == 0 ? 0 : 65534;
 		char name[32];
+		int held = bridge_hold(b.sock);
 
 		snprintf(name, sizeof(name), "pwned-replaced-%d", round);
 		snprintf(rec, sizeof(rec), "%s/imp-replaced-%d.rec", sub, round);
@@ -416,6 +437,12 @@ static void test_listener_replaced(void **state)
 		 * the marker command never ran anywhere. */
 		assert_int_equal(rec_size(rec), 0);
 		assert_int_equal(access(mark, F_OK), -1);
+		/* The held operation ran on its verified connection to the real
+		 * guest all along, replacement or not. */
+		memset(&a, 0, sizeof(a));
+		read_all(held, &a);
+		close(held);
+		expect_ok(&a, "held\n");
 		proc_stop(&imp);
 		/* Honest afterwards: the init's own listener is back. */
 		assert_int_equal(rename(aside, path), 0);

@@ -1,7 +1,9 @@
 /* tether-guest end to end: starts the real static agent (TETHER_GUEST_BIN,
  * default build/tether-guest) on a temp root with an activation secret and
  * drives every operation over its unix socket with the wire protocol, each
- * connection opened with the bridge's handshake (guest/hello.h). */
+ * connection opened with the bridge's handshake (guest/hello.h). Most tests
+ * use one operation per connection; the test_seq_* ones run operations in
+ * sequence on one connection (notes/seq.md). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -1085,6 +1087,280 @@ static void test_handshake_required(void **state)
 	op_free(&o);
 }
 
+/* seq_op: one operation on an open connection fd: REQUEST (raw JSON
+ * text), optional input as DATA_IN frames, optional EOF_IN, then the
+ * answer up to RESULT or ERROR. */
+static void seq_op(int fd, const char *req, const void *in, size_t in_len,
+                   int eof, struct op_out *o)
+{
+	struct tt_err err = { 0 };
+
+	assert_int_equal(wire_send(fd, WIRE_REQUEST, req, (uint32_t)strlen(req), &err), 0);
+	for (size_t off = 0; off < in_len;) {
+		size_t n = in_len - off > WIRE_PAYLOAD_MAX ? WIRE_PAYLOAD_MAX : in_len - off;
+
+		assert_int_equal(wire_send(fd, WIRE_DATA_IN, (const uint8_t *)in + off,
+		                           (uint32_t)n, &err), 0);
+		off += n;
+	}
+	if (eof)
+		assert_int_equal(wire_send(fd, WIRE_EOF_IN, NULL, 0, &err), 0);
+	op_collect(fd, o);
+}
+
+/* seq_ppid: the pid of the handler serving fd (the parent of the command
+ * an exec on fd runs). */
+static pid_t seq_ppid(int fd)
+{
+	struct op_out o;
+	pid_t pid;
+
+	seq_op(fd, "{\"op\":\"exec\",\"cmd\":[\"sh\",\"-c\",\"echo $PPID\"]}", NULL, 0, 0, &o);
+	expect_result(&o);
+	pid = (pid_t)atoi(o.out);
+	op_free(&o);
+	assert_true(pid > 1);
+	return pid;
+}
+
+/* count_children: how many processes (zombies included) have ppid. */
+static int count_children(pid_t ppid)
+{
+	DIR *d = opendir("/proc");
+	struct dirent *de;
+	int n = 0;
+
+	assert_non_null(d);
+	while ((de = readdir(d)) != NULL) {
+		char path[300], line[512];
+		const char *rp;
+		FILE *f;
+		int pp = 0;
+
+		if (de->d_name[0] < '0' || de->d_name[0] > '9')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%s/stat", de->d_name);
+		f = fopen(path, "r");
+		if (f == NULL)
+			continue; /* gone meanwhile */
+		if (fgets(line, sizeof(line), f) != NULL &&
+		    (rp = strrchr(line, ')')) != NULL &&
+		    sscanf(rp + 1, " %*c %d", &pp) == 1 && pp == (int)ppid)
+			n++;
+		fclose(f);
+	}
+	closedir(d);
+	return n;
+}
+
+/* expect_closed: the guest closed fd (EOF, or a reset). */
+static void expect_closed(int fd)
+{
+	struct tt_err err = { 0 };
+	struct wire_frame f;
+
+	assert_true(wire_recv(fd, &f, rbuf, sizeof(rbuf), &err) <= 0);
+}
+
+static void test_seq_ops(void **state)
+{
+	static const char in[] = "line one\nline two\n";
+	uint8_t chal[HELLO_CHALLENGE_LEN];
+	struct wire_frame f;
+	struct op_out o;
+	int fd;
+	pid_t h;
+
+	(void)state;
+	fd = g_connect(); /* the one handshake */
+	h = seq_ppid(fd);
+	seq_op(fd, "{\"op\":\"exec\",\"cmd\":[\"echo\",\"first\"]}", NULL, 0, 0, &o);
+	expect_result(&o);
+	assert_string_equal(o.out, "first\n");
+	op_free(&o);
+	seq_op(fd, "{\"op\":\"fs.write\",\"path\":\"/seq.txt\"}", "seq content", 11, 1, &o);
+	expect_result(&o);
+	assert_int_equal(jint(&o, "bytes"), 11);
+	op_free(&o);
+	seq_op(fd, "{\"op\":\"fs.read\",\"path\":\"/seq.txt\"}", NULL, 0, 0, &o);
+	expect_result(&o);
+	assert_string_equal(o.out, "seq content");
+	assert_non_null(o.meta);
+	op_free(&o);
+	seq_op(fd, "{\"op\":\"fs.list\",\"path\":\"/\"}", NULL, 0, 0, &o);
+	expect_result(&o);
+	assert_non_null(strstr(o.out, "\"name\":\"seq.txt\""));
+	op_free(&o);
+	seq_op(fd, "{\"op\":\"exec\",\"cmd\":[\"cat\"],\"stdin\":true}", in, strlen(in), 1, &o);
+	expect_result(&o);
+	assert_string_equal(o.out, in);
+	op_free(&o);
+	seq_op(fd, "{\"op\":\"fs.stat\",\"path\":\"/seq.txt\"}", NULL, 0, 0, &o);
+	expect_result(&o);
+	assert_int_equal(jint(&o, "size"), 11);
+	op_free(&o);
+	/* Still the same handler process: no new connection was made. */
+	assert_int_equal(seq_ppid(fd), h);
+	/* The handshake happens once: a second HELLO is refused and closes. */
+	assert_int_equal(g_hello(fd, SBX, GEN, 1, chal, &f), WIRE_ERROR);
+	expect_closed(fd);
+	close(fd);
+}
+
+static void test_seq_stray_input(void **state)
+{
+	struct tt_err err = { 0 };
+	struct op_out o;
+	int fd = g_connect();
+
+	(void)state;
+	/* The command exits without reading its stdin; the opener's input is
+	 * still in flight after the RESULT. */
+	seq_op(fd, "{\"op\":\"exec\",\"cmd\":[\"true\"],\"stdin\":true}", NULL, 0, 0, &o);
+	expect_result(&o);
+	assert_int_equal(jint(&o, "exit_code"), 0);
+	op_free(&o);
+	assert_int_equal(wire_send(fd, WIRE_DATA_IN, "stale", 5, &err), 0);
+	assert_int_equal(wire_send(fd, WIRE_DATA_IN, "more stale", 10, &err), 0);
+	assert_int_equal(wire_send(fd, WIRE_EOF_IN, NULL, 0, &err), 0);
+	/* Discarded: the next operation works and never sees those bytes. */
+	seq_op(fd, "{\"op\":\"exec\",\"cmd\":[\"cat\"],\"stdin\":true}", "fresh", 5, 1, &o);
+	expect_result(&o);
+	assert_string_equal(o.out, "fresh");
+	op_free(&o);
+	/* An fs.write refused before its body: the body is discarded too. */
+	seq_op(fd, "{\"op\":\"fs.write\",\"path\":\"/nodir/x\"}", "body", 4, 1, &o);
+	expect_error(&o, "not_found");
+	op_free(&o);
+	seq_op(fd, "{\"op\":\"exec\",\"cmd\":[\"echo\",\"ok\"]}", NULL, 0, 0, &o);
+	expect_result(&o);
+	assert_string_equal(o.out, "ok\n");
+	op_free(&o);
+	close(fd);
+	/* Before the first operation there is nothing to discard: DATA_IN
+	 * there is a violation (ERROR, closed). */
+	fd = g_connect();
+	assert_int_equal(wire_send(fd, WIRE_DATA_IN, "abc", 3, &err), 0);
+	op_collect(fd, &o);
+	expect_error(&o, "bad_request");
+	op_free(&o);
+	expect_closed(fd);
+	close(fd);
+}
+
+static void test_seq_violations(void **state)
+{
+	uint8_t h[WIRE_HDR_LEN + 16];
+	struct tt_err err = { 0 };
+	struct op_out o;
+	int fd;
+
+	(void)state;
+	for (int i = 0; i < 5; i++) {
+		fd = g_connect();
+		seq_op(fd, "{\"op\":\"fs.stat\",\"path\":\"/\"}", NULL, 0, 0, &o);
+		expect_result(&o); /* the honest operation first */
+		op_free(&o);
+		switch (i) {
+		case 0: /* garbage bytes */
+			assert_int_equal(write(fd, "GET / HTTP/1.1\r\n\r\n", 18), 18);
+			break;
+		case 1: { /* a second HELLO */
+			uint8_t chal[HELLO_CHALLENGE_LEN];
+			char b64[HELLO_B64_LEN + 1], msg[300];
+
+			randombytes_buf(chal, sizeof(chal));
+			hello_b64_encode(chal, b64);
+			snprintf(msg, sizeof(msg), "{\"v\":1,\"challenge\":\"%s\",\"sbx\":\"%s\","
+			         "\"generation\":%d,\"activation\":1}", b64, SBX, GEN);
+			assert_int_equal(wire_send(fd, WIRE_HELLO, msg, (uint32_t)strlen(msg), &err), 0);
+			break;
+		}
+		case 2: /* a RESULT from the opener */
+			assert_int_equal(wire_send(fd, WIRE_RESULT, "{}", 2, &err), 0);
+			break;
+		case 3: /* a DATA_OUT */
+			assert_int_equal(wire_send(fd, WIRE_DATA_OUT, "x", 1, &err), 0);
+			break;
+		case 4: /* a REQUEST that is not JSON */
+			wire_hdr_encode(h, WIRE_REQUEST, 8);
+			memcpy(h + WIRE_HDR_LEN, "not json", 8);
+			assert_int_equal(write(fd, h, WIRE_HDR_LEN + 8), WIRE_HDR_LEN + 8);
+			break;
+		}
+		op_collect(fd, &o);
+		expect_error(&o, "bad_request");
+		op_free(&o);
+		expect_closed(fd);
+		close(fd);
+	}
+}
+
+static void test_seq_error_keeps_connection(void **state)
+{
+	struct op_out o;
+	int fd = g_connect();
+
+	(void)state;
+	write_file(rpath("/seq-ok.txt"), "still usable");
+	seq_op(fd, "{\"op\":\"fs.read\",\"path\":\"/missing-file\"}", NULL, 0, 0, &o);
+	expect_error(&o, "not_found");
+	op_free(&o);
+	seq_op(fd, "{\"op\":\"fs.read\",\"path\":\"/seq-ok.txt\"}", NULL, 0, 0, &o);
+	expect_result(&o);
+	assert_string_equal(o.out, "still usable");
+	op_free(&o);
+	/* A request-level refusal (bad cmd, unknown op, bad path) also ends
+	 * just that operation. */
+	seq_op(fd, "{\"op\":\"exec\",\"cmd\":[]}", NULL, 0, 0, &o);
+	expect_error(&o, "bad_request");
+	op_free(&o);
+	seq_op(fd, "{\"op\":\"fs.format\"}", NULL, 0, 0, &o);
+	expect_error(&o, "bad_request");
+	op_free(&o);
+	seq_op(fd, "{\"op\":\"fs.stat\",\"path\":\"/../etc\"}", NULL, 0, 0, &o);
+	expect_error(&o, "path_invalid");
+	op_free(&o);
+	seq_op(fd, "{\"op\":\"exec\",\"cmd\":[\"sh\",\"-c\",\"exit 4\"]}", NULL, 0, 0, &o);
+	expect_result(&o);
+	assert_int_equal(jint(&o, "exit_code"), 4);
+	op_free(&o);
+	close(fd);
+}
+
+static void test_seq_no_process_growth(void **state)
+{
+	struct op_out o;
+	int fd = g_connect(), n = -1;
+	pid_t h;
+
+	(void)state;
+	h = seq_ppid(fd);
+	for (int i = 0; i < 40; i++) {
+		/* The background sleep keeps the output pipes open: each
+		 * operation hands them to a sink process. */
+		seq_op(fd, i % 2 ? "{\"op\":\"exec\",\"cmd\":[\"sh\",\"-c\",\"sleep 3 & echo x\"]}"
+		                 : "{\"op\":\"fs.stat\",\"path\":\"/\"}",
+		       NULL, 0, 0, &o);
+		expect_result(&o);
+		op_free(&o);
+		/* Between operations the handler keeps no child: commands
+		 * are reaped, sinks belong to the agent (the short-lived
+		 * intermediate that hands a sink over may still be exiting
+		 * right after RESULT; a sink would stay for the 3 s sleep). */
+		n = -1;
+		for (int j = 0; j < 25 && (n = count_children(h)) != 0; j++)
+			usleep(20 * 1000);
+		assert_int_equal(n, 0);
+	}
+	assert_int_equal(seq_ppid(fd), h);
+	/* Once the sleeps end, the agent is back to this one handler. */
+	for (int i = 0; i < 300 && (n = count_children(guest_pid)) != 1; i++)
+		usleep(20 * 1000);
+	assert_int_equal(n, 1);
+	close(fd);
+}
+
 static void test_socket_mode(void **state)
 {
 	struct stat st;
@@ -1115,6 +1391,11 @@ int main(void)
 		cmocka_unit_test(test_path_escapes),
 		cmocka_unit_test(test_garbage),
 		cmocka_unit_test(test_handshake_required),
+		cmocka_unit_test(test_seq_ops),
+		cmocka_unit_test(test_seq_stray_input),
+		cmocka_unit_test(test_seq_violations),
+		cmocka_unit_test(test_seq_error_keeps_connection),
+		cmocka_unit_test(test_seq_no_process_growth),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -82,7 +82,8 @@ static int connect_mgr(void)
 	return fd;
 }
 
-/* read_answer: frames until the manager closes. */
+/* read_answer: frames until the operation ends (RESULT or ERROR: the
+ * connection then stays open for the next one) or the manager closes. */
 static void read_answer(int fd, struct answer *a)
 {
 	struct timeval tv = { .tv_sec = 20 };
@@ -109,10 +110,12 @@ static void read_answer(int fd, struct answer *a)
 			break;
 		case WIRE_RESULT:
 			a->result = wire_frame_json(&f, NULL);
-			break;
+			a->frames++;
+			return;
 		case WIRE_ERROR:
 			a->error = wire_frame_json(&f, NULL);
-			break;
+			a->frames++;
+			return;
 		default:
 			break;
 		}
@@ -890,8 +893,11 @@ static void test_bridge_impostor(void **state)
 	char *tok10 = mint(sk, 10, "w1", TT_OP_EXEC);
 	struct impostor imp;
 	struct answer a;
+	struct wire_frame f;
+	json_t *hreq;
 	char st[32];
 	pid_t bridge;
+	int held;
 
 	(void)state;
 	/* The honest baseline on gen 9. */
@@ -902,8 +908,19 @@ static void test_bridge_impostor(void **state)
 	answer_free(&a);
 	bridge = manager_bridge_pid();
 
-	/* (a) The impostor stands at bridge.sock; the real bridge lives on. */
+	/* (a) The impostor stands at bridge.sock; the real bridge lives on.
+	 * The connection the baseline left idle was verified when it was
+	 * opened and still reaches the real bridge: an operation holds it
+	 * (its DECISION is read first, so it was admitted and took the idle
+	 * connection) while the next one must open a new connection. */
 	impostor_start(&imp);
+	held = connect_mgr();
+	assert_true(held >= 0);
+	hreq = exec_req(tok9, "sleep 0.5; echo held");
+	assert_int_equal(wire_send_json(held, WIRE_REQUEST, hreq, NULL), 0);
+	json_decref(hreq);
+	assert_int_equal(wire_recv(held, &f, rbuf, sizeof(rbuf), NULL), 1);
+	assert_int_equal(f.type, WIRE_DECISION);
 	call(exec_req(tok9, "echo SECRET-ARG-must-not-leak"), &a);
 	/* The manager did reach the impostor (one connection), and sent it
 	 * nothing: the refusal was the verification, before any byte. */
@@ -916,6 +933,12 @@ static void test_bridge_impostor(void **state)
 	assert_string_equal(json_string_value(json_object_get(a.error, "error")), "transport");
 	assert_non_null(strstr(json_string_value(json_object_get(a.error, "message")),
 	                       "bridge verification failed"));
+	answer_free(&a);
+	/* The held operation ran on the real bridge all along. */
+	read_answer(held, &a);
+	close(held);
+	assert_non_null(a.result);
+	assert_string_equal(a.out, "held\n");
 	answer_free(&a);
 	if (!mgr_log_has("refused bridge of " SBX " (wrong_peer)"))
 		fail_msg("manager log has no wrong_peer refusal for %s", SBX);

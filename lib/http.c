@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include <sodium.h>
 
@@ -240,11 +241,17 @@ struct httpc_xfer {
 	void *arg;
 };
 
-/* One socket curl asked us to watch (freed in its uv close callback). */
+/* One socket curl uses. Its uv_poll_t lives from curl's first CURL_POLL_*
+ * for the fd until curl closes the fd (httpc_close_socket), not per
+ * transfer: libuv 1.44 turns every uv_poll_start/stop into an epoll_ctl, so
+ * a kept-alive connection re-armed per request cost ~7 syscalls. Owner: the
+ * httpc's fd table while the fd is open, then its uv close callback. */
 struct httpc_sock {
 	uv_poll_t poll;
 	curl_socket_t fd;
 	struct httpc *c;
+	int armed; /* the events uv polls for now (0: stopped) */
+	int want;  /* the events curl wants (0: idle in curl's cache) */
 };
 
 struct httpc {
@@ -253,6 +260,10 @@ struct httpc {
 	uv_timer_t timer;
 	struct httpc_xfer *xfers;
 	int closing;
+	/* Watched sockets indexed by fd, grown on demand (fds are small and
+	 * dense; no fixed bound on the fd number). Owns the array. */
+	struct httpc_sock **socks;
+	size_t nsocks;
 };
 
 /* httpc_check_done: hands finished transfers back to their owners. */
@@ -286,13 +297,20 @@ static void httpc_check_done(struct httpc *c)
 	}
 }
 
-/* httpc_on_poll: socket readiness -> curl. */
+/* httpc_on_poll: socket readiness -> curl. A wake-up on a socket curl is
+ * not using (idle keep-alive connection, e.g. the server closed it) only
+ * disarms the watcher; curl notices the dead connection before reuse. */
 static void httpc_on_poll(uv_poll_t *h, int status, int events)
 {
 	struct httpc_sock *s = h->data;
 	struct httpc *c = s->c;
 	int flags = 0, running;
 
+	if (s->want == 0) {
+		uv_poll_stop(&s->poll);
+		s->armed = 0;
+		return;
+	}
 	if (status < 0)
 		flags = CURL_CSELECT_ERR;
 	if (events & UV_READABLE)
@@ -332,24 +350,86 @@ static void httpc_sock_closed(uv_handle_t *h)
 	free(h->data);
 }
 
-/* httpc_socket_cb: CURLMOPT_SOCKETFUNCTION; one uv_poll_t per socket. */
+/* httpc_sock_get: the watcher of fd, or NULL. */
+static struct httpc_sock *httpc_sock_get(struct httpc *c, curl_socket_t fd)
+{
+	if (fd < 0 || (size_t)fd >= c->nsocks)
+		return NULL;
+	return c->socks[fd];
+}
+
+/* httpc_sock_slot: the table slot of fd, growing the table (doubling) to
+ * hold it; NULL when out of memory. */
+static struct httpc_sock **httpc_sock_slot(struct httpc *c, curl_socket_t fd)
+{
+	if ((size_t)fd >= c->nsocks) {
+		size_t n = c->nsocks ? c->nsocks : 64;
+		struct httpc_sock **ns;
+
+		while (n <= (size_t)fd)
+			n *= 2;
+		ns = realloc(c->socks, n * sizeof(*ns));
+		if (ns == NULL)
+			return NULL;
+		memset(ns + c->nsocks, 0, (n - c->nsocks) * sizeof(*ns));
+		c->socks = ns;
+		c->nsocks = n;
+	}
+	return &c->socks[fd];
+}
+
+/* httpc_sock_drop: takes fd's watcher out of the table and closes it.
+ * uv_close stops the poll at once (EPOLL_CTL_DEL while the fd number is
+ * still this socket), so it must run before close(fd): the number may be
+ * reused by the very next socket(). */
+static void httpc_sock_drop(struct httpc *c, curl_socket_t fd)
+{
+	struct httpc_sock *s = httpc_sock_get(c, fd);
+
+	if (s == NULL)
+		return;
+	c->socks[fd] = NULL;
+	uv_close((uv_handle_t *)&s->poll, httpc_sock_closed);
+}
+
+/* httpc_close_socket: CURLOPT_CLOSESOCKETFUNCTION. curl 7.88 copies it
+ * into each connection it creates (conn->fclosesocket) and calls it for
+ * every close of that connection's socket, also when another easy handle
+ * or the multi's closure handle (curl_multi_cleanup) does the closing;
+ * it tells the socket callback CURL_POLL_REMOVE just before. */
+static int httpc_close_socket(void *clientp, curl_socket_t fd)
+{
+	httpc_sock_drop(clientp, fd);
+	return close(fd);
+}
+
+/* httpc_socket_cb: CURLMOPT_SOCKETFUNCTION. The watcher is kept across
+ * transfers and uv_poll_start runs only when the events change; on
+ * CURL_POLL_REMOVE (transfer over, connection cached) it stays armed, and
+ * the first wake-up while curl does not want it disarms it: an idle
+ * readable-armed connection rarely wakes, while stopping it here would
+ * cost an EPOLL_CTL_DEL now and an ADD on the next request. */
 static int httpc_socket_cb(CURL *easy, curl_socket_t fd, int what,
                            void *userp, void *socketp)
 {
 	struct httpc *c = userp;
-	struct httpc_sock *s = socketp;
+	struct httpc_sock *s, **slot;
 	int events = 0;
 
 	(void)easy;
+	(void)socketp;
+	if (fd < 0)
+		return -1;
+	s = httpc_sock_get(c, fd);
 	if (what == CURL_POLL_REMOVE) {
-		if (s != NULL) {
-			uv_poll_stop(&s->poll);
-			uv_close((uv_handle_t *)&s->poll, httpc_sock_closed);
-			curl_multi_assign(c->multi, fd, NULL);
-		}
+		if (s != NULL)
+			s->want = 0;
 		return 0;
 	}
 	if (s == NULL) {
+		slot = httpc_sock_slot(c, fd);
+		if (slot == NULL)
+			return -1;
 		s = calloc(1, sizeof(*s));
 		if (s == NULL)
 			return -1;
@@ -360,13 +440,18 @@ static int httpc_socket_cb(CURL *easy, curl_socket_t fd, int what,
 			return -1;
 		}
 		s->poll.data = s;
-		curl_multi_assign(c->multi, fd, s);
+		*slot = s;
 	}
 	if (what & CURL_POLL_IN)
 		events |= UV_READABLE;
 	if (what & CURL_POLL_OUT)
 		events |= UV_WRITABLE;
-	uv_poll_start(&s->poll, events, httpc_on_poll);
+	s->want = events;
+	if (events != 0 && events != s->armed) {
+		if (uv_poll_start(&s->poll, events, httpc_on_poll) != 0)
+			return -1;
+		s->armed = events;
+	}
 	return 0;
 }
 
@@ -412,7 +497,8 @@ static void httpc_timer_closed(uv_handle_t *h)
 
 /* httpc_free: aborts what is in flight (each done runs with
  * CURLE_ABORTED_BY_CALLBACK so owners can release their easy handles),
- * then releases the multi; the struct itself goes when uv closes the timer. */
+ * then releases the multi (which closes its cached connections through
+ * httpc_close_socket); the struct itself goes when uv closes the timer. */
 void httpc_free(struct httpc *c)
 {
 	if (c == NULL || c->closing)
@@ -431,11 +517,20 @@ void httpc_free(struct httpc *c)
 	}
 	curl_multi_cleanup(c->multi);
 	c->multi = NULL;
+	/* Nothing should be left; a watcher curl did not close is released
+	 * anyway (its fd stays curl's business). */
+	for (size_t i = 0; i < c->nsocks; i++)
+		httpc_sock_drop(c, (curl_socket_t)i);
+	free(c->socks);
+	c->socks = NULL;
+	c->nsocks = 0;
 	uv_timer_stop(&c->timer);
 	uv_close((uv_handle_t *)&c->timer, httpc_timer_closed);
 }
 
-/* httpc_start: queues easy; curl's timer callback kicks it off. */
+/* httpc_start: queues easy; curl's timer callback kicks it off. Every
+ * connection the easy creates closes its socket through
+ * httpc_close_socket, so the watcher goes before the fd does. */
 int httpc_start(struct httpc *c, CURL *easy, httpc_done_fn done, void *arg,
                 struct tt_err *err)
 {
@@ -449,6 +544,8 @@ int httpc_start(struct httpc *c, CURL *easy, httpc_done_fn done, void *arg,
 	x->easy = easy;
 	x->done = done;
 	x->arg = arg;
+	curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, httpc_close_socket);
+	curl_easy_setopt(easy, CURLOPT_CLOSESOCKETDATA, c);
 	if (curl_multi_add_handle(c->multi, easy) != CURLM_OK) {
 		free(x);
 		return tt_err_set(err, TT_ERR_INVALID, "curl_multi_add_handle failed");

@@ -24,6 +24,7 @@
 
 #include "cleanup.h"
 #include "client/internal.h"
+#include "curlonce.h"
 #include "wsutil.h"
 
 struct tether {
@@ -250,6 +251,8 @@ static long tether_request_once(struct tether *t, const struct tether_call *c,
 	_cleanup_free_ char *url = NULL;
 	_cleanup_free_ char *payload = NULL;
 	struct curl_slist *hdrs = NULL;
+	struct curlonce_body once = { 0 };
+	uint64_t src_left = c->src != NULL ? c->src->left : 0;
 	char errbuf[CURL_ERROR_SIZE] = "";
 	const char *method = c->method, *path = c->path;
 	int is_get = strcmp(method, "GET") == 0;
@@ -273,14 +276,13 @@ static long tether_request_once(struct tether *t, const struct tether_call *c,
 	t->generation = 0;
 	sink->easy = e;
 	if (payload) {
-		curl_easy_setopt(e, CURLOPT_POSTFIELDS, payload);
-		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE,
-		                 (curl_off_t)strlen(payload));
+		curlonce_post(e, &once, payload, strlen(payload));
 	} else if (c->src) {
 		curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
 		curl_easy_setopt(e, CURLOPT_READFUNCTION, source_read);
 		curl_easy_setopt(e, CURLOPT_READDATA, c->src);
 		curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t)c->src->left);
+		curlonce_forbid_rewind(e);
 	} else if (strcmp(method, "POST") == 0) {
 		curl_easy_setopt(e, CURLOPT_POSTFIELDS, "");
 		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)0);
@@ -301,8 +303,9 @@ static long tether_request_once(struct tether *t, const struct tether_call *c,
 	curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, header_cb);
 	curl_easy_setopt(e, CURLOPT_HEADERDATA, t);
 	/* curl silently resends a request whose reused connection died before
-	 * any answer; a call that changes state gets a new connection instead */
-	if (!is_get)
+	 * any answer: a body it cannot rewind (lib/curlonce.h) stops that; a
+	 * call that changes state without a body gets a new connection */
+	if (!is_get && payload == NULL && c->src == NULL)
 		curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
 	rc = curl_easy_perform(e);
 	curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
@@ -323,8 +326,14 @@ static long tether_request_once(struct tether *t, const struct tether_call *c,
 	if (rc != CURLE_OK) {
 		if (status >= 300) /* the server refused while we were sending */
 			return answer_error(status, sink->buf, sink->len, err);
-		*transport = status == 0 ? (rc == CURLE_COULDNT_CONNECT ||
-		                            rc == CURLE_COULDNT_RESOLVE_HOST ? 1 : 2) : 0;
+		/* "never connected" only when no byte of the body went out:
+		 * curl's own retry after a reused connection died reports its
+		 * connect failure (lib/curlonce.h) */
+		*transport = status == 0 ? ((rc == CURLE_COULDNT_CONNECT ||
+		                             rc == CURLE_COULDNT_RESOLVE_HOST) &&
+		                            !(payload != NULL && curlonce_sent(&once)) &&
+		                            !(c->src != NULL && c->src->left != src_left) ? 1 : 2)
+		                         : 0;
 		if (*transport == 1)
 			return tt_err_set(err, TT_ERR_TRANSPORT,
 			                  "cannot reach %s (is 'tether up' running?)",

@@ -33,6 +33,7 @@
 #include <uv.h>
 
 #include "cleanup.h"
+#include "curlonce.h"
 #include "edge/edge_int.h"
 #include "edge/routes.h"
 #include "edge/ws.h"
@@ -86,6 +87,7 @@ struct xreq {
 	int streamed_in;           /* PUT files: body streams to the node */
 	curl_off_t in_length;      /* client Content-Length, -1 if none */
 	struct bytes in;           /* request body (whole, or in flight) */
+	struct curlonce_body in_once; /* a whole body, as curl reads it once */
 	int in_done;               /* client body complete */
 	uint64_t in_forwarded;     /* bytes handed to curl */
 	int in_curl_paused;
@@ -353,7 +355,8 @@ static CURL *up_easy(struct xreq *x, const char *url)
 	return c;
 }
 
-/* up_body_opts: the request body: whole from memory, or streamed. */
+/* up_body_opts: the request body: whole from memory, or streamed; never
+ * rewound (lib/curlonce.h), so curl cannot resend it on its own. */
 static void up_body_opts(struct xreq *x, CURL *c)
 {
 	if (x->streamed_in) {
@@ -361,11 +364,12 @@ static void up_body_opts(struct xreq *x, CURL *c)
 		curl_easy_setopt(c, CURLOPT_READFUNCTION, up_read);
 		curl_easy_setopt(c, CURLOPT_READDATA, x);
 		curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, x->in_length);
+		curlonce_forbid_rewind(c);
 	} else if (strcmp(x->method, "POST") == 0 || strcmp(x->method, "PUT") == 0) {
-		curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE,
-		                 (curl_off_t)bytes_pending(&x->in));
-		curl_easy_setopt(c, CURLOPT_POSTFIELDS,
-		                 x->in.buf ? x->in.buf + x->in.off : "");
+		/* Each attempt (the one rebuilt after RefreshRoute too) sends
+		 * the whole body, which stays in x->in. */
+		curlonce_post(c, &x->in_once, x->in.buf ? (const char *)x->in.buf + x->in.off
+		                                         : NULL, bytes_pending(&x->in));
 	}
 	if (strcmp(x->method, "GET") == 0)
 		curl_easy_setopt(c, CURLOPT_HTTPGET, 1L);
@@ -593,8 +597,11 @@ static void node_transport_error(struct xreq *x, CURL *easy, CURLcode rc)
 		started = strcmp(code, "unavailable") != 0;
 	} else {
 		snprintf(detail, sizeof(detail), "%s", curl_easy_strerror(rc));
-		/* nothing was sent when the connection could not be made */
-		started = rc != CURLE_COULDNT_CONNECT && rc != CURLE_COULDNT_RESOLVE_HOST;
+		/* nothing was sent when the connection could not be made, unless
+		 * curl's own retry failed so after a reused connection carried
+		 * the body (lib/curlonce.h) */
+		started = (rc != CURLE_COULDNT_CONNECT && rc != CURLE_COULDNT_RESOLVE_HOST) ||
+		          curlonce_sent(&x->in_once) || x->in_forwarded > 0;
 	}
 	up_release(x, easy);
 	/* the next operation resolves a fresh route, unless already repaired */
@@ -680,8 +687,10 @@ static void node_start(struct xreq *x)
 	}
 	up_body_opts(x, x->easy);
 	/* curl silently resends a request whose reused connection died before
-	 * an answer: never for exec or writes, which get a new connection */
-	if (!x->idempotent)
+	 * an answer: a body it cannot rewind (up_body_opts) stops that; a
+	 * state-changing request without one gets a new connection */
+	if (!x->idempotent && !x->streamed_in && strcmp(x->method, "POST") != 0 &&
+	    strcmp(x->method, "PUT") != 0)
 		curl_easy_setopt(x->easy, CURLOPT_FRESH_CONNECT, 1L);
 	curl_easy_setopt(x->easy, CURLOPT_WRITEFUNCTION, up_write);
 	curl_easy_setopt(x->easy, CURLOPT_WRITEDATA, x);
@@ -1119,7 +1128,10 @@ static int edge_cb(struct lws *wsi, enum lws_callback_reasons reason,
 }
 
 static const struct lws_protocols edge_protocols[] = {
-	{ "http", edge_cb, sizeof(struct pss), 0, 0, NULL, 0 },
+	/* tx_packet_size: lws 4.1 caps one send() at this + LWS_PRE + 4 (0 =
+	 * rx_buffer_size, default 4096); edge_write's largest write (1024
+	 * header bytes + EDGE_CHUNK) then goes in one send, no POLLOUT trip. */
+	{ "http", edge_cb, sizeof(struct pss), 0, 0, NULL, EDGE_CHUNK + 1024 },
 	/* streamed exec relay (src/edge/ws.c) */
 	{ EDGEWS_PROTOCOL, edgews_callback, sizeof(struct edgews_pss),
 	  EDGEWS_RX_BUFFER, 0, NULL, 0 },

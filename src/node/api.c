@@ -46,6 +46,9 @@
 #define API_STREAM_HIGH (1u << 20)   /* GET: pause the manager above this */
 #define API_STREAM_LOW (256u << 10)
 #define API_WHOLE_MAX (64u << 10)    /* GET: complete this small: one write */
+/* A small read is held until RESULT (no writes before), so it must never
+ * need the backpressure pause to drain. */
+_Static_assert(API_WHOLE_MAX < API_STREAM_HIGH, "small reads never pause");
 #define API_PENDING_MAX (1u << 20)   /* PUT bytes held before admission */
 #define API_LIST_MAX 10000           /* entries in one listing */
 #define API_LIST_BYTES_MAX (4u << 20) /* NDJSON bytes of one listing */
@@ -415,7 +418,11 @@ static void stream_on_meta(struct api_op *op, const struct wire_frame *f)
 	op->have_meta = true;
 	op->state = OP_STREAM;
 	json_decref(m);
-	lws_callback_on_writable(op->wsi);
+	/* A small read waits for RESULT and then goes out whole (headers and
+	 * body in one write, stream_write_whole); it never reaches
+	 * API_STREAM_HIGH, so the manager is never paused waiting on it. */
+	if (op->content_len > API_WHOLE_MAX)
+		lws_callback_on_writable(op->wsi);
 }
 
 /* stream_push: queues one GET body chunk; pauses the manager when the
@@ -617,7 +624,8 @@ static void op_on_frame(void *arg, const struct wire_frame *f)
 				op_reply_error(op, 500, "internal", "out of memory");
 		} else if (op->route == R_FILES_GET && f->len > 0) {
 			stream_push(op, f->payload, f->len);
-			if (op->state == OP_STREAM && !op->stream_abort)
+			if (op->state == OP_STREAM && !op->stream_abort &&
+			    op->content_len > API_WHOLE_MAX) /* else: on RESULT */
 				lws_callback_on_writable(op->wsi);
 		} else if (op->route == R_LIST) {
 			list_feed(op, f->payload, f->len);
@@ -1187,7 +1195,11 @@ static int api_callback(struct lws *wsi, enum lws_callback_reasons reason,
 }
 
 static const struct lws_protocols api_protocols[] = {
-	{ "http", api_callback, sizeof(struct api_pss), 0, 0, NULL, 0 },
+	/* tx_packet_size: lws 4.1 caps one send() at this + LWS_PRE + 4
+	 * (0 = rx_buffer_size, default 4096): a whole small read (headers
+	 * room 512 + API_WHOLE_MAX) then goes in one send, no POLLOUT trip. */
+	{ "http", api_callback, sizeof(struct api_pss), 0, 0, NULL,
+	  API_WHOLE_MAX + 512 },
 	/* streamed exec (src/node/ws_exec.c) */
 	{ WSEXEC_PROTOCOL, wsexec_callback, sizeof(struct wsexec_pss),
 	  WSEXEC_RX_BUFFER, 0, NULL, 0 },

@@ -7,6 +7,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -61,6 +68,11 @@ static int tserver_cb(struct lws *wsi, enum lws_callback_reasons reason,
 			int n = http_query(wsi, "name", q, sizeof(q));
 			return http_reply_json(wsi, 200, json_pack("{s:s%}",
 			        "hello", n >= 0 ? q : "", (size_t)(n >= 0 ? n : 0)));
+		}
+		if (strcmp(s->path, "/close") == 0) {
+			/* Answer, then drop the keep-alive connection. */
+			http_reply_json(wsi, 200, json_pack("{s:b}", "bye", 1));
+			return -1;
 		}
 		if (strcmp(s->path, "/slow") == 0) {
 			slow_wsi = wsi;
@@ -340,6 +352,258 @@ static void test_sequential(void **state)
 	treq_clean(&r);
 }
 
+/* What count_polls looks for: client sockets to port (lws' own server
+ * sockets on the same loop are uv_poll_t handles too). */
+struct pollcount {
+	int port;
+	int n;
+	int fd; /* the last one seen */
+};
+
+/* uv_walk visitor: counts live (not closing) uv_poll_t handles whose
+ * socket is connected TO the test server, i.e. httpc's watchers. */
+static void count_polls(uv_handle_t *h, void *arg)
+{
+	struct pollcount *pc = arg;
+	struct sockaddr_in sa;
+	socklen_t sl = sizeof(sa);
+	uv_os_fd_t fd;
+
+	if (h->type != UV_POLL || uv_is_closing(h) || uv_fileno(h, &fd) != 0)
+		return;
+	if (getpeername(fd, (struct sockaddr *)&sa, &sl) == 0 &&
+	    sa.sin_family == AF_INET && ntohs(sa.sin_port) == pc->port) {
+		pc->n++;
+		pc->fd = fd;
+	}
+}
+
+/* live_polls: how many sockets httpc is watching now. */
+static int live_polls(struct tfix *f)
+{
+	struct pollcount pc = { .port = f->port, .fd = -1 };
+
+	uv_walk(&f->loop, count_polls, &pc);
+	return pc.n;
+}
+
+/* watched_fd: the fd of (the last) httpc watcher, -1 if none. */
+static int watched_fd(struct tfix *f)
+{
+	struct pollcount pc = { .port = f->port, .fd = -1 };
+
+	uv_walk(&f->loop, count_polls, &pc);
+	return pc.fd;
+}
+
+/* open_fds: entries in /proc/self/fd (the dir fd itself included). */
+static int open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	int n = 0;
+
+	assert_non_null(d);
+	while (readdir(d) != NULL)
+		n++;
+	closedir(d);
+	return n;
+}
+
+/* spin_stop: ends spin_ms's uv_run. */
+static void spin_stop(uv_timer_t *t)
+{
+	uv_stop(t->loop);
+}
+
+/* spin_ms: runs the loop for ms (lets a peer's FIN reach idle watchers). */
+static void spin_ms(struct tfix *f, uint64_t ms)
+{
+	uv_timer_t t;
+
+	uv_timer_init(&f->loop, &t);
+	uv_timer_start(&t, spin_stop, ms, 0);
+	uv_run(&f->loop, UV_RUN_DEFAULT);
+	uv_close((uv_handle_t *)&t, NULL);
+	uv_run(&f->loop, UV_RUN_NOWAIT);
+}
+
+/* get_one: a fresh easy handle per request (as the daemons do), so the
+ * connection is reused across easy handles through the multi's cache.
+ * Returns curl's new-connection count; fd gets the watched socket. */
+static long get_one(struct tfix *f, const char *path, const char *want,
+                    curl_socket_t *fd)
+{
+	struct treq r;
+	long conns = -1;
+
+	treq_setup(f, &r, path, NULL, 0);
+	treq_run(f, &r);
+	assert_int_equal(r.rc, CURLE_OK);
+	assert_int_equal(r.status, 200);
+	assert_string_equal(r.resp, want);
+	curl_easy_getinfo(r.easy, CURLINFO_NUM_CONNECTS, &conns);
+	treq_clean(&r);
+	if (fd != NULL) /* the connection, idle now, keeps its watcher */
+		*fd = watched_fd(f);
+	return conns;
+}
+
+/* 200 keep-alive requests from separate easy handles ride one connection
+ * and one watcher: no new connection, same fd, one live uv_poll_t. */
+static void test_keepalive_one_watcher(void **state)
+{
+	struct tfix *f = *state;
+	curl_socket_t fd0 = -1, fd = -1;
+
+	assert_int_equal(get_one(f, "/hello?name=k", "{\"hello\":\"k\"}",
+	                         &fd0), 1);
+	assert_true(fd0 >= 0);
+	assert_int_equal(live_polls(f), 1);
+	for (int i = 0; i < 200; i++) {
+		assert_int_equal(get_one(f, "/hello?name=k",
+		                         "{\"hello\":\"k\"}", &fd), 0);
+		assert_int_equal(fd, fd0);
+		assert_int_equal(live_polls(f), 1);
+	}
+}
+
+/* The server closes the keep-alive connection after a reply. The next
+ * request opens a new connection and succeeds, whether the FIN reached
+ * the idle watcher first (spin) or not (back to back). The new socket
+ * gets the closed one's fd number, and must get a fresh watcher: a stale
+ * one (or an epoll registration outliving the old fd) would hang it. */
+static void test_server_closes(void **state)
+{
+	struct tfix *f = *state;
+	curl_socket_t fd0 = -1, fd1 = -1, fd2 = -1, fd = -1;
+
+	assert_int_equal(get_one(f, "/close", "{\"bye\":true}", &fd0), 1);
+	spin_ms(f, 50); /* the FIN wakes the idle watcher: it disarms */
+	assert_int_equal(live_polls(f), 1); /* kept until curl closes the fd */
+	assert_int_equal(get_one(f, "/hello?name=a", "{\"hello\":\"a\"}",
+	                         &fd1), 1);
+	assert_int_equal(fd1, fd0); /* the number was reused at once */
+	assert_int_equal(live_polls(f), 1);
+	assert_int_equal(get_one(f, "/hello?name=b", "{\"hello\":\"b\"}",
+	                         &fd2), 0);
+	assert_int_equal(fd2, fd1);
+	for (int i = 0; i < 20; i++) { /* no pause between close and reuse */
+		get_one(f, "/close", "{\"bye\":true}", NULL);
+		assert_int_equal(get_one(f, "/hello?name=c",
+		                         "{\"hello\":\"c\"}", &fd), 1);
+		assert_int_equal(fd, fd0);
+		assert_int_equal(live_polls(f), 1);
+	}
+}
+
+/* 16 transfers at once open parallel connections (one watcher each), all
+ * complete; a second round reuses them. */
+static void test_concurrent(void **state)
+{
+	struct tfix *f = *state;
+	struct treq r[16];
+	struct tt_err err = { 0 };
+	char path[32], want[32];
+
+	for (int round = 0; round < 2; round++) {
+		int left = 16;
+
+		for (int i = 0; i < 16; i++) {
+			snprintf(path, sizeof(path), "/hello?name=%d", i);
+			treq_setup(f, &r[i], path, NULL, 0);
+			assert_int_equal(httpc_start(f->hc, r[i].easy, treq_done,
+			                             &r[i], &err), 0);
+		}
+		while (left > 0) {
+			uv_run(&f->loop, UV_RUN_ONCE);
+			left = 0;
+			for (int i = 0; i < 16; i++)
+				left += !r[i].done;
+		}
+		for (int i = 0; i < 16; i++) {
+			snprintf(want, sizeof(want), "{\"hello\":\"%d\"}", i);
+			assert_int_equal(r[i].rc, CURLE_OK);
+			assert_int_equal(r[i].status, 200);
+			assert_string_equal(r[i].resp, want);
+			treq_clean(&r[i]);
+		}
+		assert_true(live_polls(f) >= 2 && live_polls(f) <= 16);
+	}
+}
+
+/* httpc_free closes every cached connection and its watcher: no fd and
+ * no uv handle outlives it (the loop closes in teardown). */
+static void test_free_closes_all(void **state)
+{
+	struct tfix *f = *state;
+	struct tt_err err = { 0 };
+	struct treq r[4];
+	int before, after;
+
+	httpc_free(f->hc);
+	uv_run(&f->loop, UV_RUN_NOWAIT);
+	before = open_fds();
+	f->hc = httpc_new(&f->loop, &err);
+	assert_non_null(f->hc);
+	for (int i = 0; i < 4; i++) {
+		treq_setup(f, &r[i], "/hello?name=z", NULL, 0);
+		assert_int_equal(httpc_start(f->hc, r[i].easy, treq_done,
+		                             &r[i], &err), 0);
+	}
+	for (int i = 0; i < 4; i++) {
+		while (!r[i].done)
+			uv_run(&f->loop, UV_RUN_ONCE);
+		assert_int_equal(r[i].status, 200);
+		treq_clean(&r[i]);
+	}
+	assert_true(open_fds() > before); /* connections are cached */
+	assert_true(live_polls(f) >= 1);
+	httpc_free(f->hc);
+	assert_int_equal(live_polls(f), 0);
+	uv_run(&f->loop, UV_RUN_NOWAIT);
+	after = open_fds();
+	assert_int_equal(after, before);
+	f->hc = httpc_new(&f->loop, &err); /* for teardown */
+	assert_non_null(f->hc);
+}
+
+/* Sockets with high fd numbers (a daemon with many clients) are watched
+ * like any other: the fd table grows, it has no fixed bound. */
+static void test_high_fd(void **state)
+{
+	struct tfix *f = *state;
+	struct rlimit rl;
+	int *held, nheld = 0, fd = -1;
+	const int want_fd = 5000;
+
+	assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+	if (rl.rlim_max < (rlim_t)want_fd + 64)
+		skip();
+	if (rl.rlim_cur < (rlim_t)want_fd + 64) {
+		rl.rlim_cur = (rlim_t)want_fd + 64;
+		assert_int_equal(setrlimit(RLIMIT_NOFILE, &rl), 0);
+	}
+	held = calloc((size_t)want_fd, sizeof(*held));
+	assert_non_null(held);
+	/* Occupy every low number so curl's socket lands above want_fd. */
+	for (;;) {
+		int d = dup(0);
+
+		assert_true(d >= 0);
+		held[nheld++] = d;
+		if (d >= want_fd || nheld == want_fd)
+			break;
+	}
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(get_one(f, "/hello?name=h",
+		                         "{\"hello\":\"h\"}", &fd), i == 0);
+	assert_true(fd > want_fd);
+	assert_int_equal(live_polls(f), 1);
+	for (int i = 0; i < nheld; i++)
+		close(held[i]);
+	free(held);
+}
+
 /* Connection refused surfaces as a curl error, not a hang. */
 static void test_refused(void **state)
 {
@@ -403,6 +667,13 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_deferred, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sequential, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_keepalive_one_watcher, setup,
+		                                teardown),
+		cmocka_unit_test_setup_teardown(test_server_closes, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_concurrent, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_high_fd, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_free_closes_all, setup,
+		                                teardown),
 		cmocka_unit_test(test_metrics),
 	};
 

@@ -30,6 +30,11 @@ struct relay {
 	bool far_dirty;           /* bytes came after the far side's last frame */
 	bool have_kept;           /* kept: handed back once the far side closed */
 	struct relay_kept kept;
+	/* Frames decoded from one read, gathered per destination and written
+	 * with one write, so the next hop wakes once for them (owned; NULL
+	 * when empty). */
+	struct relay_wreq *batch[2];
+	size_t batch_cap[2];
 	bool finishing;           /* last frame queued or ending: read no more */
 	bool ending;              /* handles are being closed */
 	int open_handles;
@@ -214,16 +219,17 @@ static void relay_write_cb(uv_write_t *req, int status)
 		side_resume(src);
 }
 
-/* side_write: queues a frame to side dst; applies backpressure on the
- * other side when dst's queue is long. */
-static int side_write(struct relay *r, int dst, uint8_t type, const void *payload,
-                      uint32_t len, bool final, enum relay_end how)
+/* batch_flush: writes what was gathered for dst in one write; final: the
+ * relay ends once it is written. Applies backpressure on the other side
+ * when dst's queue is long. */
+static int batch_flush(struct relay *r, int dst, bool final, enum relay_end how)
 {
-	struct relay_wreq *w = wreq_new(type, payload, len);
+	struct relay_wreq *w = r->batch[dst];
 	struct relay_side *src = &r->side[1 - dst];
 
 	if (w == NULL)
-		return -1;
+		return 0;
+	r->batch[dst] = NULL;
 	w->r = r;
 	w->dst = dst;
 	w->final = final;
@@ -240,6 +246,38 @@ static int side_write(struct relay *r, int dst, uint8_t type, const void *payloa
 		src->bp_paused = true;
 	}
 	return 0;
+}
+
+/* side_write: adds a frame for side dst to its batch; a final frame is
+ * written at once with what precedes it, the rest when the read that
+ * produced them is done (side_feed). */
+static int side_write(struct relay *r, int dst, uint8_t type, const void *payload,
+                      uint32_t len, bool final, enum relay_end how)
+{
+	struct relay_wreq *w = r->batch[dst];
+	size_t used = w != NULL ? w->buf.len : 0;
+	size_t need = used + WIRE_HDR_LEN + len;
+
+	if (w == NULL || need > r->batch_cap[dst]) {
+		/* A new batch starts at what it needs (at least 4 KiB); a
+		 * growing one doubles. */
+		size_t cap = w == NULL ? (need > 4096 ? need : 4096) :
+		             (need > 2 * r->batch_cap[dst] ? need : 2 * r->batch_cap[dst]);
+		struct relay_wreq *grown = realloc(w, sizeof(*w) + cap);
+
+		if (grown == NULL)
+			return -1;
+		if (w == NULL)
+			memset(grown, 0, sizeof(*grown));
+		w = grown;
+		r->batch[dst] = w;
+		r->batch_cap[dst] = cap;
+	}
+	wire_hdr_encode(w->bytes + used, type, len);
+	if (len > 0)
+		memcpy(w->bytes + used + WIRE_HDR_LEN, payload, len);
+	w->buf = uv_buf_init((char *)w->bytes, (unsigned)need);
+	return final ? batch_flush(r, dst, true, how) : 0;
 }
 
 /* finish_with_error: stops reading and sends the opener a last ERROR; the
@@ -336,6 +374,14 @@ static void side_feed(struct relay *r, int src, const uint8_t *data, size_t len)
 	 * sequence, so its connection is not reused. */
 	if (src == SIDE_FAR && len > 0)
 		r->far_dirty = true;
+	if (r->ending)
+		return;
+	if (batch_flush(r, 1 - src, false, RELAY_DONE) < 0) {
+		if (src == SIDE_OPENER)
+			finish_with_error(r, RELAY_FAR_GONE, "transport", "cannot forward input");
+		else
+			relay_end(r, RELAY_OPENER_GONE, "cannot write to the opener");
+	}
 }
 
 /* relay_alloc_cb: each side reads into its own buffer (frames are copied
@@ -385,6 +431,8 @@ static void relay_finish(struct relay *r, struct relay_kept *kept)
 {
 	free(r->side[0].rd);
 	free(r->side[1].rd);
+	free(r->batch[0]);
+	free(r->batch[1]);
 	if (r->keep)
 		r->keep(r, r->how, r->msg, kept, r->data);
 	else if (r->done)
@@ -478,6 +526,7 @@ static struct relay *relay_alloc(void)
 
 static struct relay *relay_begin(uv_stream_t *opener, uv_stream_t *far,
                                  const uint8_t *pending, size_t pending_len,
+                                 const struct wire_out *first,
                                  relay_done_fn done, relay_keep_fn keep,
                                  void *data, struct tt_err *err);
 
@@ -486,21 +535,24 @@ struct relay *relay_start(uv_stream_t *opener, uv_stream_t *far,
                           const uint8_t *pending, size_t pending_len,
                           relay_done_fn done, void *data, struct tt_err *err)
 {
-	return relay_begin(opener, far, pending, pending_len, done, NULL, data, err);
+	return relay_begin(opener, far, pending, pending_len, NULL, done, NULL, data, err);
 }
 
 /* relay_start_keep: the same, handing clean connections back. */
 struct relay *relay_start_keep(uv_stream_t *opener, uv_stream_t *far,
                                const uint8_t *pending, size_t pending_len,
+                               const struct wire_out *first,
                                relay_keep_fn keep, void *data,
                                struct tt_err *err)
 {
-	return relay_begin(opener, far, pending, pending_len, NULL, keep, data, err);
+	return relay_begin(opener, far, pending, pending_len, first, NULL, keep, data,
+	                   err);
 }
 
 /* relay_begin: wires both sides and begins reading. */
 static struct relay *relay_begin(uv_stream_t *opener, uv_stream_t *far,
                                  const uint8_t *pending, size_t pending_len,
+                                 const struct wire_out *first,
                                  relay_done_fn done, relay_keep_fn keep,
                                  void *data, struct tt_err *err)
 {
@@ -521,6 +573,11 @@ static struct relay *relay_begin(uv_stream_t *opener, uv_stream_t *far,
 			goto nomem;
 		wire_reader_init(r->side[i].rd);
 	}
+	/* Held in the opener's batch until the far side's first answer. */
+	if (first != NULL &&
+	    side_write(r, SIDE_OPENER, first->type, first->payload, first->len, false,
+	               RELAY_DONE) < 0)
+		goto nomem;
 	for (int i = 0; i < 2; i++) {
 		streams[i]->data = &r->side[i];
 		uv_read_stop(streams[i]);
@@ -533,6 +590,7 @@ nomem:
 	if (r != NULL) {
 		free(r->side[0].rd);
 		free(r->side[1].rd);
+		free(r->batch[SIDE_OPENER]);
 		free(r);
 	}
 	tt_err_set(err, TT_ERR_NOMEM, "relay: out of memory");

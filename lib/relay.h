@@ -32,6 +32,7 @@
 #include <uv.h>
 
 #include "err.h"
+#include "wire.h"
 
 #define RELAY_HIGH_WATER (256u * 1024u)
 #define RELAY_LOW_WATER (64u * 1024u)
@@ -75,9 +76,13 @@ typedef void (*relay_keep_fn)(struct relay *r, enum relay_end how,
                               void *data);
 /* relay_start_keep: relay_start in keep mode; keep runs once instead of a
  * done callback: synchronously at a clean end, else after both streams
- * were closed. */
+ * were closed. first (or NULL): a frame for the opener that goes out with
+ * the far side's first answer (or the relay's own ERROR), in one write,
+ * e.g. the DECISION of an operation whose opener waits for the answer
+ * anyway: it then wakes once, not twice. */
 struct relay *relay_start_keep(uv_stream_t *opener, uv_stream_t *far,
                                const uint8_t *pending, size_t pending_len,
+                               const struct wire_out *first,
                                relay_keep_fn keep, void *data,
                                struct tt_err *err);
 /* relay_abort: stops both directions at once, sends the opener ERROR

@@ -126,6 +126,38 @@ int wire_send(int fd, uint8_t type, const void *payload, uint32_t len,
 	return write_iov(fd, iov, len > 0 ? 2 : 1, err);
 }
 
+/* wire_send_frames: headers and payloads of all frames in one iovec. */
+int wire_send_frames(int fd, const struct wire_out *frames, size_t n,
+                     struct tt_err *err)
+{
+	uint8_t hdr[WIRE_SEND_FRAMES_MAX][WIRE_HDR_LEN];
+	struct iovec iov[2 * WIRE_SEND_FRAMES_MAX];
+	int cnt = 0;
+
+	if (n > WIRE_SEND_FRAMES_MAX)
+		return tt_err_set(err, TT_ERR_INVALID, "wire: %zu frames in one send", n);
+	for (size_t i = 0; i < n; i++) {
+		const struct wire_out *f = &frames[i];
+
+		if (f->type < WIRE_REQUEST || f->type > WIRE_TYPE_MAX)
+			return tt_err_set(err, TT_ERR_INVALID, "wire: bad frame type %u",
+			                  f->type);
+		if (f->len > WIRE_PAYLOAD_MAX)
+			return tt_err_set(err, TT_ERR_TOO_LARGE,
+			                  "wire: payload of %u bytes over the limit", f->len);
+		if (f->len > 0 && f->payload == NULL)
+			return tt_err_set(err, TT_ERR_INVALID, "wire: NULL payload");
+		wire_hdr_encode(hdr[i], f->type, f->len);
+		iov[cnt].iov_base = hdr[i];
+		iov[cnt++].iov_len = WIRE_HDR_LEN;
+		if (f->len > 0) {
+			iov[cnt].iov_base = (void *)f->payload;
+			iov[cnt++].iov_len = f->len;
+		}
+	}
+	return cnt > 0 ? write_iov(fd, iov, cnt, err) : 0;
+}
+
 /* read_full: reads exactly len bytes; returns the count read before EOF
  * (less than len only on EOF), or -1 on error. */
 static ssize_t read_full(int fd, uint8_t *buf, size_t len, struct tt_err *err)

@@ -61,6 +61,18 @@ int wire_hdr_decode(const uint8_t in[WIRE_HDR_LEN], uint8_t *type,
 /* Blocking helpers for simple peers (guest, tests). EINTR is retried. */
 int wire_send(int fd, uint8_t type, const void *payload, uint32_t len,
               struct tt_err *err);
+/* One frame to send with wire_send_frames. */
+struct wire_out {
+	uint8_t type;
+	const void *payload;
+	uint32_t len;
+};
+#define WIRE_SEND_FRAMES_MAX 8
+/* wire_send_frames: n (<= WIRE_SEND_FRAMES_MAX) frames in one sendmsg, so
+ * the peer wakes once for a whole small answer; each frame checked as by
+ * wire_send before anything is sent. */
+int wire_send_frames(int fd, const struct wire_out *frames, size_t n,
+                     struct tt_err *err);
 /* wire_recv: reads one whole frame into buf (cap >= WIRE_PAYLOAD_MAX + 1).
  * Returns 1 on a frame, 0 on clean EOF before a header, -1 on error. */
 int wire_recv(int fd, struct wire_frame *f, uint8_t *buf, size_t cap,

@@ -235,7 +235,7 @@ static void forward_and_relay(struct bconn *c)
 		return;
 	}
 	r = relay_start_keep((uv_stream_t *)c->conn, (uv_stream_t *)c->guest, c->pending,
-	                     c->pending_len, relay_kept, c, &err);
+	                     c->pending_len, NULL, relay_kept, c, &err);
 	if (r == NULL) {
 		bconn_fail(c, "internal", err.msg);
 		return;

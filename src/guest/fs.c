@@ -29,6 +29,43 @@ static const char *fs_type_name(mode_t m)
 	return "other";
 }
 
+/* fs_read_small: a file that fits one frame is read whole, then META,
+ * DATA_OUT and RESULT go out in one send: every hop up to node-api then
+ * wakes once for the whole answer instead of once per frame. */
+static int fs_read_small(const struct guest_ctx *g, int conn, const char *path, int fd,
+                         uint8_t *buf, uint64_t size)
+{
+	char meta[64], result[96];
+	struct wire_out out[3];
+	size_t done = 0;
+	int mlen, rlen;
+
+	while (done < size) {
+		ssize_t n = read(fd, buf + done, (size_t)size - done);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return guest_send_errno(conn, errno, path);
+		if (n == 0)
+			return wire_send_error(conn, "changed",
+			                       "%s shrank while being read (%zu of %llu bytes)",
+			                       path, done, (unsigned long long)size);
+		done += (size_t)n;
+	}
+	/* The same JSON guest_result and the streaming path send. */
+	mlen = snprintf(meta, sizeof(meta), "{\"size\":%llu}", (unsigned long long)size);
+	rlen = snprintf(result, sizeof(result), "{\"size\":%llu,\"generation\":%llu}",
+	                (unsigned long long)size, (unsigned long long)g->gen);
+	out[0] = (struct wire_out){ WIRE_META, meta, (uint32_t)mlen };
+	out[1] = (struct wire_out){ WIRE_DATA_OUT, buf, (uint32_t)size };
+	out[2] = (struct wire_out){ WIRE_RESULT, result, (uint32_t)rlen };
+	/* An empty file has no DATA_OUT, as on the streaming path. */
+	if (size == 0)
+		out[1] = out[2];
+	return wire_send_frames(conn, out, size == 0 ? 2 : 3, NULL) < 0 ? -1 : 0;
+}
+
 /* fs_read: announces the size (META {"size":N}, so node-api can send
  * Content-Length), then streams exactly N bytes as DATA_OUT and ends with
  * RESULT size. A file that shrinks under the read is an ERROR (never a
@@ -57,6 +94,8 @@ int fs_read(const struct guest_ctx *g, int conn, json_t *req)
 	if (buf == NULL)
 		return wire_send_error(conn, "internal", "out of memory");
 	size = (uint64_t)st.st_size;
+	if (size <= WIRE_PAYLOAD_MAX)
+		return fs_read_small(g, conn, path, fd, buf, size);
 	meta = json_pack("{s:I}", "size", (json_int_t)size);
 	rc = meta ? wire_send_json(conn, WIRE_META, meta, NULL) : -1;
 	json_decref(meta);

@@ -94,6 +94,8 @@ struct mgr_conn {
 	uint8_t *pending;         /* bytes after the REQUEST (owned) */
 	size_t pending_len;
 	json_t *req;              /* the REQUEST (owned) */
+	char *decision;           /* an Allow DECISION held back to go out with
+	                           * the answer (owned), or NULL */
 	char sbx[TT_SBX_ID_LEN + 1];
 	uint64_t epoch;           /* lease: identity epoch at admission */
 	struct relay *relay;      /* set while relaying */
@@ -228,6 +230,7 @@ static void conn_free(struct mgr_conn *c)
 	if (c->bridge)
 		relay_close_free((uv_stream_t *)c->bridge);
 	json_decref(c->req);
+	free(c->decision);
 	free(c->pending);
 	free(c);
 }
@@ -236,6 +239,10 @@ static void conn_free(struct mgr_conn *c)
 static void conn_fail(struct mgr_conn *c, const char *code, const char *msg)
 {
 	log_warn("operation on %s failed: %s: %s", c->sbx[0] ? c->sbx : "-", code, msg);
+	/* node-api reads the DECISION first, always. */
+	if (c->decision != NULL)
+		relay_write_frame((uv_stream_t *)c->conn, WIRE_DECISION, c->decision,
+		                  (uint32_t)strlen(c->decision), NULL);
 	relay_error_close((uv_stream_t *)c->conn, code, msg);
 	c->conn = NULL;
 	conn_free(c);
@@ -317,18 +324,25 @@ static void bridge_forward(struct mgr_conn *c)
 {
 	struct manager *m = c->m;
 	struct tt_err err = { 0 };
+	struct wire_out first;
 
 	json_object_del(c->req, "token");
 	if (relay_write_json((uv_stream_t *)c->bridge, WIRE_REQUEST, c->req, &err) < 0) {
 		conn_fail(c, "transport", err.msg);
 		return;
 	}
+	if (c->decision != NULL)
+		first = (struct wire_out){ WIRE_DECISION, c->decision,
+		                           (uint32_t)strlen(c->decision) };
 	c->relay = relay_start_keep((uv_stream_t *)c->conn, (uv_stream_t *)c->bridge,
-	                            c->pending, c->pending_len, relay_kept, c, &err);
+	                            c->pending, c->pending_len,
+	                            c->decision != NULL ? &first : NULL, relay_kept, c, &err);
 	if (c->relay == NULL) {
 		conn_fail(c, "internal", err.msg);
 		return;
 	}
+	free(c->decision); /* the relay copied it */
+	c->decision = NULL;
 	c->conn = NULL; /* the relay owns both streams now */
 	c->bridge = NULL;
 	c->next = m->ops;
@@ -380,6 +394,18 @@ static void bridge_connected(uv_connect_t *req, int status)
 	bridge_forward(c);
 }
 
+/* decision_may_wait: an Allow for op may go out with the answer (one
+ * wake-up of node-api instead of two): the file operations that send no
+ * input, whose opener just waits for the answer. exec (an interactive
+ * stream shows its decision at once) and fs.write (node-api streams the
+ * body only once allowed) get theirs at once. */
+static bool decision_may_wait(const char *op)
+{
+	return strcmp(op, "fs.read") == 0 || strcmp(op, "fs.stat") == 0 ||
+	       strcmp(op, "fs.list") == 0 || strcmp(op, "fs.mkdir") == 0 ||
+	       strcmp(op, "fs.remove") == 0;
+}
+
 /* handle_data_op: admission, DECISION, then (allowed) connect the bridge. */
 static void handle_data_op(struct mgr_conn *c)
 {
@@ -394,7 +420,6 @@ static void handle_data_op(struct mgr_conn *c)
 	struct tt_decision d;
 	_cleanup_free_ char *body = NULL;
 	char labels[128], path[PATH_MAX];
-	json_t *dj;
 
 	if (sbx == NULL || !sbx_id_valid(sbx) || op == NULL || cap_op_of(op) == 0) {
 		conn_fail(c, "bad_request", "request needs a valid sbx and a known op");
@@ -415,13 +440,16 @@ static void handle_data_op(struct mgr_conn *c)
 	         decision_verdict_name(d.verdict), decision_reason_name(d.reason));
 	metrics_inc("tether_admission_total", labels);
 	body = decision_body_json(&d, sbx);
-	dj = body ? json_loads(body, JSON_REJECT_DUPLICATES, NULL) : NULL;
-	if (dj == NULL) {
+	if (body == NULL) {
 		conn_fail(c, "internal", "cannot encode the decision");
 		return;
 	}
-	relay_write_json((uv_stream_t *)c->conn, WIRE_DECISION, dj, NULL);
-	json_decref(dj);
+	if (d.verdict == TT_ALLOW && decision_may_wait(op)) {
+		c->decision = tt_steal_ptr(&body);
+	} else {
+		relay_write_frame((uv_stream_t *)c->conn, WIRE_DECISION, body,
+		                  (uint32_t)strlen(body), NULL);
+	}
 	if (d.verdict != TT_ALLOW) {
 		/* Never the token: only what the decision says. */
 		log_info("admission refused: sbx=%s op=%s decision=%s reason=%s", sbx, op,

@@ -32,6 +32,7 @@ struct harness {
 	enum relay_end how;
 	size_t opener_partial;    /* hdr_have of the handed-back reader */
 	uv_stream_t *kept_opener, *kept_far;
+	const struct wire_out *first; /* relay_start_keep's first frame */
 };
 
 /* pair: a socketpair, one end wrapped in a heap uv_pipe_t. */
@@ -110,7 +111,7 @@ static void h_run(struct harness *h, const char *late_far, size_t late_len)
 	h->timer.data = h;
 	uv_timer_start(&h->timer, late_cb, 30, 0);
 	assert_non_null(relay_start_keep((uv_stream_t *)h->a1, (uv_stream_t *)h->b1,
-	                                 NULL, 0, kept_cb, h, NULL));
+	                                 NULL, 0, h->first, kept_cb, h, NULL));
 	while (!h->called)
 		uv_run(&h->loop, UV_RUN_ONCE);
 	/* Let the write on the kept opener go out, then close what was kept. */
@@ -153,6 +154,45 @@ static void test_keep_clean(void **state)
 	assert_string_equal(expect_frame(h.a0, WIRE_RESULT), "{\"exit_code\":0}");
 	/* The frame written on the handed-back opener. */
 	assert_string_equal(expect_frame(h.a0, WIRE_RESULT), "{\"next\":1}");
+	close(h.a0);
+	close(h.b0);
+}
+
+/* test_keep_first: the frame given at start reaches the opener with the
+ * far side's answer, in one write (one read on the opener's end), and
+ * before it; also when the relay's own ERROR is the answer. */
+static void test_keep_first(void **state)
+{
+	static const struct wire_out decision = { WIRE_DECISION, "{\"decision\":\"allow\"}", 21 };
+	struct harness h;
+	uint8_t far[256], got[512];
+	size_t n;
+	ssize_t r;
+
+	(void)state;
+	h_init(&h);
+	h.first = &decision;
+	n = frame_bytes(far, WIRE_DATA_OUT, "out");
+	n += frame_bytes(far + n, WIRE_RESULT, "{}");
+	h_run(&h, (const char *)far, n);
+	assert_true(h.kept_seen);
+	/* DECISION + DATA_OUT + RESULT + the kept opener's own frame: the
+	 * first three in one write, so one read has them all. */
+	r = read(h.a0, got, sizeof(got));
+	assert_true(r >= (ssize_t)(3 * WIRE_HDR_LEN + 21 + 3 + 2));
+	assert_int_equal(got[5], WIRE_DECISION);
+	assert_int_equal(got[WIRE_HDR_LEN + 21 + 5], WIRE_DATA_OUT);
+	close(h.a0);
+	close(h.b0);
+
+	/* The far side goes away: DECISION, then the relay's ERROR. */
+	h_init(&h);
+	h.first = &decision;
+	shutdown(h.b0, SHUT_WR);
+	h_run(&h, "", 0);
+	assert_false(h.kept_seen);
+	assert_string_equal(expect_frame(h.a0, WIRE_DECISION), "{\"decision\":\"allow\"}");
+	assert_non_null(strstr(expect_frame(h.a0, WIRE_ERROR), "transport"));
 	close(h.a0);
 	close(h.b0);
 }
@@ -339,6 +379,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_keep_clean),
+		cmocka_unit_test(test_keep_first),
 		cmocka_unit_test(test_keep_far_trailing),
 		cmocka_unit_test(test_keep_opener_partial),
 		cmocka_unit_test(test_keep_far_gone),

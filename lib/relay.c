@@ -459,6 +459,18 @@ static bool far_reusable(const struct relay *r)
 	       r->side[SIDE_FAR].rd->hdr_have == 0;
 }
 
+/* relay_kept_reader: copies the 64 KiB reader only when it holds part of a
+ * frame (rare: input the operation did not take). */
+void relay_kept_reader(struct relay_kept *kept, struct wire_reader *rd)
+{
+	if (kept->opener_rd->hdr_have > 0)
+		memcpy(rd, kept->opener_rd, sizeof(*rd));
+	else
+		wire_reader_init(rd);
+	free(kept->opener_rd);
+	kept->opener_rd = NULL;
+}
+
 /* relay_end_keep: a clean end in keep mode: hands the opener (and a clean
  * far side) back instead of closing them. */
 static void relay_end_keep(struct relay *r)

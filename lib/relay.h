@@ -74,6 +74,9 @@ struct relay_kept {
 typedef void (*relay_keep_fn)(struct relay *r, enum relay_end how,
                               const char *msg, struct relay_kept *kept,
                               void *data);
+/* relay_kept_reader: moves kept->opener_rd's decoder state into rd (the
+ * reader of the opener's next REQUEST) and frees it. */
+void relay_kept_reader(struct relay_kept *kept, struct wire_reader *rd);
 /* relay_start_keep: relay_start in keep mode; keep runs once instead of a
  * done callback: synchronously at a clean end, else after both streams
  * were closed. first (or NULL): a frame for the opener that goes out with

@@ -191,11 +191,7 @@ static void bconn_next(struct bconn *c, struct relay_kept *kept)
 	c->pending_len = 0;
 	c->served++;
 	c->conn = (uv_pipe_t *)kept->opener;
-	if (kept->opener_rd->hdr_have > 0)
-		memcpy(&c->rd, kept->opener_rd, sizeof(c->rd));
-	else
-		wire_reader_init(&c->rd);
-	free(kept->opener_rd);
+	relay_kept_reader(kept, &c->rd);
 	c->conn->data = c;
 	if (uv_read_start((uv_stream_t *)c->conn, bconn_alloc_cb, bconn_read_cb) < 0)
 		bconn_free(c);
@@ -505,7 +501,7 @@ static void bconn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 	*buf = uv_buf_init((char *)c->buf, sizeof(c->buf));
 }
 
-/* bconn_read_cb: waits for the one REQUEST frame. */
+/* bconn_read_cb: waits for the connection's next REQUEST frame. */
 static void bconn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
 	struct bconn *c = s->data;

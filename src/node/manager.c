@@ -308,11 +308,7 @@ static void relay_kept(struct relay *r, enum relay_end how, const char *msg,
 	c->sbx[0] = '\0';
 	c->served++;
 	c->conn = (uv_pipe_t *)kept->opener;
-	if (kept->opener_rd->hdr_have > 0)
-		memcpy(&c->rd, kept->opener_rd, sizeof(c->rd));
-	else
-		wire_reader_init(&c->rd);
-	free(kept->opener_rd);
+	relay_kept_reader(kept, &c->rd);
 	c->conn->data = c;
 	if (uv_read_start((uv_stream_t *)c->conn, conn_alloc_cb, conn_read_cb) < 0)
 		conn_free(c);
@@ -1759,7 +1755,8 @@ static void conn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 	*buf = uv_buf_init((char *)c->buf, sizeof(c->buf));
 }
 
-/* conn_read_cb: waits for the one REQUEST frame, then dispatches. */
+/* conn_read_cb: waits for the connection's next REQUEST frame, then
+ * dispatches. */
 static void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
 	struct mgr_conn *c = s->data;

@@ -20,6 +20,7 @@
 #include "wire.h"
 
 static uint8_t rbuf[WIRE_PAYLOAD_MAX + 1];
+static struct wire_reader next_rd;
 
 struct harness {
 	uv_loop_t loop;
@@ -85,7 +86,10 @@ static void kept_cb(struct relay *r, enum relay_end how, const char *msg,
 	h->kept_seen = true;
 	h->far_kept = kept->far != NULL;
 	h->opener_partial = kept->opener_rd->hdr_have;
-	free(kept->opener_rd);
+	/* The next reader continues exactly where the relay's stopped. */
+	relay_kept_reader(kept, &next_rd);
+	assert_null(kept->opener_rd);
+	assert_int_equal(next_rd.hdr_have, h->opener_partial);
 	/* The handed-back opener still works: a frame goes out on it. */
 	assert_int_equal(relay_write_frame(kept->opener, WIRE_RESULT, "{\"next\":1}", 10,
 	                                   NULL), 0);

@@ -194,6 +194,7 @@ static void report(const char *name, double full, double direct_new,
 int main(void)
 {
 	double rtt, f_exec, f_read;
+	struct bench_cpu cpu0, cpu1, cpu2;
 	struct direct d;
 	struct tether_config cfg = { 0 };
 	struct tt_err err = { 0 };
@@ -222,8 +223,11 @@ int main(void)
 	json_decref(s);
 	if (put_4k(t, id, "/tmp/f4k") < 0)
 		goto out_client;
+	bench_cpu_take(cluster.pid, &cpu0);
 	f_exec = full_exec(t, id);
+	bench_cpu_take(cluster.pid, &cpu1);
 	f_read = full_read(t, id, "/tmp/f4k");
+	bench_cpu_take(cluster.pid, &cpu2);
 	rtt = bench_raw_rtt(20000);
 	if (f_exec < 0 || f_read < 0 || rtt < 0 ||
 	    direct_baselines(&d) < 0) {
@@ -237,6 +241,10 @@ int main(void)
 	       d.exec_warm);
 	report("read 4 KiB", f_read, d.read_new, d.read_warm, rtt, "hop floor",
 	       d.read_warm + EXTRA_HOPS * rtt);
+	/* The loops ran EXEC_ITERS / READ_ITERS measured operations plus 5
+	 * warm-up ones each. */
+	bench_cpu_print("exec true", &cpu0, &cpu1, EXEC_ITERS + 5);
+	bench_cpu_print("read 4 KiB", &cpu1, &cpu2, READ_ITERS + 5);
 	tether_rm(t, id, &err);
 	rc = 0;
 out_client:

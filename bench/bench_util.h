@@ -4,6 +4,7 @@
 #ifndef TT_BENCH_UTIL_H
 #define TT_BENCH_UTIL_H
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -453,6 +455,126 @@ static inline void bench_cluster_stop(struct bench_cluster *c)
 		_exit(127);
 	}
 	wait(NULL);
+}
+
+/* CPU time by role of a cluster's processes (the descendants of its
+ * `tether up`), to say where an operation's time goes: wall-clock figures
+ * here swing with how fast idle vCPUs wake, CPU time much less. */
+enum bench_role { BR_CLIENT, BR_EDGE, BR_NODE, BR_MANAGER, BR_BRIDGE, BR_GUEST, BR_N };
+
+static const char *const bench_role_names[BR_N] = {
+	"client", "edge", "node-api", "manager", "bridge", "guest",
+};
+
+/* CPU seconds per role at one moment. */
+struct bench_cpu {
+	double s[BR_N];
+};
+
+/* bench_proc_read: ppid and CPU seconds (own + reaped children) of pid. */
+static inline int bench_proc_read(int pid, int *ppid, double *cpu)
+{
+	char path[64], buf[1024];
+	unsigned long long ut, st, cut, cst;
+	const char *p;
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return -1;
+	buf[n] = '\0';
+	p = strrchr(buf, ')');
+	/* fields 4 (ppid) and 14-17 (utime, stime, cutime, cstime) */
+	if (p == NULL || sscanf(p + 2, "%*c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u "
+	                        "%llu %llu %llu %llu", ppid, &ut, &st, &cut, &cst) != 5)
+		return -1;
+	*cpu = (double)(ut + st + cut + cst) / (double)sysconf(_SC_CLK_TCK);
+	return 0;
+}
+
+/* bench_proc_role: the role a process of the cluster plays, by argv. */
+static inline int bench_proc_role(int pid)
+{
+	char path[64], argv[256] = { 0 };
+	const char *base;
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%d/cmdline", pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	n = read(fd, argv, sizeof(argv) - 1);
+	close(fd);
+	if (n <= 0)
+		return -1;
+	base = strrchr(argv, '/') ? strrchr(argv, '/') + 1 : argv;
+	if (strcmp(base, "tether-bridge") == 0)
+		return BR_BRIDGE;
+	if (strcmp(base, "tether-guest") == 0)
+		return BR_GUEST;
+	if (strcmp(base, "tetherd") != 0 || (size_t)n <= strlen(argv) + 1)
+		return -1;
+	base = argv + strlen(argv) + 1; /* the role */
+	return strcmp(base, "edge") == 0 ? BR_EDGE : strcmp(base, "node") == 0 ? BR_NODE :
+	       strcmp(base, "manager") == 0 ? BR_MANAGER : -1;
+}
+
+/* bench_cpu_take: CPU seconds by role now, of root's descendants and of
+ * this process (the client). */
+static inline void bench_cpu_take(pid_t root, struct bench_cpu *c)
+{
+	static int pids[32768], ppids[32768];
+	static double cpus[32768];
+	struct rusage ru;
+	struct dirent *e;
+	size_t n = 0;
+	DIR *d = opendir("/proc");
+
+	memset(c, 0, sizeof(*c));
+	getrusage(RUSAGE_SELF, &ru);
+	c->s[BR_CLIENT] = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
+	                  (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+	while (d != NULL && (e = readdir(d)) != NULL && n < 32768) {
+		int pid = atoi(e->d_name);
+
+		if (pid > 0 && bench_proc_read(pid, &ppids[n], &cpus[n]) == 0)
+			pids[n++] = pid;
+	}
+	if (d != NULL)
+		closedir(d);
+	for (size_t i = 0; i < n; i++) {
+		int role = bench_proc_role(pids[i]), up = ppids[i], hops = 0;
+
+		if (role < 0)
+			continue;
+		/* a descendant of root? (walk the parents through the table) */
+		while (up > 1 && up != root && hops++ < 16) {
+			size_t j = 0;
+
+			while (j < n && pids[j] != up)
+				j++;
+			up = j < n ? ppids[j] : 0;
+		}
+		if (up == root)
+			c->s[role] += cpus[i];
+	}
+}
+
+/* bench_cpu_print: CPU µs per operation by role between a and b. */
+static inline void bench_cpu_print(const char *what, const struct bench_cpu *a,
+                                   const struct bench_cpu *b, int ops)
+{
+	printf("%-17s cpu per op:", what);
+	for (int r = 0; r < BR_N; r++)
+		printf(" %s %.0f us%s", bench_role_names[r],
+		       (b->s[r] - a->s[r]) * 1e6 / ops, r + 1 < BR_N ? "," : "\n");
 }
 
 #endif

@@ -945,6 +945,17 @@ static void spare_init(struct manager *m)
 	spare_kick(m);
 }
 
+/* exec_runtime_init: what every runtime state starts with, started here
+ * or adopted after a restart: its owner, a serial never handed out before,
+ * and its (empty) pool of bridge connections (NULL when out of memory:
+ * then none is kept). */
+static void exec_runtime_init(struct manager *m, struct mgr_exec *ex)
+{
+	ex->m = m;
+	ex->serial = ++m->exec_serial;
+	ex->pool = uvutil_pool_new(m->loop, MGR_POOL_IDLE_MAX, MGR_POOL_IDLE_MS);
+}
+
 /* exec_start: starts the sandbox and its bridge for rec (state starting);
  * fills the runtime state. Nothing is left running on failure. */
 static struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec,
@@ -965,10 +976,7 @@ static struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec
 		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 		return NULL;
 	}
-	ex->m = m;
-	ex->serial = ++m->exec_serial;
-	/* NULL when out of memory: then no bridge connection is kept. */
-	ex->pool = uvutil_pool_new(m->loop, MGR_POOL_IDLE_MAX, MGR_POOL_IDLE_MS);
+	exec_runtime_init(m, ex);
 	ex->own_children = true;
 	ex->bridge_pidfd = -1;
 	snprintf(ex->sbx, sizeof(ex->sbx), "%s", rec->id.sbx);
@@ -1890,10 +1898,7 @@ static void recover(struct manager *m)
 		ex = calloc(1, sizeof(*ex));
 		if (ex == NULL)
 			continue;
-		ex->m = m;
-	ex->serial = ++m->exec_serial;
-	/* NULL when out of memory: then no bridge connection is kept. */
-	ex->pool = uvutil_pool_new(m->loop, MGR_POOL_IDLE_MAX, MGR_POOL_IDLE_MS);
+		exec_runtime_init(m, ex);
 		snprintf(ex->sbx, sizeof(ex->sbx), "%s", r->id.sbx);
 		ns_sandbox_init(&ex->sb);
 		ex->sb.init_pid = r->init_pid;

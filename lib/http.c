@@ -28,6 +28,14 @@ static void http_lws_log(int level, const char *line)
 	log_error("lws: %.*s", (int)n, line);
 }
 
+static size_t server_serv_buf; /* 0: lws' default */
+
+/* http_server_set_serv_buf: see http.h. */
+void http_server_set_serv_buf(size_t bytes)
+{
+	server_serv_buf = bytes;
+}
+
 /* http_server_new: an lws context on the caller's libuv loop. */
 struct lws_context *http_server_new(uv_loop_t *loop, const char *iface,
                                     int port,
@@ -50,6 +58,7 @@ struct lws_context *http_server_new(uv_loop_t *loop, const char *iface,
 	info.vhost_name = "default";
 	info.timeout_secs = 30;
 	info.keepalive_timeout = 60;
+	info.pt_serv_buf_size = (unsigned int)server_serv_buf;
 	ctx = lws_create_context(&info);
 	if (ctx == NULL) {
 		tt_err_set(err, TT_ERR_SYS, "cannot listen on %s:%d",

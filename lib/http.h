@@ -25,6 +25,11 @@ struct lws_context *http_server_new(uv_loop_t *loop, const char *iface,
                                     int port,
                                     const struct lws_protocols *protocols,
                                     void *user, struct tt_err *err);
+/* http_server_set_serv_buf: lws' per-thread service buffer
+ * (pt_serv_buf_size) for servers created after this call; 0 = lws' default
+ * (4096). It bounds one read from a client. Set once at startup, before any
+ * http_server_new (a process-wide setting, not thread-safe). */
+void http_server_set_serv_buf(size_t bytes);
 
 /* http_reply: status + Content-Type + Content-Length + body in one
  * lws_write, then completes the transaction. Returns what the lws callback

@@ -111,7 +111,7 @@ struct api_op {
 	/* list: NDJSON entries are collected in out; lines counted */
 	size_t list_lines;
 	/* PUT */
-	bool allowed, body_done, rx_paused;
+	bool allowed, body_done, rx_paused, eof_sent;
 	struct api_buf pending;
 };
 
@@ -260,6 +260,19 @@ static void op_free(struct api_op *op)
 	free(op);
 }
 
+/* op_rx_resume: lets lws read the client again. lws 4.1's h1 handler
+ * returns early for a wsi whose rx is flow-controlled, POLLOUT included:
+ * a writable request made while paused is never served and never cleared,
+ * so the level-triggered EPOLLOUT wakes the loop forever (a 100 % CPU spin)
+ * and the reply never goes out. Every reply therefore resumes rx first. */
+static void op_rx_resume(struct api_op *op)
+{
+	if (!op->rx_paused || op->wsi == NULL)
+		return;
+	op->rx_paused = false;
+	lws_rx_flow_control(op->wsi, 1);
+}
+
 /* op_reply: records the final answer and asks lws for a write slot
  * (replies are written from LWS_CALLBACK_HTTP_WRITEABLE). body is taken. */
 static void op_reply(struct api_op *op, unsigned status, char *body)
@@ -271,6 +284,12 @@ static void op_reply(struct api_op *op, unsigned status, char *body)
 	op->reply = body;
 	op->reply_len = body ? strlen(body) : 0;
 	op->state = OP_REPLY;
+	/* An upload answered before its body is in (a Deny, a guest error):
+	 * the rest is read and dropped (api_on_body in OP_REPLY) and the
+	 * connection closes after the reply, never parsed as a next request. */
+	if (op->route == R_FILES_PUT && !op->body_done)
+		op->close_after = true;
+	op_rx_resume(op);
 	if (op->wsi != NULL)
 		lws_callback_on_writable(op->wsi);
 }
@@ -326,7 +345,12 @@ static bool op_send(struct api_op *op, uint8_t type, const void *data,
 }
 
 /* put_flush: forwards held PUT bytes once admitted, then EOF_IN when the
- * body is complete; resumes reading the client while the pipe is short. */
+ * body is complete; resumes reading the client while the pipe is short.
+ * A body can be complete while rx is still paused: lws hands over the rest
+ * of a read it already made, after the pause, and with a large service
+ * buffer (pt_serv_buf_size) a small body arrives in the read that carried
+ * the headers. rx is resumed then too: nothing is left to hold back, and a
+ * paused wsi never gets its reply written (op_rx_resume). */
 static void put_flush(struct api_op *op)
 {
 	if (op->pending.len > 0) {
@@ -339,15 +363,15 @@ static void put_flush(struct api_op *op)
 	if (op->body_done) {
 		uint8_t none = 0;
 
-		if (!op_send(op, WIRE_EOF_IN, &none, 0))
+		/* once: a drain after the last bytes calls here again */
+		if (!op->eof_sent && !op_send(op, WIRE_EOF_IN, &none, 0))
 			return;
+		op->eof_sent = true;
+		op_rx_resume(op);
 		return;
 	}
-	if (op->rx_paused && op->wsi != NULL &&
-	    mgrconn_queued(op->mc) < MGRCONN_HIGH_WATER) {
-		op->rx_paused = false;
-		lws_rx_flow_control(op->wsi, 1);
-	}
+	if (mgrconn_queued(op->mc) < MGRCONN_HIGH_WATER)
+		op_rx_resume(op);
 }
 
 /* op_on_decision: Allow continues the operation; anything else is the
@@ -1423,11 +1447,34 @@ static void node_fatal(struct node *n, const char *msg)
 	uv_stop(n->loop);
 }
 
+/* node_serv_buf_env: TETHER_NODE_SERV_BUF (bytes, 4096..1 MiB) sets lws'
+ * per-thread service buffer, which sizes each read from a client: the
+ * request-body paths must be correct whatever it is, and the regression
+ * test (tests/integration/test_upload_flow.sh) runs them at 32 KiB. */
+static void node_serv_buf_env(void)
+{
+	const char *v = getenv("TETHER_NODE_SERV_BUF");
+	char *end;
+	unsigned long b;
+
+	if (v == NULL || v[0] == '\0')
+		return;
+	errno = 0;
+	b = strtoul(v, &end, 10);
+	if (errno != 0 || *end != '\0' || b < 4096 || b > (1ul << 20)) {
+		log_warn("TETHER_NODE_SERV_BUF=%s ignored: want 4096..1048576", v);
+		return;
+	}
+	http_server_set_serv_buf(b);
+	log_info("node-api: lws service buffer %lu bytes", b);
+}
+
 /* node_serve: the manager answered: start HTTP and the feed. */
 static void node_serve(struct node *n)
 {
 	struct tt_err err = { 0 };
 
+	node_serv_buf_env();
 	n->lws = http_server_new(n->loop, n->listen_host, n->port, api_protocols,
 	                         n, &err);
 	if (n->lws == NULL) {

@@ -8,6 +8,9 @@
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/socket.h>
 
 #include <sodium.h>
 
@@ -76,6 +79,100 @@ struct lws_context *http_server_new(uv_loop_t *loop, const char *iface,
 		return NULL;
 	}
 	return ctx;
+}
+
+/* One guard: a uv_poll on a dup of the client socket. Owner: the caller
+ * until http_rxguard_stop; then the uv close callback frees it. */
+struct http_rxguard {
+	uv_poll_t poll;
+	int fd;             /* the dup (owned) */
+	struct lws *wsi;    /* NULL once the guard acted on end of input */
+	bool extra;         /* bytes after the request were dropped */
+};
+
+/* rxguard_on_close: the poll handle is closed: release the dup. */
+static void rxguard_on_close(uv_handle_t *h)
+{
+	struct http_rxguard *g = h->data;
+
+	close(g->fd);
+	free(g);
+}
+
+/* rxguard_on_readable: drops what the client sent after its request (at
+ * most 256 KiB per wakeup, so a flood cannot hold the loop); on end of
+ * input or an error, stops watching and has lws close the connection. */
+static void rxguard_on_readable(uv_poll_t *p, int status, int events)
+{
+	struct http_rxguard *g = p->data;
+	uint8_t scratch[16384];
+	ssize_t r = 1;
+	int i;
+
+	(void)events;
+	for (i = 0; status == 0 && i < 16; i++) {
+		r = recv(g->fd, scratch, sizeof(scratch), MSG_DONTWAIT);
+		if (r <= 0)
+			break;
+		g->extra = true;
+	}
+	if (status == 0 && (r > 0 || (r < 0 && (errno == EAGAIN || errno == EINTR))))
+		return;
+	uv_poll_stop(p);
+	if (g->wsi != NULL)
+		lws_set_timeout(g->wsi, PENDING_TIMEOUT_CLOSE_ACK, LWS_TO_KILL_ASYNC);
+	g->wsi = NULL;
+}
+
+/* http_rxguard_start: see http.h. */
+struct http_rxguard *http_rxguard_start(uv_loop_t *loop, struct lws *wsi,
+                                        struct tt_err *err)
+{
+	struct http_rxguard *g;
+	int fd = (int)lws_get_socket_fd(wsi);
+
+	if (fd < 0) {
+		tt_err_set(err, TT_ERR_IO, "no client socket");
+		return NULL;
+	}
+	g = calloc(1, sizeof(*g));
+	if (g == NULL) {
+		tt_err_set(err, TT_ERR_SYS, "out of memory");
+		return NULL;
+	}
+	/* A dup: libuv allows one watcher per fd, and lws owns the original;
+	 * epoll registers the dup separately. */
+	g->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (g->fd < 0 || uv_poll_init(loop, &g->poll, g->fd) != 0) {
+		tt_err_set(err, TT_ERR_SYS, "cannot watch the client socket");
+		if (g->fd >= 0)
+			close(g->fd);
+		free(g);
+		return NULL;
+	}
+	g->poll.data = g;
+	g->wsi = wsi;
+	if (uv_poll_start(&g->poll, UV_READABLE | UV_DISCONNECT,
+	                  rxguard_on_readable) != 0) {
+		tt_err_set(err, TT_ERR_SYS, "cannot watch the client socket");
+		uv_close((uv_handle_t *)&g->poll, rxguard_on_close);
+		return NULL;
+	}
+	return g;
+}
+
+/* http_rxguard_stop: see http.h. */
+bool http_rxguard_stop(struct http_rxguard *g)
+{
+	bool extra;
+
+	if (g == NULL)
+		return false;
+	extra = g->extra;
+	g->wsi = NULL;
+	uv_poll_stop(&g->poll);
+	uv_close((uv_handle_t *)&g->poll, rxguard_on_close);
+	return extra;
 }
 
 /* http_reply: headers and body assembled in one buffer, one lws_write. */

@@ -7,6 +7,7 @@
 #ifndef TT_HTTP_H
 #define TT_HTTP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include <curl/curl.h>
@@ -30,6 +31,24 @@ struct lws_context *http_server_new(uv_loop_t *loop, const char *iface,
  * (4096). It bounds one read from a client. Set once at startup, before any
  * http_server_new (a process-wide setting, not thread-safe). */
 void http_server_set_serv_buf(size_t bytes);
+
+/* http_rxguard: lws 4.1.6 neither reads nor stops polling a client socket
+ * while a response is in progress (h1 state DOING_TRANSACTION): any byte
+ * the client sends after its request (pipelining) or a half-close leaves
+ * EPOLLIN level-triggered and spins the loop until the response ends. A
+ * guard watches a dup of the socket while a bodiless request is answered:
+ * extra bytes are read and dropped (the connection then closes after this
+ * response, so a dropped pipelined request is retried by the client, RFC
+ * 9112 9.3.2); end of input or an error closes the connection now.
+ * Start it only when lws reads nothing more for this request (no request
+ * body). Owner: the caller; http_rxguard_stop releases it. */
+struct http_rxguard;
+struct http_rxguard *http_rxguard_start(uv_loop_t *loop, struct lws *wsi,
+                                        struct tt_err *err);
+/* http_rxguard_stop: stops and frees g (NULL is fine); true when the client
+ * sent bytes after its request: the caller then closes the connection
+ * after the reply instead of keeping it alive. */
+bool http_rxguard_stop(struct http_rxguard *g);
 
 /* http_reply: status + Content-Type + Content-Length + body in one
  * lws_write, then completes the transaction. Returns what the lws callback

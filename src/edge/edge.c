@@ -75,6 +75,7 @@ struct bytes {
 struct xreq {
 	struct edge *e;
 	struct lws *wsi;           /* NULL once the client connection is gone */
+	struct http_rxguard *rxg;  /* bodiless requests: bytes after (http.h) */
 	enum xkind kind;
 	enum xphase phase;
 	char method[8];
@@ -175,6 +176,7 @@ static void bytes_free(struct bytes *b)
 /* xreq_free: releases a request that neither lws nor curl holds. */
 static void xreq_free(struct xreq *x)
 {
+	http_rxguard_stop(x->rxg);
 	if (x->hdrs)
 		curl_slist_free_all(x->hdrs);
 	edge_route_clear(&x->rt);
@@ -189,6 +191,8 @@ static void xreq_free(struct xreq *x)
 static void xreq_detach(struct xreq *x)
 {
 	x->wsi = NULL;
+	http_rxguard_stop(x->rxg);
+	x->rxg = NULL;
 	if (x->waiting) {
 		routes_cancel_wait(x->e->routes, &x->waiter);
 		x->waiting = 0;
@@ -870,8 +874,10 @@ static int edge_write(struct lws *wsi, struct pss *pss, struct xreq *x)
 		                   now_us() - x->t0_us);
 	}
 	pss->x = NULL;
+	final = http_rxguard_stop(x->rxg); /* bytes after the request: close */
+	x->rxg = NULL;
 	xreq_free(x);
-	return lws_http_transaction_completed(wsi) ? -1 : 0;
+	return final || lws_http_transaction_completed(wsi) ? -1 : 0;
 }
 
 /* sbx_from_path: the id after "/v1/sandboxes/" and what follows it. */
@@ -1051,6 +1057,17 @@ static int edge_http(struct lws *wsi, struct pss *pss, struct edge *e,
 	}
 	pss->x = x;
 	x->in_done = x->in_length <= 0;
+	/* lws reads nothing more for a bodiless request until its reply is
+	 * complete; the guard keeps a client's extra bytes or half-close from
+	 * spinning the loop meanwhile (http.h). */
+	if (x->in_done && http_header(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING,
+	                              clen, sizeof(clen)) <= 0) {
+		struct tt_err gerr = { 0 };
+
+		x->rxg = http_rxguard_start(e->loop, wsi, &gerr);
+		if (x->rxg == NULL)
+			log_warn("edge: %s", gerr.msg);
+	}
 	if (x->streamed_in || x->in_done)
 		xreq_go(x); /* a streamed PUT starts now; its body follows */
 	return 0;

@@ -113,6 +113,8 @@ struct api_op {
 	/* PUT */
 	bool allowed, body_done, rx_paused, eof_sent;
 	struct api_buf pending;
+	/* bodiless requests: client bytes after the request (http.h) */
+	struct http_rxguard *rxg;
 };
 
 struct api_pss {
@@ -244,6 +246,7 @@ static void op_free(struct api_op *op)
 	if (op == NULL)
 		return;
 	mgrconn_close(op->mc);
+	http_rxguard_stop(op->rxg);
 	json_decref(op->req);
 	http_body_free(&op->body);
 	if (op->stdin_data != NULL)
@@ -965,6 +968,17 @@ static int api_on_http(struct lws *wsi, struct api_pss *pss, const char *uri)
 	} else {
 		op->close_after = has_body; /* a body we will not read */
 	}
+	/* lws reads nothing more for a bodiless request until its reply is
+	 * complete; the guard keeps a client's extra bytes or half-close from
+	 * spinning the loop meanwhile (http.h). Without it (no fd), only that
+	 * protection is lost. */
+	if (!has_body) {
+		struct tt_err gerr = { 0 };
+
+		op->rxg = http_rxguard_start(n->loop, wsi, &gerr);
+		if (op->rxg == NULL)
+			log_warn("%s: %s", route_names[r], gerr.msg);
+	}
 	op_start(op);
 	return 0;
 }
@@ -1046,10 +1060,14 @@ static int api_on_body_done(struct api_op *op)
  * the HTTP transaction (keep-alive). */
 static int stream_done(struct lws *wsi, struct api_pss *pss, struct api_op *op)
 {
+	bool extra = http_rxguard_stop(op->rxg);
+
+	op->rxg = NULL;
 	api_count(op->route, 200, op->t0_us);
 	pss->op = NULL;
 	op_free(op);
-	return lws_http_transaction_completed(wsi) ? -1 : 0;
+	/* bytes after the request were dropped: close, never keep alive */
+	return extra || lws_http_transaction_completed(wsi) ? -1 : 0;
 }
 
 /* stream_write_whole: a small read already complete (RESULT confirmed it):
@@ -1174,7 +1192,8 @@ static int api_on_writeable(struct lws *wsi, struct api_pss *pss)
 	if (op->state != OP_REPLY)
 		return 0;
 	status = op->status;
-	close_after = op->close_after;
+	close_after = op->close_after | http_rxguard_stop(op->rxg);
+	op->rxg = NULL;
 	/* Detach first: completing the transaction may drop the session
 	 * (LWS_CALLBACK_HTTP_DROP_PROTOCOL) from inside http_reply. */
 	pss->op = NULL;

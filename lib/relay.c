@@ -53,6 +53,38 @@ struct relay_wreq {
 	uint8_t bytes[];
 };
 
+/* Spare relays and readers, kept instead of freed: each relay is ~130 KiB
+ * and each reader 64 KiB, and freeing them after every operation let
+ * malloc hand the heap top back to the kernel, so the next operation
+ * faulted fresh pages in again (3 page faults per operation in the bridge).
+ * A process uses relays from its one loop thread, so no lock. */
+#define RELAY_SPARES 4
+static struct relay *spare_relays[RELAY_SPARES];
+static struct wire_reader *spare_readers[2 * RELAY_SPARES];
+static size_t n_spare_relays, n_spare_readers;
+
+/* reader_get: a reset reader, from the spares when there is one. */
+static struct wire_reader *reader_get(void)
+{
+	struct wire_reader *rd = n_spare_readers > 0 ? spare_readers[--n_spare_readers]
+	                                             : malloc(sizeof(*rd));
+
+	if (rd != NULL)
+		wire_reader_init(rd);
+	return rd;
+}
+
+/* reader_put: keeps rd as a spare, or frees it; NULL is fine. */
+static void reader_put(struct wire_reader *rd)
+{
+	if (rd == NULL)
+		return;
+	if (n_spare_readers < 2 * RELAY_SPARES)
+		spare_readers[n_spare_readers++] = rd;
+	else
+		free(rd);
+}
+
 static void relay_end(struct relay *r, enum relay_end how, const char *msg);
 static void side_resume(struct relay_side *sd);
 static void finish_with_error(struct relay *r, enum relay_end how,
@@ -429,15 +461,18 @@ static void side_resume(struct relay_side *sd)
  * a keep-mode relay hands back (NULL: everything was closed). */
 static void relay_finish(struct relay *r, struct relay_kept *kept)
 {
-	free(r->side[0].rd);
-	free(r->side[1].rd);
+	reader_put(r->side[0].rd);
+	reader_put(r->side[1].rd);
 	free(r->batch[0]);
 	free(r->batch[1]);
 	if (r->keep)
 		r->keep(r, r->how, r->msg, kept, r->data);
 	else if (r->done)
 		r->done(r, r->how, r->msg, r->data);
-	free(r);
+	if (n_spare_relays < RELAY_SPARES)
+		spare_relays[n_spare_relays++] = r;
+	else
+		free(r);
 }
 
 /* relay_close_cb: frees a stream; the last one completes the relay. */
@@ -467,7 +502,7 @@ void relay_kept_reader(struct relay_kept *kept, struct wire_reader *rd)
 		memcpy(rd, kept->opener_rd, sizeof(*rd));
 	else
 		wire_reader_init(rd);
-	free(kept->opener_rd);
+	reader_put(kept->opener_rd);
 	kept->opener_rd = NULL;
 }
 
@@ -525,7 +560,8 @@ void relay_abort(struct relay *r, const char *code, const char *message)
  * per operation showed in profiles of the request path. */
 static struct relay *relay_alloc(void)
 {
-	struct relay *r = malloc(sizeof(*r));
+	struct relay *r = n_spare_relays > 0 ? spare_relays[--n_spare_relays]
+	                                     : malloc(sizeof(*r));
 
 	if (r == NULL)
 		return NULL;
@@ -580,10 +616,9 @@ static struct relay *relay_begin(uv_stream_t *opener, uv_stream_t *far,
 	for (int i = 0; i < 2; i++) {
 		r->side[i].r = r;
 		r->side[i].s = streams[i];
-		r->side[i].rd = malloc(sizeof(*r->side[i].rd));
+		r->side[i].rd = reader_get();
 		if (r->side[i].rd == NULL)
 			goto nomem;
-		wire_reader_init(r->side[i].rd);
 	}
 	/* Held in the opener's batch until the far side's first answer. */
 	if (first != NULL &&
@@ -600,8 +635,8 @@ static struct relay *relay_begin(uv_stream_t *opener, uv_stream_t *far,
 	return r;
 nomem:
 	if (r != NULL) {
-		free(r->side[0].rd);
-		free(r->side[1].rd);
+		reader_put(r->side[0].rd);
+		reader_put(r->side[1].rd);
 		free(r->batch[SIDE_OPENER]);
 		free(r);
 	}

@@ -64,9 +64,9 @@ struct relay *relay_start(uv_stream_t *opener, uv_stream_t *far,
  * three and must set each stream's data before using it. */
 struct relay_kept {
 	uv_stream_t *opener;
-	struct wire_reader *opener_rd; /* heap: bytes of a frame the opener
-	                                * already began (input the finished
-	                                * operation did not take) */
+	/* bytes of a frame the opener already began (input the finished
+	 * operation did not take): give it to relay_kept_reader */
+	struct wire_reader *opener_rd;
 	uv_stream_t *far;              /* NULL: not reusable, the relay closed it */
 };
 /* kept: non-NULL only when how == RELAY_DONE; the callee takes what it

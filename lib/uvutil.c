@@ -122,22 +122,14 @@ static enum uvutil_req request_scan(uv_stream_t *s, struct wire_reader *rd,
 	return UVUTIL_REQ_MORE; /* only stray input so far */
 }
 
-/* uvutil_first_request: the first frame must be the REQUEST. */
-enum uvutil_req uvutil_first_request(uv_stream_t *s, struct wire_reader *rd,
-                                     const uint8_t *buf, ssize_t nread,
-                                     struct wire_frame *f, uint8_t **pending,
-                                     size_t *pending_len, struct tt_err *err)
+/* uvutil_read_request: stray input is dropped after the first operation. */
+enum uvutil_req uvutil_read_request(uv_stream_t *s, uint64_t served,
+                                    struct wire_reader *rd, const uint8_t *buf,
+                                    ssize_t nread, struct wire_frame *f,
+                                    uint8_t **pending, size_t *pending_len,
+                                    struct tt_err *err)
 {
-	return request_scan(s, rd, buf, nread, f, pending, pending_len, false, err);
-}
-
-/* uvutil_next_request: stray input of the previous operation is dropped. */
-enum uvutil_req uvutil_next_request(uv_stream_t *s, struct wire_reader *rd,
-                                    const uint8_t *buf, ssize_t nread,
-                                    struct wire_frame *f, uint8_t **pending,
-                                    size_t *pending_len, struct tt_err *err)
-{
-	return request_scan(s, rd, buf, nread, f, pending, pending_len, true, err);
+	return request_scan(s, rd, buf, nread, f, pending, pending_len, served > 0, err);
 }
 
 /* ---- idle connection pool ------------------------------------------------ */

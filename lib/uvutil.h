@@ -33,23 +33,18 @@ enum uvutil_req {
 	UVUTIL_REQ_BAD = -2,     /* not a frame, or not a REQUEST (err says) */
 	UVUTIL_REQ_NOMEM = -3,   /* no memory for the bytes after it */
 };
-/* uvutil_first_request: feeds one read (buf, nread as libuv passed them)
- * of a connection whose first frame must be a REQUEST. On READY, bytes
- * read after the frame are copied to *pending (heap, the caller owns it;
- * untouched when there are none). Reading is stopped on anything but
- * MORE. */
-enum uvutil_req uvutil_first_request(uv_stream_t *s, struct wire_reader *rd,
-                                     const uint8_t *buf, ssize_t nread,
-                                     struct wire_frame *f, uint8_t **pending,
-                                     size_t *pending_len, struct tt_err *err);
-
-/* uvutil_next_request: uvutil_first_request for the operations after the
- * first on a connection: DATA_IN / EOF_IN frames before the REQUEST are
- * input the previous operation did not take, and are dropped. */
-enum uvutil_req uvutil_next_request(uv_stream_t *s, struct wire_reader *rd,
-                                    const uint8_t *buf, ssize_t nread,
-                                    struct wire_frame *f, uint8_t **pending,
-                                    size_t *pending_len, struct tt_err *err);
+/* uvutil_read_request: feeds one read (buf, nread as libuv passed them)
+ * of a connection waiting for a REQUEST. For its first operation
+ * (served == 0) the REQUEST must be the first frame; after that, DATA_IN /
+ * EOF_IN before it are input the previous operation did not take, and are
+ * dropped. On READY, bytes read after the frame are copied to *pending
+ * (heap, the caller owns it; untouched when there are none). Reading is
+ * stopped on anything but MORE. */
+enum uvutil_req uvutil_read_request(uv_stream_t *s, uint64_t served,
+                                    struct wire_reader *rd, const uint8_t *buf,
+                                    ssize_t nread, struct wire_frame *f,
+                                    uint8_t **pending, size_t *pending_len,
+                                    struct tt_err *err);
 
 /* A bounded set of idle, verified connections towards one next hop. An idle
  * connection is read: any byte or EOF from it (the far side may send

@@ -509,8 +509,8 @@ static void bconn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	struct tt_err err = { 0 };
 
 	(void)buf;
-	switch ((c->served > 0 ? uvutil_next_request : uvutil_first_request)(
-	        s, &c->rd, c->buf, nread, &f, &c->pending, &c->pending_len, &err)) {
+	switch (uvutil_read_request(s, c->served, &c->rd, c->buf, nread, &f, &c->pending,
+	                            &c->pending_len, &err)) {
 	case UVUTIL_REQ_MORE:
 		return;
 	case UVUTIL_REQ_READY:

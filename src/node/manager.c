@@ -1773,8 +1773,8 @@ static void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	const char *op;
 
 	(void)buf;
-	switch ((c->served > 0 ? uvutil_next_request : uvutil_first_request)(
-	        s, &c->rd, c->buf, nread, &f, &c->pending, &c->pending_len, &err)) {
+	switch (uvutil_read_request(s, c->served, &c->rd, c->buf, nread, &f, &c->pending,
+	                            &c->pending_len, &err)) {
 	case UVUTIL_REQ_MORE:
 		return;
 	case UVUTIL_REQ_READY:

@@ -261,7 +261,7 @@ static void test_keep_far_gone(void **state)
 	close(h.b0);
 }
 
-/* feed: one uvutil_next_request / first_request step over bytes. */
+/* feed: one uvutil_read_request step over bytes; next: a later operation. */
 static enum uvutil_req feed(bool next, const uint8_t *bytes, size_t n,
                             struct wire_reader *rd, struct wire_frame *f,
                             uint8_t **pending, size_t *pending_len)
@@ -274,8 +274,8 @@ static enum uvutil_req feed(bool next, const uint8_t *bytes, size_t n,
 
 	assert_int_equal(uv_loop_init(&loop), 0);
 	pair(&loop, &fd, &p);
-	rc = (next ? uvutil_next_request : uvutil_first_request)(
-	        (uv_stream_t *)p, rd, bytes, (ssize_t)n, f, pending, pending_len, &err);
+	rc = uvutil_read_request((uv_stream_t *)p, next ? 1 : 0, rd, bytes, (ssize_t)n, f,
+	                         pending, pending_len, &err);
 	relay_close_free((uv_stream_t *)p);
 	uv_run(&loop, UV_RUN_DEFAULT);
 	assert_int_equal(uv_loop_close(&loop), 0);

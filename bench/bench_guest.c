@@ -30,7 +30,7 @@ int main(void)
 	if (f == NULL || fwrite(data, 1, sizeof(data), f) != sizeof(data))
 		return perror(file), 1;
 	fclose(f);
-	raw = bench_raw_rtt(20000);
+	raw = bench_raw_rtt(20000, 0);
 	pid = bench_guest_start(bin, root, sock);
 	if (pid < 0) {
 		fprintf(stderr, "bench_guest: cannot start %s\n", bin);

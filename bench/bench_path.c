@@ -13,11 +13,16 @@
  *   - a raw unix-socket round trip (64 B ping-pong between two processes).
  * and prints full/direct ratios against both, plus the "hop floor": the
  * warm direct operation plus one raw round trip per extra hop (edge,
- * node-api, manager, bridge). */
+ * node-api, manager, bridge). A loopback TCP round trip is printed too:
+ * two of those hops (client -> edge -> node-api) are HTTP over TCP.
+ * Every figure is the median of ROUNDS round medians, the rounds taking
+ * turns (full path, direct, round trip), so a change in the machine's
+ * load during the run moves numerator and denominator alike. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +35,10 @@
 
 #define EXTRA_HOPS 4 /* edge, node-api, sbx-manager, bridge */
 #define CREATES 100
-#define EXEC_ITERS 300
-#define READ_ITERS 2000
+#define ROUNDS 5
+#define EXEC_ITERS 60  /* per round */
+#define READ_ITERS 400 /* per round */
+#define RTT_ITERS 4000 /* per round */
 
 static struct bench_cluster cluster = { .name = "bench_path" };
 
@@ -135,23 +142,24 @@ static int put_4k(struct tether *t, const char *id, const char *path)
 	return rc;
 }
 
-/* Direct baselines, one operation straight to a guest agent. */
-struct direct {
-	double exec_new, read_new;   /* a new connection per operation */
+/* One round's figures (medians, µs). */
+struct round {
+	double exec_full, read_full;
+	double exec_new, read_new;   /* straight to a guest, a new connection per op */
 	double exec_warm, read_warm; /* in sequence on one connection */
+	double rtt, rtt_tcp;         /* raw round trips: unix, loopback TCP */
 };
 
-/* direct_baselines: exec `true` and a 4 KiB read straight to a guest
- * agent (same binary, its own socket), measured now, in this run. */
-static int direct_baselines(struct direct *d)
+/* direct_setup: a guest agent of the same binary on its own socket, with a
+ * 4 KiB /f4k, for the direct baselines; its pid or -1. */
+static pid_t direct_setup(char *sock, size_t cap)
 {
-	char root[PATH_MAX + 16], sock[PATH_MAX + 16], file[PATH_MAX + 32];
+	char root[PATH_MAX + 16], file[PATH_MAX + 32];
 	char buf[4096];
-	pid_t guest;
 	int fd;
 
 	snprintf(root, sizeof(root), "%s/direct", cluster.scratch);
-	snprintf(sock, sizeof(sock), "%s/direct.sock", cluster.scratch);
+	snprintf(sock, cap, "%s/direct.sock", cluster.scratch);
 	snprintf(file, sizeof(file), "%s/f4k", root);
 	if (mkdir(root, 0700) < 0)
 		return -1;
@@ -163,17 +171,46 @@ static int direct_baselines(struct direct *d)
 		return -1;
 	}
 	close(fd);
-	guest = bench_guest_start("build/tether-guest", root, sock);
-	if (guest < 0)
-		return -1;
-	d->exec_new = bench_guest_exec(sock, EXEC_ITERS);
-	d->read_new = bench_guest_fs_read(sock, "/f4k", READ_ITERS);
-	d->exec_warm = bench_guest_exec_warm(sock, EXEC_ITERS);
-	d->read_warm = bench_guest_fs_read_warm(sock, "/f4k", READ_ITERS);
-	bench_guest_stop(guest);
-	return d->exec_new < 0 || d->read_new < 0 || d->exec_warm < 0 ||
-	       d->read_warm < 0 ? -1 : 0;
+	return bench_guest_start("build/tether-guest", root, sock);
 }
+
+/* round_run: one round of every measurement, in turn; CPU of the full
+ * path's operations is added to cpu_exec / cpu_read. */
+static int round_run(struct tether *t, const char *id, const char *sock,
+                     struct round *r, struct bench_cpu *cpu_exec,
+                     struct bench_cpu *cpu_read)
+{
+	struct bench_cpu c0, c1, c2;
+
+	bench_cpu_take(cluster.pid, &c0);
+	r->exec_full = full_exec(t, id);
+	bench_cpu_take(cluster.pid, &c1);
+	r->read_full = full_read(t, id, "/tmp/f4k");
+	bench_cpu_take(cluster.pid, &c2);
+	bench_cpu_add(cpu_exec, &c0, &c1);
+	bench_cpu_add(cpu_read, &c1, &c2);
+	r->exec_new = bench_guest_exec(sock, EXEC_ITERS);
+	r->exec_warm = bench_guest_exec_warm(sock, EXEC_ITERS);
+	r->read_new = bench_guest_fs_read(sock, "/f4k", READ_ITERS);
+	r->read_warm = bench_guest_fs_read_warm(sock, "/f4k", READ_ITERS);
+	r->rtt = bench_raw_rtt(RTT_ITERS, 0);
+	r->rtt_tcp = bench_raw_rtt(RTT_ITERS, 1);
+	return r->exec_full < 0 || r->read_full < 0 || r->exec_new < 0 ||
+	       r->exec_warm < 0 || r->read_new < 0 || r->read_warm < 0 ||
+	       r->rtt < 0 || r->rtt_tcp < 0 ? -1 : 0;
+}
+
+/* round_median: the median over the rounds of one field. */
+static double round_median(const struct round *rs, size_t field_off)
+{
+	double v[ROUNDS];
+
+	for (int i = 0; i < ROUNDS; i++)
+		v[i] = *(const double *)((const char *)&rs[i] + field_off);
+	return bench_median(v, ROUNDS);
+}
+
+#define RMED(rs, f) round_median((rs), offsetof(struct round, f))
 
 /* report: one operation's full path against both direct baselines and
  * the hop floor; goal is the ratio asked of full / warm direct floor. */
@@ -193,14 +230,15 @@ static void report(const char *name, double full, double direct_new,
 
 int main(void)
 {
-	double rtt, f_exec, f_read;
-	struct bench_cpu cpu0, cpu1, cpu2;
-	struct direct d;
+	static struct round rs[ROUNDS];
+	struct bench_cpu cpu_exec = { 0 }, cpu_read = { 0 };
 	struct tether_config cfg = { 0 };
 	struct tt_err err = { 0 };
+	char id[64], sock[PATH_MAX + 16];
+	double rtt, rtt_tcp;
+	pid_t guest = -1;
 	struct tether *t;
 	json_t *s;
-	char id[64];
 	int rc = 1;
 
 	if (bench_cluster_scratch(&cluster, "/tmp/tether-bench-path.XXXXXX") < 0)
@@ -221,33 +259,34 @@ int main(void)
 	}
 	snprintf(id, sizeof(id), "%s", json_string_value(json_object_get(s, "id")));
 	json_decref(s);
-	if (put_4k(t, id, "/tmp/f4k") < 0)
+	if (put_4k(t, id, "/tmp/f4k") < 0 || (guest = direct_setup(sock, sizeof(sock))) < 0)
 		goto out_client;
-	bench_cpu_take(cluster.pid, &cpu0);
-	f_exec = full_exec(t, id);
-	bench_cpu_take(cluster.pid, &cpu1);
-	f_read = full_read(t, id, "/tmp/f4k");
-	bench_cpu_take(cluster.pid, &cpu2);
-	rtt = bench_raw_rtt(20000);
-	if (f_exec < 0 || f_read < 0 || rtt < 0 ||
-	    direct_baselines(&d) < 0) {
-		fprintf(stderr, "bench_path: a measurement failed\n");
-		goto out_client;
-	}
-	printf("raw unix rtt      median %8.1f us\n", rtt);
+	for (int i = 0; i < ROUNDS; i++)
+		if (round_run(t, id, sock, &rs[i], &cpu_exec, &cpu_read) < 0) {
+			fprintf(stderr, "bench_path: a measurement failed\n");
+			goto out_client;
+		}
+	rtt = RMED(rs, rtt);
+	rtt_tcp = RMED(rs, rtt_tcp);
+	printf("raw unix rtt      median %8.1f us   (loopback tcp rtt %.1f us; medians of %d rounds)\n",
+	       rtt, rtt_tcp, ROUNDS);
 	/* exec: fork/exec dominates, so the goal is against the direct
 	 * operation; a small read: against the hop floor. */
-	report("exec true", f_exec, d.exec_new, d.exec_warm, rtt, "direct warm",
-	       d.exec_warm);
-	report("read 4 KiB", f_read, d.read_new, d.read_warm, rtt, "hop floor",
-	       d.read_warm + EXTRA_HOPS * rtt);
-	/* The loops ran EXEC_ITERS / READ_ITERS measured operations plus 5
+	report("exec true", RMED(rs, exec_full), RMED(rs, exec_new), RMED(rs, exec_warm),
+	       rtt, "direct warm", RMED(rs, exec_warm));
+	report("read 4 KiB", RMED(rs, read_full), RMED(rs, read_new), RMED(rs, read_warm),
+	       rtt, "hop floor", RMED(rs, read_warm) + EXTRA_HOPS * rtt);
+	/* Each round ran EXEC_ITERS / READ_ITERS measured operations plus 5
 	 * warm-up ones each. */
-	bench_cpu_print("exec true", &cpu0, &cpu1, EXEC_ITERS + 5);
-	bench_cpu_print("read 4 KiB", &cpu1, &cpu2, READ_ITERS + 5);
+	bench_cpu_print("exec true", &(struct bench_cpu){ 0 }, &cpu_exec,
+	                ROUNDS * (EXEC_ITERS + 5));
+	bench_cpu_print("read 4 KiB", &(struct bench_cpu){ 0 }, &cpu_read,
+	                ROUNDS * (READ_ITERS + 5));
 	tether_rm(t, id, &err);
 	rc = 0;
 out_client:
+	if (guest > 0)
+		bench_guest_stop(guest);
 	tether_free(t);
 out:
 	bench_cluster_stop(&cluster);

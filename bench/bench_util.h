@@ -13,6 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -76,16 +79,44 @@ static inline int bench_io_full(int fd, void *buf, size_t n, int writing)
 	return 0;
 }
 
-/* bench_raw_rtt: median round trip in µs of a 64-byte ping-pong over a
- * unix socketpair between two processes; -1 on failure. */
-static inline double bench_raw_rtt(int iters)
+/* bench_tcp_pair: a connected TCP pair over loopback (TCP_NODELAY, as
+ * the HTTP hops run); 0 or -1. */
+static inline int bench_tcp_pair(int sv[2])
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	socklen_t len = sizeof(sa);
+	int lfd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	sv[0] = sv[1] = -1;
+	if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	    listen(lfd, 1) < 0 || getsockname(lfd, (struct sockaddr *)&sa, &len) < 0 ||
+	    (sv[0] = socket(AF_INET, SOCK_STREAM, 0)) < 0 ||
+	    connect(sv[0], (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	    (sv[1] = accept(lfd, NULL, NULL)) < 0) {
+		if (lfd >= 0)
+			close(lfd);
+		if (sv[0] >= 0)
+			close(sv[0]);
+		return -1;
+	}
+	close(lfd);
+	setsockopt(sv[0], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	setsockopt(sv[1], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	return 0;
+}
+
+/* bench_raw_rtt: median round trip in µs of a 64-byte ping-pong between
+ * two processes, over a unix socketpair (tcp = 0) or loopback TCP (tcp =
+ * 1); -1 on failure. */
+static inline double bench_raw_rtt(int iters, int tcp)
 {
 	double *v = calloc((size_t)iters, sizeof(*v)), med;
 	char msg[64] = { 0 };
 	int sv[2], status;
 	pid_t pid;
 
-	if (v == NULL || socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0)
+	if (v == NULL || (tcp ? bench_tcp_pair(sv) : socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) < 0)
 		return free(v), -1;
 	pid = fork();
 	if (pid < 0)
@@ -565,6 +596,14 @@ static inline void bench_cpu_take(pid_t root, struct bench_cpu *c)
 		if (up == root)
 			c->s[role] += cpus[i];
 	}
+}
+
+/* bench_cpu_add: sum += b - a, role by role. */
+static inline void bench_cpu_add(struct bench_cpu *sum, const struct bench_cpu *a,
+                                 const struct bench_cpu *b)
+{
+	for (int r = 0; r < BR_N; r++)
+		sum->s[r] += b->s[r] - a->s[r];
 }
 
 /* bench_cpu_print: CPU µs per operation by role between a and b. */

@@ -3,17 +3,18 @@
 
 #include <string.h>
 
-/* curlonce_read: CURLOPT_READFUNCTION over the memory body. */
-static size_t curlonce_read(char *dst, size_t size, size_t nitems, void *arg)
+/* curlonce_prereq: CURLOPT_PREREQFUNCTION, called right before each
+ * attempt's request is sent: only the first may go. */
+static int curlonce_prereq(void *arg, char *primary_ip, char *local_ip,
+                           int primary_port, int local_port)
 {
 	struct curlonce_body *b = arg;
-	size_t want = size * nitems;
 
-	if (want > b->len - b->off)
-		want = b->len - b->off;
-	memcpy(dst, b->buf + b->off, want);
-	b->off += want;
-	return want;
+	(void)primary_ip;
+	(void)local_ip;
+	(void)primary_port;
+	(void)local_port;
+	return b->attempts++ == 0 ? CURL_PREREQFUNC_OK : CURL_PREREQFUNC_ABORT;
 }
 
 /* curlonce_seek: a rewind is exactly what must not happen. */
@@ -25,17 +26,17 @@ static int curlonce_seek(void *arg, curl_off_t offset, int origin)
 	return CURL_SEEKFUNC_CANTSEEK;
 }
 
-/* curlonce_post: a POST whose body is read once from memory. */
+/* curlonce_post: a POST whose body curl sends from memory, at most once. */
 void curlonce_post(CURL *e, struct curlonce_body *b, const char *buf, size_t len)
 {
 	b->buf = buf != NULL ? buf : "";
 	b->len = buf != NULL ? len : 0;
-	b->off = 0;
+	b->attempts = 0;
 	curl_easy_setopt(e, CURLOPT_POST, 1L);
 	curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)b->len);
-	curl_easy_setopt(e, CURLOPT_READFUNCTION, curlonce_read);
-	curl_easy_setopt(e, CURLOPT_READDATA, b);
-	curlonce_forbid_rewind(e);
+	curl_easy_setopt(e, CURLOPT_POSTFIELDS, b->buf);
+	curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, curlonce_prereq);
+	curl_easy_setopt(e, CURLOPT_PREREQDATA, b);
 }
 
 /* curlonce_forbid_rewind: the seek callback refuses every rewind. */
@@ -45,8 +46,8 @@ void curlonce_forbid_rewind(CURL *e)
 	curl_easy_setopt(e, CURLOPT_SEEKDATA, NULL);
 }
 
-/* curlonce_sent: the read callback handed out at least one byte. */
+/* curlonce_sent: curl was about to send the request at least once. */
 int curlonce_sent(const struct curlonce_body *b)
 {
-	return b->off > 0;
+	return b->attempts > 0;
 }

@@ -81,21 +81,33 @@ struct lws_context *http_server_new(uv_loop_t *loop, const char *iface,
 	return ctx;
 }
 
-/* One guard: a uv_poll on a dup of the client socket. Owner: the caller
- * until http_rxguard_stop; then the uv close callback frees it. */
+/* How long a request may be in progress before its guard starts
+ * watching: a small answer is out well before, so the common request
+ * costs no dup, epoll add/del or close; a client's extra bytes or
+ * half-close spin the loop for at most this long. */
+#define RXGUARD_DELAY_MS 2
+
+/* One guard: a timer, then a uv_poll on a dup of the client socket. Owner:
+ * the caller until http_rxguard_stop; then the last uv close callback
+ * frees it. */
 struct http_rxguard {
+	uv_timer_t timer;
 	uv_poll_t poll;
-	int fd;             /* the dup (owned) */
+	int fd;             /* the dup (owned); -1 before the timer fired */
+	int open_handles;   /* uv handles still to close before the free */
 	struct lws *wsi;    /* NULL once the guard acted on end of input */
 	bool extra;         /* bytes after the request were dropped */
 };
 
-/* rxguard_on_close: the poll handle is closed: release the dup. */
+/* rxguard_on_close: one handle is closed; the last releases the dup. */
 static void rxguard_on_close(uv_handle_t *h)
 {
 	struct http_rxguard *g = h->data;
 
-	close(g->fd);
+	if (--g->open_handles > 0)
+		return;
+	if (g->fd >= 0)
+		close(g->fd);
 	free(g);
 }
 
@@ -124,14 +136,39 @@ static void rxguard_on_readable(uv_poll_t *p, int status, int events)
 	g->wsi = NULL;
 }
 
+/* rxguard_on_timer: the request is still in progress: watch the socket.
+ * Failing that, only this protection is lost (logged). */
+static void rxguard_on_timer(uv_timer_t *t)
+{
+	struct http_rxguard *g = t->data;
+	int fd = g->wsi != NULL ? (int)lws_get_socket_fd(g->wsi) : -1;
+
+	if (fd < 0)
+		return;
+	/* A dup: libuv allows one watcher per fd, and lws owns the original;
+	 * epoll registers the dup separately. */
+	g->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (g->fd < 0 || uv_poll_init(t->loop, &g->poll, g->fd) != 0) {
+		log_warn("cannot watch a client socket: %s", strerror(errno));
+		if (g->fd >= 0)
+			close(g->fd);
+		g->fd = -1;
+		return;
+	}
+	g->poll.data = g;
+	g->open_handles++;
+	if (uv_poll_start(&g->poll, UV_READABLE | UV_DISCONNECT,
+	                  rxguard_on_readable) != 0)
+		log_warn("cannot watch a client socket");
+}
+
 /* http_rxguard_start: see http.h. */
 struct http_rxguard *http_rxguard_start(uv_loop_t *loop, struct lws *wsi,
                                         struct tt_err *err)
 {
 	struct http_rxguard *g;
-	int fd = (int)lws_get_socket_fd(wsi);
 
-	if (fd < 0) {
+	if (lws_get_socket_fd(wsi) < 0) {
 		tt_err_set(err, TT_ERR_IO, "no client socket");
 		return NULL;
 	}
@@ -140,24 +177,12 @@ struct http_rxguard *http_rxguard_start(uv_loop_t *loop, struct lws *wsi,
 		tt_err_set(err, TT_ERR_SYS, "out of memory");
 		return NULL;
 	}
-	/* A dup: libuv allows one watcher per fd, and lws owns the original;
-	 * epoll registers the dup separately. */
-	g->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-	if (g->fd < 0 || uv_poll_init(loop, &g->poll, g->fd) != 0) {
-		tt_err_set(err, TT_ERR_SYS, "cannot watch the client socket");
-		if (g->fd >= 0)
-			close(g->fd);
-		free(g);
-		return NULL;
-	}
-	g->poll.data = g;
+	g->fd = -1;
 	g->wsi = wsi;
-	if (uv_poll_start(&g->poll, UV_READABLE | UV_DISCONNECT,
-	                  rxguard_on_readable) != 0) {
-		tt_err_set(err, TT_ERR_SYS, "cannot watch the client socket");
-		uv_close((uv_handle_t *)&g->poll, rxguard_on_close);
-		return NULL;
-	}
+	uv_timer_init(loop, &g->timer); /* cannot fail */
+	g->timer.data = g;
+	g->open_handles = 1;
+	uv_timer_start(&g->timer, rxguard_on_timer, RXGUARD_DELAY_MS, 0);
 	return g;
 }
 
@@ -170,8 +195,14 @@ bool http_rxguard_stop(struct http_rxguard *g)
 		return false;
 	extra = g->extra;
 	g->wsi = NULL;
-	uv_poll_stop(&g->poll);
-	uv_close((uv_handle_t *)&g->poll, rxguard_on_close);
+	uv_timer_stop(&g->timer);
+	if (g->fd >= 0) {
+		/* Bytes it did not read yet are whole: lws reads them as the
+		 * next request. */
+		uv_poll_stop(&g->poll);
+		uv_close((uv_handle_t *)&g->poll, rxguard_on_close);
+	}
+	uv_close((uv_handle_t *)&g->timer, rxguard_on_close);
 	return extra;
 }
 

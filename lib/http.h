@@ -39,7 +39,10 @@ void http_server_set_serv_buf(size_t bytes);
  * guard watches a dup of the socket while a bodiless request is answered:
  * extra bytes are read and dropped (the connection then closes after this
  * response, so a dropped pipelined request is retried by the client, RFC
- * 9112 9.3.2); end of input or an error closes the connection now.
+ * 9112 9.3.2); end of input or an error closes the connection now. It
+ * starts watching only once the request has been in progress for 2 ms (a
+ * timer until then): a quick answer costs no syscall, and bytes sent
+ * meanwhile stay unread for lws' next request.
  * Start it only when lws reads nothing more for this request (no request
  * body). Owner: the caller; http_rxguard_stop releases it. */
 struct http_rxguard;

@@ -764,6 +764,10 @@ static int exec_build(struct api_op *op, json_t *body, struct tt_err *err)
 			return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 		memcpy(op->stdin_data, json_string_value(in), op->stdin_len);
 		json_object_set_new(op->req, "stdin", json_true());
+	} else {
+		/* Nothing to send after the Allow: it may come with the answer
+		 * (one wake-up here instead of two). */
+		json_object_set_new(op->req, "allow_with_answer", json_true());
 	}
 	return 0;
 }

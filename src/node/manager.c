@@ -322,7 +322,9 @@ static void bridge_forward(struct mgr_conn *c)
 	struct tt_err err = { 0 };
 	struct wire_out first;
 
+	/* Meant for us: the bridge and guest get the operation only. */
 	json_object_del(c->req, "token");
+	json_object_del(c->req, "allow_with_answer");
 	if (relay_write_json((uv_stream_t *)c->bridge, WIRE_REQUEST, c->req, &err) < 0) {
 		conn_fail(c, "transport", err.msg);
 		return;
@@ -392,11 +394,14 @@ static void bridge_connected(uv_connect_t *req, int status)
 
 /* decision_may_wait: an Allow for op may go out with the answer (one
  * wake-up of node-api instead of two): the file operations that send no
- * input, whose opener just waits for the answer. exec (an interactive
- * stream shows its decision at once) and fs.write (node-api streams the
- * body only once allowed) get theirs at once. */
-static bool decision_may_wait(const char *op)
+ * input, whose opener just waits for the answer, and an exec whose opener
+ * said so ("allow_with_answer": an HTTP exec without stdin). A streamed
+ * exec shows its decision at once, and fs.write (node-api streams the
+ * body only once allowed) gets its at once. */
+static bool decision_may_wait(const char *op, const json_t *req)
 {
+	if (strcmp(op, "exec") == 0)
+		return json_is_true(json_object_get(req, "allow_with_answer"));
 	return strcmp(op, "fs.read") == 0 || strcmp(op, "fs.stat") == 0 ||
 	       strcmp(op, "fs.list") == 0 || strcmp(op, "fs.mkdir") == 0 ||
 	       strcmp(op, "fs.remove") == 0;
@@ -440,7 +445,7 @@ static void handle_data_op(struct mgr_conn *c)
 		conn_fail(c, "internal", "cannot encode the decision");
 		return;
 	}
-	if (d.verdict == TT_ALLOW && decision_may_wait(op)) {
+	if (d.verdict == TT_ALLOW && decision_may_wait(op, c->req)) {
 		c->decision = tt_steal_ptr(&body);
 	} else {
 		relay_write_frame((uv_stream_t *)c->conn, WIRE_DECISION, body,

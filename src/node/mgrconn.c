@@ -175,15 +175,18 @@ static void pool_park(struct mgrconn *c)
 	free(c->pend);
 	c->pend = NULL;
 	c->pend_len = c->pend_off = 0;
-	c->paused = c->want_drain = false;
-	uv_read_stop((uv_stream_t *)&c->pipe);
-	if (uv_read_start((uv_stream_t *)&c->pipe, mgrconn_alloc,
-	                  mgrconn_on_read) < 0 ||
+	c->want_drain = false;
+	/* Still reading unless the user paused it: a stop + start would cost
+	 * two epoll_ctl calls on every operation. */
+	if ((c->paused && uv_read_start((uv_stream_t *)&c->pipe, mgrconn_alloc,
+	                                mgrconn_on_read) < 0) ||
 	    uv_timer_start(&c->idle_timer, pool_on_idle_timeout, pool_idle_ms,
 	                   0) < 0) {
+		c->paused = false;
 		mgrconn_destroy(c);
 		return;
 	}
+	c->paused = false;
 	uv_unref((uv_handle_t *)&c->pipe);
 	uv_unref((uv_handle_t *)&c->idle_timer);
 	c->idle = true;

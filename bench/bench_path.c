@@ -36,7 +36,7 @@
 #define EXTRA_HOPS 4 /* edge, node-api, sbx-manager, bridge */
 #define CREATES 100
 #define ROUNDS 5
-#define EXEC_ITERS 60  /* per round */
+#define EXEC_ITERS 100 /* per round */
 #define READ_ITERS 400 /* per round */
 #define RTT_ITERS 4000 /* per round */
 

@@ -23,6 +23,7 @@
 
 #define GUEST_PATH_MAX 4096
 #define GUEST_LIST_MAX 10000
+#define GUEST_IDLE_TIMEOUT_DEFAULT_S 600
 
 /* Per-process settings, fixed at start-up. */
 struct guest_ctx {
@@ -38,6 +39,10 @@ struct guest_ctx {
 	/* The agent runs as PID 1 of its own pid namespace (a sandbox): the host
 	 * bridge, outside that namespace, is then the only peer with pid 0. */
 	bool is_init;
+	/* Seconds a connection may stay idle between operations before its
+	 * handler closes it (--idle-timeout; the host pools idle connections
+	 * for 30 s at most, so this only bounds handlers an opener forgot). */
+	unsigned idle_timeout_s;
 };
 
 /* guest_serve: runs the handshake (hello.h), then serves REQUESTs from

@@ -4,11 +4,13 @@
  *
  * usage: tether-guest --listen PATH --sbx ID --gen N --att N
  *                     [--root DIR] [--ready-fd FD] [--secret-fd FD]
+ *                     [--idle-timeout S]
  *
  * --secret-fd: a pipe holding exactly the 32-byte activation secret (then
  * EOF), read once at start and closed; the secret stays in memory only and
  * answers the bridge's handshake challenges (hello.h). Without it the agent
- * runs but refuses every connection. */
+ * runs but refuses every connection. --idle-timeout: seconds a connection
+ * may wait between operations (default 600; tests shorten it). */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -40,13 +42,14 @@ struct guest_opts {
 	int ready_fd;
 	int secret_fd;
 	int have_gen, have_att;
+	unsigned idle_timeout_s;
 };
 
 /* usage: prints the command line summary. */
 static int usage(FILE *out)
 {
 	fprintf(out, "usage: tether-guest --listen PATH --sbx ID --gen N --att N "
-	             "[--root DIR] [--ready-fd FD] [--secret-fd FD]\n");
+	             "[--root DIR] [--ready-fd FD] [--secret-fd FD] [--idle-timeout S]\n");
 	return out == stderr ? 1 : 0;
 }
 
@@ -77,13 +80,15 @@ static int opts_parse(int argc, char **argv, struct guest_opts *o)
 		{ "root", required_argument, NULL, 'r' },
 		{ "ready-fd", required_argument, NULL, 'f' },
 		{ "secret-fd", required_argument, NULL, 'S' },
+		{ "idle-timeout", required_argument, NULL, 'i' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	uint64_t v;
 	int c;
 
-	*o = (struct guest_opts){ .root = "/", .ready_fd = -1, .secret_fd = -1 };
+	*o = (struct guest_opts){ .root = "/", .ready_fd = -1, .secret_fd = -1,
+	                          .idle_timeout_s = GUEST_IDLE_TIMEOUT_DEFAULT_S };
 	while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'l': o->listen = optarg; break;
@@ -110,6 +115,11 @@ static int opts_parse(int argc, char **argv, struct guest_opts *o)
 				goto bad;
 			o->secret_fd = (int)v;
 			break;
+		case 'i':
+			if (parse_u64(optarg, 86400, &v) < 0 || v == 0)
+				goto bad;
+			o->idle_timeout_s = (unsigned)v;
+			break;
 		case 'h': exit(usage(stdout));
 		default: return usage(stderr), -1;
 		}
@@ -122,7 +132,8 @@ static int opts_parse(int argc, char **argv, struct guest_opts *o)
 	return 0;
 bad:
 	fprintf(stderr, "tether-guest: bad number for --%s: %s\n",
-	        c == 'g' ? "gen" : c == 'a' ? "att" : c == 'S' ? "secret-fd" : "ready-fd",
+	        c == 'g' ? "gen" : c == 'a' ? "att" : c == 'S' ? "secret-fd" :
+	        c == 'i' ? "idle-timeout" : "ready-fd",
 	        optarg);
 	return -1;
 }
@@ -222,7 +233,8 @@ int main(int argc, char **argv)
 	 * inherit this through fork. */
 	prctl(PR_SET_DUMPABLE, 0);
 	g = (struct guest_ctx){ .gen = o.gen, .att = o.att, .sbx = o.sbx,
-	                        .is_init = getpid() == 1 };
+	                        .is_init = getpid() == 1,
+	                        .idle_timeout_s = o.idle_timeout_s };
 	if (o.secret_fd >= 0) {
 		if (sodium_init() < 0 || hello_read_secret(o.secret_fd, secret, 5000) < 0) {
 			fprintf(stderr, "tether-guest: reading the activation secret: %s\n",

@@ -18,12 +18,6 @@
 /* A peer must send its first REQUEST within this time; later phases
  * (stdin, file content) are paced by the peer. */
 #define GUEST_REQUEST_TIMEOUT_S 30
-/* A connection idle between operations this long is closed quietly: the
- * host side pools idle connections for 30 s at most, so this only bounds
- * handlers whose opener forgot them. */
-#ifndef GUEST_IDLE_TIMEOUT_S /* -D for a quick manual check */
-#define GUEST_IDLE_TIMEOUT_S 600
-#endif
 /* The bridge sends its HELLO right after connecting. */
 #define GUEST_HELLO_TIMEOUT_S 5
 
@@ -215,13 +209,14 @@ static int guest_handshake(const struct guest_ctx *g, int conn, uint8_t *buf)
  * last operation did not consume are discarded). Returns 1 with *req (a
  * new reference), 0 to end quietly (EOF, idle bound), -1 to close after
  * an ERROR where the peer still listens. */
-static int serve_next(int conn, uint8_t *buf, bool first, json_t **req)
+static int serve_next(const struct guest_ctx *g, int conn, uint8_t *buf, bool first,
+                      json_t **req)
 {
 	struct tt_err err = { 0 };
 	struct wire_frame f;
 	int rc, e;
 
-	set_rcvtimeo(conn, first ? GUEST_REQUEST_TIMEOUT_S : GUEST_IDLE_TIMEOUT_S);
+	set_rcvtimeo(conn, first ? GUEST_REQUEST_TIMEOUT_S : (int)g->idle_timeout_s);
 	do {
 		rc = wire_recv(conn, &f, buf, WIRE_PAYLOAD_MAX + 1, &err);
 	} while (rc == 1 && !first &&
@@ -286,7 +281,7 @@ void guest_serve(const struct guest_ctx *g, int conn)
 		return;
 	for (bool first = true;; first = false) {
 		json_t *req = NULL;
-		int rc = serve_next(conn, buf, first, &req);
+		int rc = serve_next(g, conn, buf, first, &req);
 
 		if (rc <= 0)
 			return;

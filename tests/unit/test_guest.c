@@ -80,39 +80,34 @@ static void write_file(const char *path, const char *content)
 	fclose(f);
 }
 
-static int group_setup(void **state)
+/* guest_launch: runs the guest binary on sock over root_dir with the
+ * test's secret (extra: one more option and its value, or NULL) and waits
+ * for "ready"; its pid, or -1. */
+static pid_t guest_launch(const char *sock, const char *extra, const char *extra_val)
 {
 	const char *bin = getenv("TETHER_GUEST_BIN");
 	char fdarg[16], sfdarg[16], line[16] = { 0 };
 	int p[2], sp[2];
+	pid_t pid;
 
-	(void)state;
-	if (sodium_init() < 0)
-		return -1;
-	randombytes_buf(secret, sizeof(secret));
 	/* The secret's pipe: filled and closed, the guest reads it then EOF. */
 	if (pipe(sp) < 0 || write(sp[1], secret, sizeof(secret)) != (ssize_t)sizeof(secret))
 		return -1;
 	close(sp[1]);
 	if (bin == NULL)
 		bin = "build/tether-guest";
-	if (mkdtemp(root_dir) == NULL || mkdtemp(sock_dir) == NULL)
-		return -1;
-	snprintf(sock_path, sizeof(sock_path), "%s/guest.sock", sock_dir);
-	/* A host variable that must not leak into exec'd commands. */
-	setenv("TT_LEAK_CHECK", "leaked", 1);
 	if (pipe(p) < 0)
 		return -1;
-	guest_pid = fork();
-	if (guest_pid < 0)
+	pid = fork();
+	if (pid < 0)
 		return -1;
-	if (guest_pid == 0) {
+	if (pid == 0) {
 		close(p[0]);
 		snprintf(fdarg, sizeof(fdarg), "%d", p[1]);
 		snprintf(sfdarg, sizeof(sfdarg), "%d", sp[0]);
-		execl(bin, bin, "--listen", sock_path, "--sbx", SBX, "--gen", "7", "--att", "1",
+		execl(bin, bin, "--listen", sock, "--sbx", SBX, "--gen", "7", "--att", "1",
 		      "--root", root_dir, "--ready-fd", fdarg, "--secret-fd", sfdarg,
-		      (char *)NULL);
+		      extra, extra_val, (char *)NULL);
 		fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));
 		_exit(127);
 	}
@@ -122,10 +117,26 @@ static int group_setup(void **state)
 	if (poll(&pf, 1, 5000) != 1 || read(p[0], line, sizeof(line) - 1) != 6 ||
 	    strcmp(line, "ready\n") != 0) {
 		fprintf(stderr, "guest did not become ready\n");
+		close(p[0]);
 		return -1;
 	}
 	close(p[0]);
-	return 0;
+	return pid;
+}
+
+static int group_setup(void **state)
+{
+	(void)state;
+	if (sodium_init() < 0)
+		return -1;
+	randombytes_buf(secret, sizeof(secret));
+	if (mkdtemp(root_dir) == NULL || mkdtemp(sock_dir) == NULL)
+		return -1;
+	snprintf(sock_path, sizeof(sock_path), "%s/guest.sock", sock_dir);
+	/* A host variable that must not leak into exec'd commands. */
+	setenv("TT_LEAK_CHECK", "leaked", 1);
+	guest_pid = guest_launch(sock_path, NULL, NULL);
+	return guest_pid < 0 ? -1 : 0;
 }
 
 static int group_teardown(void **state)
@@ -142,16 +153,22 @@ static int group_teardown(void **state)
 	return system(cmd) == 0 ? 0 : -1;
 }
 
-/* g_connect_raw: a new connection to the guest, no handshake. */
-static int g_connect_raw(void)
+/* g_connect_raw_at: a new connection to the guest on sock, no handshake. */
+static int g_connect_raw_at(const char *sock)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
 	assert_true(fd >= 0);
-	strcpy(sa.sun_path, sock_path);
+	strcpy(sa.sun_path, sock);
 	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
 	return fd;
+}
+
+/* g_connect_raw: a new connection to the test's guest, no handshake. */
+static int g_connect_raw(void)
+{
+	return g_connect_raw_at(sock_path);
 }
 
 /* g_hello: sends a HELLO for (sbx, gen, att) with a fresh challenge and
@@ -173,14 +190,14 @@ static uint8_t g_hello(int fd, const char *sbx, uint64_t gen, uint32_t att,
 	return wire_recv(fd, f, rbuf, sizeof(rbuf), &err) == 1 ? f->type : 0;
 }
 
-/* g_connect: a new connection with the handshake done, as the bridge
- * opens it; checks the guest's proof. */
-static int g_connect(void)
+/* g_connect_at: a new connection to the guest on sock with the handshake
+ * done, as the bridge opens it; checks the guest's proof. */
+static int g_connect_at(const char *sock)
 {
 	uint8_t chal[HELLO_CHALLENGE_LEN], want[HELLO_PROOF_LEN], got[HELLO_PROOF_LEN];
 	struct tt_err err = { 0 };
 	struct wire_frame f;
-	int fd = g_connect_raw();
+	int fd = g_connect_raw_at(sock);
 	json_t *a;
 
 	assert_int_equal(g_hello(fd, SBX, GEN, 1, chal, &f), WIRE_HELLO);
@@ -191,6 +208,12 @@ static int g_connect(void)
 	hello_proof(secret, SBX, GEN, 1, chal, want);
 	assert_memory_equal(got, want, HELLO_PROOF_LEN);
 	return fd;
+}
+
+/* g_connect: a handshaken connection to the test's guest. */
+static int g_connect(void)
+{
+	return g_connect_at(sock_path);
 }
 
 /* append: grows a malloc'd buffer by n bytes. */
@@ -1328,6 +1351,42 @@ static void test_seq_error_keeps_connection(void **state)
 	close(fd);
 }
 
+/* The idle bound: a connection left idle between operations longer than
+ * --idle-timeout is closed and its handler exits; one used within the
+ * bound keeps its handler, and the agent still takes new connections. */
+static void test_seq_idle_bound(void **state)
+{
+	char sock[300];
+	struct pollfd pf;
+	struct op_out o;
+	uint8_t b;
+	pid_t g, h;
+	int fd;
+
+	(void)state;
+	snprintf(sock, sizeof(sock), "%s/idle.sock", sock_dir);
+	g = guest_launch(sock, "--idle-timeout", "1");
+	assert_true(g > 0);
+	fd = g_connect_at(sock);
+	h = seq_ppid(fd);
+	usleep(500 * 1000); /* within the bound: still served, same handler */
+	assert_int_equal(seq_ppid(fd), h);
+	/* Past it: the handler closes the connection (EOF, no frame) and exits. */
+	pf = (struct pollfd){ .fd = fd, .events = POLLIN };
+	assert_int_equal(poll(&pf, 1, 3000), 1);
+	assert_int_equal(read(fd, &b, 1), 0);
+	assert_true(proc_gone(h));
+	close(fd);
+	fd = g_connect_at(sock);
+	seq_op(fd, "{\"op\":\"exec\",\"cmd\":[\"echo\",\"again\"]}", NULL, 0, 0, &o);
+	expect_result(&o);
+	assert_string_equal(o.out, "again\n");
+	op_free(&o);
+	close(fd);
+	kill(g, SIGTERM);
+	waitpid(g, NULL, 0);
+}
+
 static void test_seq_no_process_growth(void **state)
 {
 	struct op_out o;
@@ -1396,6 +1455,7 @@ int main(void)
 		cmocka_unit_test(test_seq_violations),
 		cmocka_unit_test(test_seq_error_keeps_connection),
 		cmocka_unit_test(test_seq_no_process_growth),
+		cmocka_unit_test(test_seq_idle_bound),
 	};
 
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

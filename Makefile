@@ -89,6 +89,10 @@ FUZZ_CFLAGS := -std=c17 -D_GNU_SOURCE -g -O1 -Ilib -Isrc \
 build-fuzz/%: fuzz/%.c $(LIB_SRC)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+# The CLI's config parser lives in the client library.
+build-fuzz/fuzz_config: fuzz/fuzz_config.c src/client/config.c $(LIB_SRC)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
 fuzzers: $(patsubst fuzz/%.c,build-fuzz/%,$(FUZZ_SRC))
 
 unit: all

@@ -17,7 +17,9 @@
 #define CONFIG_FILE_MAX (64u * 1024)
 
 /* config_set: copies a value into a fixed field; trailing slashes are
- * dropped from URLs so paths can be appended. */
+ * dropped from URLs so paths can be appended. Blanks and control bytes
+ * are refused: neither a URL nor a key has them, and a CR would end up
+ * inside the Authorization header. */
 static int config_set(char *field, size_t cap, const char *val, size_t len,
                       int is_url, const char *name, struct tt_err *err)
 {
@@ -26,6 +28,11 @@ static int config_set(char *field, size_t cap, const char *val, size_t len,
 			len--;
 	if (len == 0)
 		return tt_err_set(err, TT_ERR_INVALID, "config: empty %s", name);
+	for (size_t i = 0; i < len; i++)
+		if ((unsigned char)val[i] <= ' ' || val[i] == 0x7f)
+			return tt_err_set(err, TT_ERR_MALFORMED,
+			                  "config: %s contains a blank or control character",
+			                  name);
 	if (len >= cap)
 		return tt_err_set(err, TT_ERR_TOO_LARGE, "config: %s too long", name);
 	memcpy(field, val, len);

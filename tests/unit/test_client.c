@@ -59,6 +59,12 @@ static void test_parse_bad(void **state)
 	assert_non_null(strstr(err.msg, "unknown key"));
 	assert_int_equal(parse(&cfg, "url=\n", &err), -1);
 	assert_int_equal(tether_config_parse(&cfg, "url=a\0b\n", 8, &err), -1);
+	/* blanks exposed by the dropped slash, a CR inside a key (it would
+	 * land inside the Authorization header): refused (found by fuzz_config) */
+	assert_int_equal(parse(&cfg, "url=http://x  /\n", &err), -1);
+	assert_int_equal(err.code, TT_ERR_MALFORMED);
+	assert_int_equal(parse(&cfg, "api_key=a\rb\n", &err), -1);
+	assert_int_equal(parse(&cfg, "api_key=a b\n", &err), -1);
 	memset(big, 'a', sizeof(big));
 	memcpy(big, "url=", 4);
 	big[sizeof(big) - 1] = '\0';

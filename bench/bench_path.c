@@ -148,6 +148,7 @@ struct round {
 	double exec_new, read_new;   /* straight to a guest, a new connection per op */
 	double exec_warm, read_warm; /* in sequence on one connection */
 	double rtt, rtt_tcp;         /* raw round trips: unix, loopback TCP */
+	double rtt_same, rtt_cross;  /* unix, both on CPU 0 / on CPUs 0 and 1 */
 };
 
 /* direct_setup: a guest agent of the same binary on its own socket, with a
@@ -195,6 +196,9 @@ static int round_run(struct tether *t, const char *id, const char *sock,
 	r->read_warm = bench_guest_fs_read_warm(sock, "/f4k", READ_ITERS);
 	r->rtt = bench_raw_rtt(RTT_ITERS, 0);
 	r->rtt_tcp = bench_raw_rtt(RTT_ITERS, 1);
+	r->rtt_same = bench_raw_rtt_on(RTT_ITERS / 4, 0, 0, 0);
+	r->rtt_cross = sysconf(_SC_NPROCESSORS_ONLN) > 1 ?
+	               bench_raw_rtt_on(RTT_ITERS / 4, 0, 0, 1) : r->rtt_same;
 	return r->exec_full < 0 || r->read_full < 0 || r->exec_new < 0 ||
 	       r->exec_warm < 0 || r->read_new < 0 || r->read_warm < 0 ||
 	       r->rtt < 0 || r->rtt_tcp < 0 ? -1 : 0;
@@ -268,8 +272,9 @@ int main(void)
 		}
 	rtt = RMED(rs, rtt);
 	rtt_tcp = RMED(rs, rtt_tcp);
-	printf("raw unix rtt      median %8.1f us   (loopback tcp rtt %.1f us; medians of %d rounds)\n",
-	       rtt, rtt_tcp, ROUNDS);
+	printf("raw unix rtt      median %8.1f us   (medians of %d rounds; loopback tcp %.1f us;"
+	       " unix pinned: same cpu %.1f us, two cpus %.1f us)\n",
+	       rtt, ROUNDS, rtt_tcp, RMED(rs, rtt_same), RMED(rs, rtt_cross));
 	/* exec: fork/exec dominates, so the goal is against the direct
 	 * operation; a small read: against the hop floor. */
 	report("exec true", RMED(rs, exec_full), RMED(rs, exec_new), RMED(rs, exec_warm),

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,10 +107,45 @@ static inline int bench_tcp_pair(int sv[2])
 	return 0;
 }
 
+/* bench_pin: pins the calling process to cpu (-1: leaves it free). */
+static inline void bench_pin(int cpu)
+{
+	cpu_set_t set;
+
+	if (cpu < 0)
+		return;
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	(void)sched_setaffinity(0, sizeof(set), &set);
+}
+
+/* bench_unpin: lets the calling process run on every CPU again. */
+static inline void bench_unpin(void)
+{
+	cpu_set_t set;
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+	CPU_ZERO(&set);
+	for (long i = 0; i < n && i < CPU_SETSIZE; i++)
+		CPU_SET((int)i, &set);
+	(void)sched_setaffinity(0, sizeof(set), &set);
+}
+
+static inline double bench_raw_rtt_on(int iters, int tcp, int cpu_a, int cpu_b);
+
 /* bench_raw_rtt: median round trip in µs of a 64-byte ping-pong between
- * two processes, over a unix socketpair (tcp = 0) or loopback TCP (tcp =
- * 1); -1 on failure. */
+ * two processes the scheduler places, over a unix socketpair (tcp = 0) or
+ * loopback TCP (tcp = 1); -1 on failure. */
 static inline double bench_raw_rtt(int iters, int tcp)
+{
+	return bench_raw_rtt_on(iters, tcp, -1, -1);
+}
+
+/* bench_raw_rtt_on: the same with the two processes pinned to cpu_a and
+ * cpu_b (-1: not pinned). On this kind of VM a wake-up on the same CPU is
+ * a plain switch, on another (idle) one an IPI and a halt exit: the
+ * unpinned figure swings between the two with placement. */
+static inline double bench_raw_rtt_on(int iters, int tcp, int cpu_a, int cpu_b)
 {
 	double *v = calloc((size_t)iters, sizeof(*v)), med;
 	char msg[64] = { 0 };
@@ -123,12 +159,14 @@ static inline double bench_raw_rtt(int iters, int tcp)
 		return free(v), -1;
 	if (pid == 0) {
 		close(sv[0]);
+		bench_pin(cpu_b);
 		while (bench_io_full(sv[1], msg, sizeof(msg), 0) == 0 &&
 		       bench_io_full(sv[1], msg, sizeof(msg), 1) == 0)
 			;
 		_exit(0);
 	}
 	close(sv[1]);
+	bench_pin(cpu_a);
 	for (int i = 0; i < iters; i++) {
 		double t0 = bench_now_us();
 
@@ -140,6 +178,8 @@ static inline double bench_raw_rtt(int iters, int tcp)
 		v[i] = bench_now_us() - t0;
 	}
 	close(sv[0]);
+	if (cpu_a >= 0)
+		bench_unpin();
 	waitpid(pid, &status, 0);
 	med = iters > 0 ? bench_median(v, (size_t)iters) : -1;
 	free(v);

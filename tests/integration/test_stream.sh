@@ -22,8 +22,9 @@ KEY=$(cluster_key)
 ID=$("$T" create --worker w1 2>"$WORK/err")
 expect "create a sandbox" '[ -n "$ID" ]' "$(cat "$WORK/err")"
 
-# node_pid W: pid of worker W's node-api (for its memory high-water mark).
-node_pid() { pgrep -f "tetherd node --id $1 " | head -n1; }
+# node_pid W: pid of this cluster's worker W's node-api (wN listens on
+# BASE+10+N; another cluster on the machine may have a w1 too).
+node_pid() { pgrep -f "tetherd node --id $1 --listen 127.0.0.1:$((BASE + 10 + ${1#w}))" | head -n1; }
 edge_pid() { pgrep -f "tetherd edge --listen 127.0.0.1:$((BASE + 1))" | head -n1; }
 hwm_kb() { awk '/^VmHWM/ { print $2 }' "/proc/$1/status"; }
 

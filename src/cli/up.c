@@ -45,6 +45,7 @@ struct up {
 	char bindir[PATH_MAX];
 	int base;
 	int workers;
+	char disk_mb[16];    /* --disk-mb for every worker; "" = its default */
 	struct child kids[UP_MAX_CHILDREN];
 	int nkids;
 	int stop_signal;     /* set once SIGINT/SIGTERM arrived */
@@ -365,6 +366,11 @@ static int up_parse(struct up *u, int argc, char **argv)
 				return cli_fail("up: --port must be 1024..%d",
 				               65535 - 10 - UP_MAX_WORKERS);
 			u->base = (int)n;
+		} else if (strcmp(argv[i], "--disk-mb") == 0 && v) {
+			long n = strtol(v, &end, 10);
+			if (*end || n < 16 || n > (1L << 24))
+				return cli_fail("up: --disk-mb must be 16..%ld", 1L << 24);
+			snprintf(u->disk_mb, sizeof(u->disk_mb), "%ld", n);
 		} else if (strcmp(argv[i], "--state") == 0 && v) {
 			if (realpath(v, u->state) == NULL) {
 				if (mkdir_p(v) < 0 || realpath(v, u->state) == NULL)
@@ -373,7 +379,7 @@ static int up_parse(struct up *u, int argc, char **argv)
 			}
 		} else {
 			return cli_fail("usage: tether up [--workers N] [--state DIR] "
-			               "[--port BASE]");
+			               "[--port BASE] [--disk-mb N]");
 		}
 		i++;
 	}
@@ -514,7 +520,11 @@ static int up_start(struct up *u, char *cp_url, char *edge_url, size_t cap)
 		char *node_argv[] = { tetherd, "node", "--id", id, "--listen", listen,
 		                      "--cp", cp_url, "--node-token-file", tokf,
 		                      "--state", dir, "--guest-bin", guest,
-		                      "--snapshots", snaps, NULL };
+		                      "--snapshots", snaps, NULL, NULL, NULL };
+		if (u->disk_mb[0]) { /* each sandbox's disk cap (default 1 GiB) */
+			node_argv[16] = "--disk-mb";
+			node_argv[17] = u->disk_mb;
+		}
 		if (up_spawn(u, id, node_argv) != 0)
 			return -1;
 	}
@@ -558,7 +568,7 @@ static void up_welcome(struct up *u, const char *cp_url, const char *edge_url,
 	fflush(stdout);
 }
 
-/* cli_up: up [--workers N] [--state DIR] [--port BASE]. */
+/* cli_up: up [--workers N] [--state DIR] [--port BASE] [--disk-mb N]. */
 int cli_up(int argc, char **argv)
 {
 	_cleanup_close_ int lock_fd = -1; /* held until the cluster is down */

@@ -38,6 +38,8 @@ const char *guest_errno_code(int e)
 	case ENAMETOOLONG:
 	case EINVAL: return "path_invalid";
 	case EFBIG: return "too_large";
+	case ENOSPC: /* the sandbox's own disk or inode cap (its layer) */
+	case EDQUOT: return "no_space";
 	default: return "internal";
 	}
 }

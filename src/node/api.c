@@ -226,7 +226,7 @@ static unsigned guest_error_status(const char *code)
 		{ "not_found", 404 }, { "path_invalid", 400 },
 		{ "bad_request", 400 }, { "exists", 409 }, { "not_dir", 409 },
 		{ "is_dir", 409 }, { "permission", 403 }, { "too_large", 413 },
-		{ "transport", 502 },
+		{ "no_space", 507 }, { "transport", 502 },
 	};
 
 	for (size_t i = 0; code != NULL && i < sizeof(map) / sizeof(map[0]); i++)
@@ -1258,6 +1258,8 @@ static const struct lws_protocols api_protocols[] = {
 static const char *const usage_text =
 	"usage: tetherd node --id W --listen 127.0.0.1:PORT --cp URL "
 	"--node-token-file FILE --state DIR [--guest-bin PATH] [--snapshots DIR]\n"
+	"       [--disk-mb N] [--disk-inodes N]  (each sandbox's disk and inode cap;\n"
+	"       default 1024 MiB, one inode per 16 KiB)\n"
 	"       [--user NAME]  (when started as root; default nobody)\n";
 
 /* node_read_token: the node token file (first line, bounded). */
@@ -1315,6 +1317,8 @@ static int node_parse(struct node *n, int argc, char **argv, struct tt_err *err)
 		{ "guest-bin", required_argument, NULL, 'g' },
 		{ "snapshots", required_argument, NULL, 'S' },
 		{ "user", required_argument, NULL, 'u' },
+		{ "disk-mb", required_argument, NULL, 'D' },
+		{ "disk-inodes", required_argument, NULL, 'I' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -1334,6 +1338,8 @@ static int node_parse(struct node *n, int argc, char **argv, struct tt_err *err)
 		case 'g': n->guest_bin = optarg; break;
 		case 'S': n->snap_dir = optarg; break;
 		case 'u': n->user = optarg; break;
+		case 'D': n->disk_mb = optarg; break;
+		case 'I': n->disk_inodes = optarg; break;
 		default:
 			return tt_err_set(err, TT_ERR_INVALID, "%s", usage_text);
 		}
@@ -1389,7 +1395,7 @@ static void node_on_manager_exit(uv_process_t *p, int64_t status, int sig)
 static int node_spawn_manager(struct node *n, struct tt_err *err)
 {
 	char pid[24], uid[24];
-	char *args[20];
+	char *args[32];
 	uv_process_options_t o;
 	uv_stdio_container_t stdio[3];
 	int i = 0, rc;
@@ -1420,6 +1426,14 @@ static int node_spawn_manager(struct node *n, struct tt_err *err)
 	if (n->snap_dir != NULL) { /* the snapshot store, passed through */
 		args[i++] = (char *)"--snapshots";
 		args[i++] = (char *)n->snap_dir;
+	}
+	if (n->disk_mb != NULL) { /* the layer caps, checked by the manager */
+		args[i++] = (char *)"--disk-mb";
+		args[i++] = (char *)n->disk_mb;
+	}
+	if (n->disk_inodes != NULL) {
+		args[i++] = (char *)"--disk-inodes";
+		args[i++] = (char *)n->disk_inodes;
 	}
 	args[i] = NULL;
 	memset(&o, 0, sizeof(o));

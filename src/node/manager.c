@@ -3,6 +3,7 @@
  * One libuv loop, single-threaded. Spawned by node-api; only that process
  * (pid and uid given on the command line) may talk to it.
  * Wire contract: docs/ARCHITECTURE.md (notes/protocol.md). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -140,6 +141,17 @@ struct manager {
 	int spare_netns;
 	bool spare_on;             /* spare_timer initialized */
 	uv_timer_t spare_timer;
+	/* The spare's layer filesystem (mkfs + mount, ~20 ms) is made on a
+	 * libuv worker thread: spare_busy while spare_work is queued; its
+	 * result in spare_rc/spare_err (read back on the loop). */
+	bool spare_busy;
+	uv_work_t spare_work;
+	int spare_rc;
+	struct tt_err spare_err;
+	/* Each sandbox's writable layer: its own filesystem of this size and
+	 * inode count (--disk-mb, --disk-inodes; ns_layer.c). */
+	uint64_t layer_bytes;
+	uint64_t layer_inodes;     /* 0 = one per NS_LAYER_BYTES_PER_INODE */
 };
 
 static void exec_stop(struct manager *m, struct mgr_exec *ex);
@@ -502,13 +514,35 @@ static int rm_cb(const char *p, const struct stat *st, int type, struct FTW *ftw
 	return unlink(p) < 0 && errno != ENOENT ? -1 : 0;
 }
 
-/* remove_tree: deletes a sandbox directory; stays on its filesystem and
- * never follows symlinks planted by the sandbox. */
+/* remove_tree: deletes a sandbox directory; its layer filesystem is
+ * unmounted and its image deleted first (nftw stays on the directory's
+ * own filesystem, so a layer still mounted would be left behind, files
+ * and loop device included); never follows symlinks planted by the
+ * sandbox. */
 static int remove_tree(const char *path)
 {
+	struct tt_err err = { 0 };
+
 	if (access(path, F_OK) < 0)
 		return 0;
+	if (ns_layer_remove(path, &err) < 0) {
+		log_warn("removing %s: %s", path, err.msg);
+		errno = EBUSY;
+		return -1;
+	}
 	return nftw(path, rm_cb, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+}
+
+/* layer_unmount_of: unmounts the layer of sbx (the image stays): done
+ * whenever its execution stops, so a layer is mounted only while an
+ * execution runs on it (or it is the spare's). */
+static void layer_unmount_of(struct manager *m, const char *sbx)
+{
+	struct tt_err err = { 0 };
+	char dir[PATH_MAX];
+
+	if (sandbox_dir(m, sbx, dir, sizeof(dir)) == 0 && ns_layer_umount(dir, &err) < 0)
+		log_warn("unmounting the layer of %s: %s", sbx, err.msg);
 }
 
 /* exec_poll_close_cb: frees the runtime once both watchers closed. */
@@ -597,6 +631,9 @@ static void exec_stop(struct manager *m, struct mgr_exec *ex)
 	bridge_kill(ex);
 	if (ns_sandbox_stop(&ex->sb, &err) < 0)
 		log_warn("stopping sandbox %s: %s", ex->sbx, err.msg);
+	/* The sandbox is dead (its mount namespace with it): release its
+	 * layer's mount and loop device; its files stay in the image. */
+	layer_unmount_of(m, ex->sbx);
 	if (ex->bridge_pidfd >= 0)
 		close(ex->bridge_pidfd);
 	ex->bridge_pidfd = -1;
@@ -887,6 +924,40 @@ static int bridge_finish(struct mgr_exec *ex, int rfd, const char *bin,
 
 static void shutdown_all(struct manager *m);
 
+/* spare_work: the spare tree and its layer filesystem (worker thread:
+ * touches only the spare's directory and the spare_* results). */
+static void spare_work(uv_work_t *w)
+{
+	struct manager *m = w->data;
+
+	tt_err_clear(&m->spare_err);
+	m->spare_rc = -1;
+	if (remove_tree(m->spare_dir) < 0)
+		tt_err_sys(&m->spare_err, TT_ERR_IO, "removing the old %s", m->spare_dir);
+	else if (ns_sandbox_dirs_spare(m->spare_dir, &m->spare_err) == 0 &&
+	         ns_layer_make(m->spare_dir, m->layer_bytes, m->layer_inodes,
+	                       &m->spare_err) == 0)
+		m->spare_rc = 0;
+}
+
+/* spare_after_work: back on the loop: the spare is ready, or removed
+ * (failed, or the manager is stopping and nobody will claim it). */
+static void spare_after_work(uv_work_t *w, int status)
+{
+	struct manager *m = w->data;
+
+	m->spare_busy = false;
+	if (status == 0 && m->spare_rc == 0 && !m->stopping) {
+		m->spare_ready = true;
+		return;
+	}
+	if (!m->stopping)
+		log_warn("spare sandbox directory: %s", status < 0 ? uv_strerror(status)
+		                                                   : m->spare_err.msg);
+	if (remove_tree(m->spare_dir) < 0)
+		log_warn("removing %s: %s", m->spare_dir, strerror(errno));
+}
+
 /* spare_refill_cb: makes whatever spare is missing (loop idle time). */
 static void spare_refill_cb(uv_timer_t *t)
 {
@@ -896,13 +967,10 @@ static void spare_refill_cb(uv_timer_t *t)
 
 	if (m->stopping)
 		return;
-	if (!m->spare_ready) {
-		if (ns_sandbox_dirs_spare(m->spare_dir, &err) < 0) {
-			log_warn("spare sandbox directory: %s", err.msg);
-			remove_tree(m->spare_dir);
-		} else {
-			m->spare_ready = true;
-		}
+	if (!m->spare_ready && !m->spare_busy) {
+		m->spare_work.data = m;
+		if (uv_queue_work(m->loop, &m->spare_work, spare_work, spare_after_work) == 0)
+			m->spare_busy = true;
 	}
 	if (m->spare_netns < 0) {
 		m->spare_netns = ns_netns_make(&stuck, &err);
@@ -927,8 +995,12 @@ static void spare_kick(struct manager *m)
  * without a spare, the sandbox start makes the directories itself. */
 static void spare_claim(struct manager *m, const char *dir)
 {
-	if (!m->spare_ready || m->stopping)
+	if (!m->spare_ready || m->spare_busy || m->stopping) {
+		if (!m->stopping && access(dir, F_OK) < 0)
+			log_info("no spare ready for %s: its layer is made on the create path",
+			         dir);
 		return;
+	}
 	if (renameat2(AT_FDCWD, m->spare_dir, AT_FDCWD, dir, RENAME_NOREPLACE) < 0) {
 		if (errno == EEXIST)
 			return; /* dir is there already: the spare stays */
@@ -1004,6 +1076,9 @@ static struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec
 	 * sandbox's (and never host root). */
 	cfg.uid_base = MGR_UID_BASE + MGR_UID_COUNT * rec->slot;
 	cfg.uid_count = MGR_UID_COUNT;
+	/* The layer's cap: the spare's filesystem, or one made now. */
+	cfg.layer_bytes = m->layer_bytes;
+	cfg.layer_inodes = m->layer_inodes;
 	randombytes_buf(secret, sizeof(secret));
 	cfg.secret = secret;
 	if (m->spare_netns >= 0) {
@@ -1040,6 +1115,9 @@ static struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec
 	return ex;
 fail:
 	sodium_memzero(secret, sizeof(secret));
+	/* Nothing runs on the layer: unmount it (its files stay for a
+	 * retry or a destroy). */
+	layer_unmount_of(m, rec->id.sbx);
 	uvutil_pool_free(ex->pool);
 	free(ex);
 	return NULL;
@@ -1305,20 +1383,102 @@ static uid_t uid_base_of(const struct rec_exec *rec)
 	return MGR_UID_BASE + MGR_UID_COUNT * rec->slot;
 }
 
+/* layer_move_up: moves every entry of ldfd/name up into ldfd (same
+ * filesystem: renames), then removes the empty name. */
+static int layer_move_up(int ldfd, const char *name, struct tt_err *err)
+{
+	int rfd = openat(ldfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	struct dirent *de;
+	DIR *d;
+
+	if (rfd < 0)
+		return tt_err_sys(err, TT_ERR_IO, "open the restored layer");
+	d = fdopendir(rfd);
+	if (d == NULL) {
+		close(rfd);
+		return tt_err_sys(err, TT_ERR_IO, "read the restored layer");
+	}
+	while ((de = readdir(d)) != NULL) {
+		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+			continue;
+		if (renameat2(rfd, de->d_name, ldfd, de->d_name, RENAME_NOREPLACE) < 0) {
+			tt_err_sys(err, TT_ERR_IO, "moving %.64s into the layer", de->d_name);
+			closedir(d);
+			return -1;
+		}
+	}
+	closedir(d);
+	if (unlinkat(ldfd, name, AT_REMOVEDIR) < 0)
+		return tt_err_sys(err, TT_ERR_IO, "rmdir the restore dir");
+	return 0;
+}
+
+/* layer_restore_into: unpacks snapshot ksbx/kgen into the (fresh, mounted)
+ * layer of dir. */
+static int layer_restore_into(struct manager *m, const struct rec_exec *rec,
+                              const char *dir, const char *ksbx, uint64_t kgen,
+                              struct snapshot_stats *st, struct tt_err *err)
+{
+	static const char *const subs[] = { "home", "tmp", "workspace" };
+	struct snapshot_unpack_opts o = { 0 };
+	struct snapstore *s = NULL;
+	_cleanup_close_ int ldfd = -1;
+	char layer[PATH_MAX];
+	int rc;
+
+	if (ns_layer_ensure(dir, m->layer_bytes, m->layer_inodes, err) < 0)
+		return -1;
+	snprintf(layer, sizeof(layer), "%.4000s/layer", dir);
+	ldfd = open(layer, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (ldfd < 0)
+		return tt_err_sys(err, TT_ERR_IO, "open %s", layer);
+	/* The fresh filesystem's empty home/tmp/workspace go: the archive's
+	 * tree is all the layer holds. */
+	for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++)
+		if (snapshot_rm_tree(ldfd, subs[i], err) < 0)
+			return -1;
+	if (snapstore_dir_open(m->snap_dir, &s, err) < 0)
+		return -1;
+	o.chown = true;
+	o.id_base = uid_base_of(rec);
+	o.gid_base = uid_base_of(rec);
+	/* Unpacked INSIDE the capped filesystem (then moved up by renames):
+	 * a snapshot larger than the cap fails with ENOSPC there, never
+	 * touching the worker's filesystem; a failed unpack leaves nothing. */
+	rc = snapstore_get_tree(s, ksbx, kgen, ldfd, "restore", &o, st, err);
+	snapstore_close(s);
+	if (rc < 0) {
+		char why[sizeof(err->msg)];
+		int no_space = err->sys_errno == ENOSPC || err->sys_errno == EDQUOT;
+
+		memcpy(why, err->msg, sizeof(why)); /* the message is rewritten in place */
+		if (no_space)
+			return tt_err_set(err, TT_ERR_TOO_LARGE, "install: snapshot %s/%" PRIu64
+			                  " does not fit this worker's sandbox disk quota "
+			                  "(%" PRIu64 " MiB): %s", ksbx, kgen,
+			                  m->layer_bytes >> 20, why);
+		return tt_err_set(err, err->code, "install: snapshot %s/%" PRIu64 ": %s",
+		                  ksbx, kgen, why);
+	}
+	return layer_move_up(ldfd, "restore", err);
+}
+
 /* layer_restore: replaces <sandbox_dir>/layer by the complete snapshot key
  * (checksum verified while unpacking, all or nothing; ids shifted to this
- * slot's uid base). Missing or partial snapshots fail. */
+ * slot's uid base). Missing or partial snapshots fail. A layer left by an
+ * older execution here is never reused: its tree and image are deleted
+ * and the snapshot goes into a fresh filesystem (the spare's when there
+ * is one, else one made now) rather than into the old one emptied: that
+ * is cheaper than deleting a big tree file by file, and nothing of the
+ * old filesystem (its size, stray inodes) survives. On failure nothing
+ * stays mounted. */
 static int layer_restore(struct manager *m, const struct rec_exec *rec,
                          const char *key, struct tt_err *err)
 {
 	char ksbx[SNAPSTORE_SBX_MAX + 1], dir[PATH_MAX];
-	struct snapshot_unpack_opts o = { 0 };
 	struct snapshot_stats st = { 0 };
-	struct snapstore *s = NULL;
-	_cleanup_close_ int dfd = -1;
 	uint64_t kgen;
 	int64_t t0 = now_ms();
-	int rc;
 
 	if (snapstore_key_parse(key, ksbx, &kgen, err) < 0)
 		return -1;
@@ -1330,26 +1490,15 @@ static int layer_restore(struct manager *m, const struct rec_exec *rec,
 		                  "snapshot store (--snapshots)");
 	if (sandbox_dir(m, rec->id.sbx, dir, sizeof(dir)) < 0)
 		return tt_err_set(err, TT_ERR_INVALID, "state path too long");
+	/* Nothing runs there (the caller retired and stopped it). */
+	if (remove_tree(dir) < 0)
+		return tt_err_sys(err, TT_ERR_IO, "removing the old layer of %s", rec->id.sbx);
+	spare_claim(m, dir);
 	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
 		return tt_err_sys(err, TT_ERR_IO, "mkdir %s", dir);
-	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (dfd < 0)
-		return tt_err_sys(err, TT_ERR_IO, "open %s", dir);
-	/* A layer left by an older execution here is never reused. */
-	if (snapshot_rm_tree(dfd, "layer", err) < 0)
+	if (layer_restore_into(m, rec, dir, ksbx, kgen, &st, err) < 0) {
+		layer_unmount_of(m, rec->id.sbx);
 		return -1;
-	if (snapstore_dir_open(m->snap_dir, &s, err) < 0)
-		return -1;
-	o.chown = true;
-	o.id_base = uid_base_of(rec);
-	o.gid_base = uid_base_of(rec);
-	rc = snapstore_get_tree(s, ksbx, kgen, dfd, "layer", &o, &st, err);
-	snapstore_close(s);
-	if (rc < 0) {
-		char why[sizeof(err->msg)];
-
-		memcpy(why, err->msg, sizeof(why)); /* the message is rewritten in place */
-		return tt_err_set(err, err->code, "install: snapshot %s: %s", key, why);
 	}
 	log_info("restored %s from snapshot %s: %" PRIu64 " entries, %" PRIu64
 	         " bytes in %" PRId64 " ms", rec->id.sbx, key, st.entries,
@@ -1418,10 +1567,12 @@ static void pause_end(struct mgr_pause *p, int rc)
 		log_info("paused %s generation %" PRIu64 ": snapshot %s, %" PRIu64
 		         " bytes, %" PRId64 " ms", p->sbx, p->gen, key, p->info.size,
 		         now_ms() - p->started_ms);
-		/* The layer now lives in the store; resumes always restore it. */
+		/* The layer now lives in the store; resumes always restore it.
+		 * exec_stop unmounted it; its image goes, then the mount point. */
 		if (sandbox_dir(m, p->sbx, dir, sizeof(dir)) == 0 &&
-		    (dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) >= 0 &&
-		    snapshot_rm_tree(dfd, "layer", &e2) < 0)
+		    (ns_layer_remove(dir, &e2) < 0 ||
+		     (dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
+		     snapshot_rm_tree(dfd, "layer", &e2) < 0))
 			log_warn("removing the layer of %s: %s", p->sbx, e2.msg);
 	} else {
 		log_warn("pause of %s generation %" PRIu64 " failed: %s", p->sbx, p->gen,
@@ -1606,6 +1757,11 @@ static int pause_start(struct mgr_apply *ap, json_t *u, uint64_t rev,
 		                  "store (--snapshots)");
 	if (sandbox_dir(m, sbx, dir, sizeof(dir)) < 0 || strlen(dir) + 7 > sizeof(dir))
 		return tt_err_set(err, TT_ERR_INVALID, "state path too long");
+	/* The snapshot is read from the host's mount of the layer: without
+	 * it, an empty mount point would be published as the sandbox's files. */
+	if (!ns_layer_mounted(dir))
+		return tt_err_set(err, TT_ERR_CONFLICT, "pause: the layer of %s is not "
+		                  "mounted here", sbx);
 	p = calloc(1, sizeof(*p));
 	if (p == NULL)
 		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
@@ -1893,6 +2049,9 @@ static void recover(struct manager *m)
 			kill_verified(r->init_pid, r->init_start);
 			/* A pause cut short by our death left it frozen. */
 			ns_freezer_release(r->id.sbx, r->id.gen);
+			/* Our mounts outlive us (we share the host's mount
+			 * namespace): a layer nothing runs on is unmounted. */
+			layer_unmount_of(m, r->id.sbx);
 			if (r->state == REC_RUNNING || r->state == REC_STARTING) {
 				log_warn("execution %s generation %" PRIu64 " lost across restart",
 				         r->id.sbx, r->id.gen);
@@ -1928,8 +2087,12 @@ static void recover(struct manager *m)
 			uvutil_pool_free(ex->pool);
 			free(ex);
 			mark_state(m, r->id.sbx, REC_LOST);
+			layer_unmount_of(m, r->id.sbx);
 			continue;
 		}
+		if (!ns_layer_mounted(dir))
+			log_warn("adopted %s without its layer mounted on the host: a pause "
+			         "will be refused", r->id.sbx);
 		log_info("adopted %s generation %" PRIu64 " (init pid %d)", r->id.sbx,
 		         r->id.gen, (int)r->init_pid);
 	}
@@ -1959,6 +2122,12 @@ static void shutdown_all(struct manager *m)
 		uv_timer_stop(&m->spare_timer);
 		uv_close((uv_handle_t *)&m->spare_timer, NULL);
 	}
+	/* The spare's layer must not stay mounted after us (a stopped worker
+	 * leaks no loop device); one still being made is removed by
+	 * spare_after_work, which the loop runs before it ends. */
+	if (!m->spare_busy && remove_tree(m->spare_dir) < 0)
+		log_warn("removing %s: %s", m->spare_dir, strerror(errno));
+	m->spare_ready = false;
 	if (m->spare_netns >= 0)
 		close(m->spare_netns);
 	m->spare_netns = -1;
@@ -2002,8 +2171,12 @@ static int parse_args(struct manager *m, int argc, char **argv)
 		{ "snapshots", required_argument, NULL, 'S' },
 		{ "lifeline", required_argument, NULL, 'L' },
 		{ "private-socket-dir", no_argument, NULL, 'P' },
+		{ "disk-mb", required_argument, NULL, 'D' },
+		{ "disk-inodes", required_argument, NULL, 'I' },
 		{ NULL, 0, NULL, 0 },
 	};
+	char *end;
+	unsigned long long v;
 	bool have_pid = false, have_uid = false;
 	int o;
 
@@ -2020,6 +2193,24 @@ static int parse_args(struct manager *m, int argc, char **argv)
 		case 'S': snprintf(m->snap_dir, sizeof(m->snap_dir), "%s", optarg); break;
 		case 'L': m->lifeline_fd = atoi(optarg); break;
 		case 'P': m->own_sock_dir = true; break;
+		case 'D':
+		case 'I':
+			errno = 0;
+			v = strtoull(optarg, &end, 10);
+			if (errno != 0 || *end != '\0' || optarg[0] < '0' || optarg[0] > '9' ||
+			    (o == 'D' && (v < (NS_LAYER_MIN_BYTES >> 20) || v > (1ull << 24))) ||
+			    (o == 'I' && v > UINT32_MAX)) {
+				fprintf(stderr, "manager: --disk-mb wants %llu..%llu, "
+				        "--disk-inodes 0..%u\n",
+				        (unsigned long long)(NS_LAYER_MIN_BYTES >> 20),
+				        1ull << 24, UINT32_MAX);
+				return -1;
+			}
+			if (o == 'D')
+				m->layer_bytes = v << 20;
+			else
+				m->layer_inodes = v;
+			break;
 		default: return -1;
 		}
 	}
@@ -2027,7 +2218,8 @@ static int parse_args(struct manager *m, int argc, char **argv)
 	    !have_uid || m->peer_pid <= 0) {
 		fprintf(stderr, "usage: tetherd manager --state DIR --socket PATH --worker-id W"
 		                " --peer-pid PID --peer-uid UID [--guest-bin PATH]"
-		                " [--snapshots DIR] [--lifeline FD] [--private-socket-dir]\n");
+		                " [--snapshots DIR] [--lifeline FD] [--private-socket-dir]"
+		                " [--disk-mb N] [--disk-inodes N]\n");
 		return -1;
 	}
 	return 0;
@@ -2117,6 +2309,7 @@ int manager_main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	m->spare_netns = -1;
 	m->lifeline_fd = -1;
+	m->layer_bytes = NS_DEFAULT_LAYER_BYTES;
 	if (parse_args(m, argc, argv) < 0)
 		return 1;
 	m->loop = uv_default_loop();

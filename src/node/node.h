@@ -26,6 +26,9 @@ struct node {
 	const char *state_dir;
 	const char *guest_bin;     /* may be NULL */
 	const char *snap_dir;      /* --snapshots, passed to the manager; may be NULL */
+	const char *disk_mb;       /* --disk-mb, --disk-inodes: each sandbox's */
+	const char *disk_inodes;   /* layer cap, passed to the manager (which
+	                            * checks them); NULL = its defaults */
 	char listen_host[64];
 	int port;
 	char node_url[128];        /* what we register: http://host:port */

@@ -422,7 +422,10 @@ static int ns_prepare_dirs(const struct ns_config *cfg, struct ns_plan *p,
 	/* The host side of the layout stays root-only: the child mounts as
 	 * host root, so the sandbox's uid never needs to traverse it. */
 	if (ns_mkdir_root(d, err) < 0 || ns_path(layer, d, "layer", err) < 0 ||
-	    ns_mkdir_root(layer, err) < 0 || ns_path(p->root, d, "root", err) < 0 ||
+	    ns_mkdir_root(layer, err) < 0 ||
+	    (cfg->layer_bytes > 0 &&
+	     ns_layer_ensure(d, cfg->layer_bytes, cfg->layer_inodes, err) < 0) ||
+	    ns_path(p->root, d, "root", err) < 0 ||
 	    ns_mkdir_root(p->root, err) < 0 ||
 	    ns_path(p->layer_home, layer, "home", err) < 0 ||
 	    ns_path(p->layer_tmp, layer, "tmp", err) < 0 ||
@@ -441,11 +444,11 @@ static int ns_prepare_dirs(const struct ns_config *cfg, struct ns_plan *p,
 	return 0;
 }
 
-/* ns_sandbox_dirs_spare: the host-side layout, made ahead of time. */
+/* ns_sandbox_dirs_spare: the host-side layout, made ahead of time (the
+ * layer's own subdirectories come with its filesystem: ns_layer_make). */
 int ns_sandbox_dirs_spare(const char *dir, struct tt_err *err)
 {
-	static const char *const subs[] = { "layer", "layer/home", "layer/tmp",
-	                                    "layer/workspace", "root", "run" };
+	static const char *const subs[] = { "layer", "root", "run" };
 	char path[PATH_MAX];
 
 	if (!dir || dir[0] != '/')

@@ -23,6 +23,13 @@
 #define NS_DEFAULT_MEMORY_MAX (512ull << 20)
 #define NS_DEFAULT_PIDS_MAX   512u
 #define NS_DEFAULT_READY_MS   10000u
+/* The writable layer as its own filesystem (src/node/ns_layer.c): the
+ * image's name under sandbox_dir, the default and smallest sizes, and the
+ * default bytes per inode (-N = size / this, when no inode cap is given). */
+#define NS_LAYER_IMG             "layer.img"
+#define NS_DEFAULT_LAYER_BYTES   (1024ull << 20)
+#define NS_LAYER_MIN_BYTES       (16ull << 20)
+#define NS_LAYER_BYTES_PER_INODE 16384u
 /* Path of the guest socket inside the sandbox and of the guest binary. */
 #define NS_GUEST_SOCKET_IN "/run/tether/guest.sock"
 #define NS_GUEST_BIN_IN    "/.tether/tether-guest"
@@ -64,6 +71,15 @@ struct ns_config {
 	 * NULL: passed to the init on NS_SECRET_FD through a pipe, never on
 	 * argv, env or disk. The caller zeroes it. */
 	const uint8_t *secret;
+	/* The writable layer's cap: with layer_bytes > 0, <sandbox_dir>/layer
+	 * is (made, if need be, and) mounted from <sandbox_dir>/layer.img, an
+	 * ext4 image of layer_bytes with layer_inodes inodes (0 = one per
+	 * NS_LAYER_BYTES_PER_INODE), before home/tmp/workspace are set up;
+	 * an image there already keeps its size. 0 = plain directories on
+	 * the host's filesystem (no cap; unit tests). The layer stays mounted
+	 * after ns_sandbox_stop: the caller unmounts it (ns_layer_umount). */
+	uint64_t layer_bytes;
+	uint64_t layer_inodes;
 };
 
 struct ns_sandbox {
@@ -104,8 +120,28 @@ int ns_sandbox_wait_ready(struct ns_sandbox *sb, struct tt_err *err);
  * empty; ns_sandbox_start sets owners and modes when it finds them), so a
  * caller can rename such a tree into place on the create path instead of
  * making them there: on this host's ext4 (no journal), allocating an inode
- * costs ~0.3 ms after much churn. */
+ * costs ~0.3 ms after much churn. The layer's home/tmp/workspace come with
+ * its filesystem (ns_layer_make into the same dir), or are made at start. */
 int ns_sandbox_dirs_spare(const char *dir, struct tt_err *err);
+/* ---- the writable layer as a capped filesystem (ns_layer.c) ----
+ * All need root; each is synchronous (mkfs runs as a child process). */
+/* ns_layer_make: <dir>/layer.img (sparse, bytes long, inodes inodes; 0 =
+ * one per NS_LAYER_BYTES_PER_INODE), formatted ext4 and mounted nosuid,
+ * nodev on <dir>/layer (made if missing; must be empty), holding empty
+ * root-only home, tmp, workspace. -1: nothing left mounted or created. */
+int ns_layer_make(const char *dir, uint64_t bytes, uint64_t inodes, struct tt_err *err);
+/* ns_layer_ensure: <dir>/layer mounted: already, from the existing image
+ * (refused while that image is still attached to a loop device), or made
+ * with ns_layer_make. */
+int ns_layer_ensure(const char *dir, uint64_t bytes, uint64_t inodes, struct tt_err *err);
+/* ns_layer_mounted: a filesystem is mounted on <dir>/layer. */
+bool ns_layer_mounted(const char *dir);
+/* ns_layer_umount: unmounts <dir>/layer if mounted (lazily when busy; see
+ * ns_layer.c), keeping the image; the loop device frees itself. */
+int ns_layer_umount(const char *dir, struct tt_err *err);
+/* ns_layer_remove: ns_layer_umount, then deletes <dir>/layer.img (the
+ * empty mount point dir stays: the caller removes the tree). */
+int ns_layer_remove(const char *dir, struct tt_err *err);
 /* ns_netns_make: a new, empty network namespace held by the returned fd
  * (close-on-exec, owned by the caller), for ns_config.netns_fd. The calling
  * thread creates it and returns to its own namespace; should that return

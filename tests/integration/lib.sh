@@ -178,11 +178,12 @@ cp_secrets() {
 
 # ---- a `tether up` cluster ------------------------------------------------------------
 UP_PID=
-# cluster_up WORKERS: `tether up --workers WORKERS --state $STATE --port
-# $BASE` in the background (output in WORK/up.out, up.err); 0 once it says
-# "tether is up" (60 s), 1 if it exited or never did. Stopped at exit.
+# cluster_up WORKERS [ARGS...]: `tether up --workers WORKERS --state $STATE
+# --port $BASE ARGS...` in the background (output in WORK/up.out, up.err);
+# 0 once it says "tether is up" (60 s), 1 if it exited or never did.
+# Stopped at exit.
 cluster_up() {
-	"$ROOT/build/tether" up --workers "$1" --state "$STATE" --port "$BASE" \
+	"$ROOT/build/tether" up --workers "$1" --state "$STATE" --port "$BASE" "${@:2}" \
 		>"$WORK/up.out" 2>"$WORK/up.err" &
 	UP_PID=$!
 	for _ in $(seq 1 600); do
@@ -197,10 +198,10 @@ cluster_down() {
 	stop_pid "$UP_PID"
 	UP_PID=
 }
-# cluster_up_or_bail NAME WORKERS: cluster_up as the check NAME; a cluster
-# that does not come up ends the script (nothing else can run).
+# cluster_up_or_bail NAME WORKERS [ARGS...]: cluster_up as the check NAME;
+# a cluster that does not come up ends the script (nothing else can run).
 cluster_up_or_bail() {
-	if cluster_up "$2"; then ok "$1"; else
+	if cluster_up "${@:2}"; then ok "$1"; else
 		tap_bail "$1" "$(cat "$WORK/up.err"; tail -n 5 "$STATE"/logs/*.log 2>/dev/null)"
 	fi
 }

@@ -225,6 +225,19 @@ code=$(call GET "$EDGE/v1/sandboxes/$S3/files?path=/tmp/r")
 expect "third worker w3 (own process) serves a sandbox through the edge" \
 	'[ $up3 = 1 ] && [ "$code" = 200 ] && [ "$(cat "$WORK/r")" = data ]' "up=$up3 $S3 $code $(cat "$WORK/r")"
 LOG=$WORK/w3/sandboxes/$S3/layer/tmp/log
+# log_lines: lines in the sandbox's /tmp/log, read on the host: through the
+# layer's mount while the worker runs; once its manager stopped (and
+# unmounted it), from the layer's image with debugfs (read-only).
+log_lines() {
+	local img=$WORK/w3/sandboxes/$S3/layer.img
+	if mountpoint -q "$WORK/w3/sandboxes/$S3/layer"; then
+		wc -l <"$LOG" 2>/dev/null || echo missing
+	elif [ -f "$img" ]; then
+		debugfs -R "cat /tmp/log" "$img" 2>/dev/null | wc -l
+	else
+		echo missing
+	fi
+}
 nr0=$(metric "$EDGE" tether_edge_not_repeated_total)
 ( curl -s -m 60 -o "$WORK/exec.out" -w '%{http_code}' -X POST -H "Authorization: Bearer $KEY" \
 	-H 'Content-Type: application/json' -d '{"cmd":["sh","-c","echo run >> /tmp/log; sleep 5"]}' \
@@ -238,7 +251,7 @@ expect "exec cut by the node's death: 502 saying it may have run and was not rep
 	'[ "$code" = 502 ] && grep -q "may or may not have run" "$WORK/exec.out" && grep -q "not repeated" "$WORK/exec.out"' \
 	"$code $(cat "$WORK/exec.out")"
 sleep 1
-lines=$(wc -l <"$LOG" 2>/dev/null || echo missing)
+lines=$(log_lines)
 nr1=$(metric "$EDGE" tether_edge_not_repeated_total)
 expect "the exec ran at most once (the appended file has $lines line)" \
 	'[ "$lines" = 1 ] && [ $((nr1 - nr0)) = 1 ]' "lines=$lines not_repeated $nr0->$nr1"
@@ -250,7 +263,7 @@ expect "GET file on the dead node: retried exactly once, then a clear 5xx" \
 	"$code retries $rr0->$rr1 $(cat "$WORK/r")"
 code=$(call POST "$EDGE/v1/sandboxes/$S3/exec" '{"cmd":["sh","-c","echo run >> /tmp/log"]}')
 expect "exec on the dead node: 503, did not start, not retried" \
-	'[ "$code" = 503 ] && grep -q "did not start" "$WORK/r" && [ "$(wc -l <"$LOG")" = 1 ]' "$code $(cat "$WORK/r")"
+	'[ "$code" = 503 ] && grep -q "did not start" "$WORK/r" && [ "$(log_lines)" = 1 ]' "$code $(cat "$WORK/r")"
 out=$("$ROOT/build/tether" exec "$S3" -- true 2>&1); rc=$?
 expect "CLI: one clear line, exit 1" '[ $rc = 1 ] && [ "$(echo "$out" | wc -l)" = 1 ]' "rc=$rc $out"
 

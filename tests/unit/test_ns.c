@@ -509,6 +509,103 @@ static void test_start_stop_cycles(void **state)
 	fx_free(fx);
 }
 
+/* loop_of: whether some loop device is backed by a file under dir. */
+static bool loop_of(const char *dir)
+{
+	char cmd[256];
+
+	snprintf(cmd, sizeof cmd, "losetup -a | grep -q -- '(%s/'", dir);
+	return system(cmd) == 0;
+}
+
+/* Disk and inode caps (task Q): with layer_bytes set, the layer is an
+ * ext4 image of its own. Past the cap, a write and a file creation fail
+ * with ENOSPC inside; appending to an existing file still works; the
+ * image never holds more than the cap on the host; unmount + mount again
+ * keeps the files; remove frees the loop device. */
+static void test_layer_cap(void **state)
+{
+	(void)state;
+	struct fixture *fx = fx_new("sbx_layer",
+	        "cd /workspace\n"
+	        ": > icount; : > append; : > dd_rc; : > dd_nospace\n"
+	        "dd if=/dev/zero of=/tmp/big bs=1M count=40 2>/tmp/dd.err; echo $? > dd_rc\n"
+	        "grep -c 'No space left' /tmp/dd.err > dd_nospace\n"
+	        "rm -f /tmp/big /tmp/dd.err\n"
+	        "head -c 1000000 /dev/zero > honest && wc -c < honest > honest_size\n"
+	        "i=0; while [ $i -lt 2000 ]; do true > /tmp/f$i 2>/dev/null || break; i=$((i+1)); done\n"
+	        "echo $i > icount\n"
+	        "echo more >> append\n"
+	        "echo ready >&3\n"
+	        "exec sleep 30\n");
+	char path[PATH_MAX], got[64];
+	struct stat st;
+	struct tt_err err = { 0 };
+
+	fx->cfg.layer_bytes = 16u << 20;
+	fx->cfg.layer_inodes = 256;
+	fx_start(fx);
+	assert_true(ns_layer_mounted(fx->dir));
+	expect(fx, "dd_nospace", "1");
+	fx_read(fx, "dd_rc", got, sizeof got);
+	assert_string_not_equal(got, "0");
+	expect(fx, "honest_size", "1000000");
+	fx_read(fx, "icount", got, sizeof got);
+	long made = strtol(got, NULL, 10);
+	if (made < 100 || made >= 256)
+		fail_msg("files created before the inode cap: %s", got);
+	expect(fx, "append", "more");
+	/* The host pays at most the cap. */
+	snprintf(path, sizeof path, "%s/" NS_LAYER_IMG, fx->dir);
+	assert_int_equal(stat(path, &st), 0);
+	assert_true((uint64_t)st.st_blocks * 512 <= (16u << 20));
+	assert_true(loop_of(fx->dir));
+	/* Stopped and unmounted: the files stay in the image. */
+	assert_int_equal(ns_sandbox_stop(&fx->sb, &err), 0);
+	assert_int_equal(ns_layer_umount(fx->dir, &err), 0);
+	assert_false(ns_layer_mounted(fx->dir));
+	expect(fx, "append", ""); /* the bare mount point */
+	assert_int_equal(ns_layer_ensure(fx->dir, 16u << 20, 256, &err), 0);
+	assert_true(ns_layer_mounted(fx->dir));
+	expect(fx, "append", "more");
+	/* Removed: unmounted, image gone, loop device freed (autoclear). */
+	assert_int_equal(ns_layer_remove(fx->dir, &err), 0);
+	assert_false(ns_layer_mounted(fx->dir));
+	assert_int_equal(access(path, F_OK), -1);
+	for (int i = 0; i < 100 && loop_of(fx->dir); i++)
+		usleep(10000);
+	assert_false(loop_of(fx->dir));
+	fx_free(fx);
+}
+
+/* A layer dir that holds files but no image (made before quotas) is not
+ * hidden under a mount: the start fails with a clear error instead. */
+static void test_layer_refuses_plain_files(void **state)
+{
+	(void)state;
+	struct fixture *fx = fx_new("sbx_layer_old", "echo ready >&3\nexec sleep 30\n");
+	char path[PATH_MAX];
+	struct tt_err err = { 0 };
+
+	snprintf(path, sizeof path, "%s/layer", fx->dir);
+	assert_int_equal(mkdir(path, 0700), 0);
+	snprintf(path, sizeof path, "%s/layer/old", fx->dir);
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	fclose(f);
+	fx->cfg.layer_bytes = 16u << 20;
+	assert_int_equal(ns_sandbox_start(&fx->cfg, &fx->sb, &err), -1);
+	assert_non_null(strstr(err.msg, "holds files"));
+	assert_false(ns_layer_mounted(fx->dir));
+	/* Honest: an empty layer dir gets its filesystem. */
+	assert_int_equal(unlink(path), 0);
+	fx_start(fx);
+	assert_true(ns_layer_mounted(fx->dir));
+	assert_int_equal(ns_sandbox_stop(&fx->sb, &err), 0);
+	assert_int_equal(ns_layer_remove(fx->dir, &err), 0);
+	fx_free(fx);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -520,6 +617,8 @@ int main(void)
 		cmocka_unit_test(test_start_failures),
 		cmocka_unit_test(test_real_guest),
 		cmocka_unit_test(test_start_stop_cycles),
+		cmocka_unit_test(test_layer_cap),
+		cmocka_unit_test(test_layer_refuses_plain_files),
 	};
 	if (geteuid() != 0) {
 		printf("1..0 # SKIP the ns substrate tests need root\n");

@@ -152,6 +152,9 @@ struct manager {
 	 * inode count (--disk-mb, --disk-inodes; ns_layer.c). */
 	uint64_t layer_bytes;
 	uint64_t layer_inodes;     /* 0 = one per NS_LAYER_BYTES_PER_INODE */
+	/* The mount namespace sandboxes start from (ns_mntns_clean: ours
+	 * without the layer mounts), or -1 (then they copy ours). */
+	int clean_mntns;
 };
 
 static void exec_stop(struct manager *m, struct mgr_exec *ex);
@@ -1084,6 +1087,10 @@ static struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec
 	if (m->spare_netns >= 0) {
 		cfg.use_netns = true;
 		cfg.netns_fd = m->spare_netns;
+	}
+	if (m->clean_mntns >= 0) {
+		cfg.use_mntns = true;
+		cfg.mntns_fd = m->clean_mntns;
 	}
 	/* The guest and its bridge come up side by side: the bridge needs
 	 * only the init's final identity (after exec), not its listener. */
@@ -2309,6 +2316,7 @@ int manager_main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	m->spare_netns = -1;
 	m->lifeline_fd = -1;
+	m->clean_mntns = -1;
 	m->layer_bytes = NS_DEFAULT_LAYER_BYTES;
 	if (parse_args(m, argc, argv) < 0)
 		return 1;
@@ -2337,6 +2345,11 @@ int manager_main(int argc, char **argv)
 		log_error("out of memory");
 		goto out;
 	}
+	/* Before any layer of ours is mounted (and with those of adopted or
+	 * other workers' sandboxes detached from it). */
+	m->clean_mntns = ns_mntns_clean(&err);
+	if (m->clean_mntns < 0)
+		log_warn("sandboxes will copy our mount namespace: %s", err.msg);
 	recover(m);
 	if (listen_socket(m, &err) < 0 || lifeline_start(m, &err) < 0) {
 		log_error("%s", err.msg);

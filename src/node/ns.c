@@ -60,6 +60,9 @@ struct ns_plan {
 	int log_fd;                     /* > 2 or -1 */
 	int cg_tasks[3];                /* v1 "tasks" files to join (-1: none) */
 	int netns_fd;                   /* a made-ahead netns to join, or -1 */
+	int mntns_fd;                   /* a clean mount ns to copy, or -1 */
+	int layer_tree[3];              /* detached binds of home, tmp,
+	                                 * workspace (with mntns_fd), or -1 */
 };
 
 /* Control messages child -> parent on the SEQPACKET socketpair. */
@@ -236,11 +239,22 @@ static void child_rootfs(const struct ns_plan *p)
 
 	/* Privileged: the writable layer (owned by uid_base on the host). */
 	child_mkdir(p, "home", 0755);
-	child_bind(p, p->layer_home, "home", MS_NOSUID | MS_NODEV, "bind-mount /home");
 	child_mkdir(p, "tmp", 01777);
-	child_bind(p, p->layer_tmp, "tmp", MS_NOSUID | MS_NODEV, "bind-mount /tmp");
 	child_mkdir(p, "workspace", 0755);
-	child_bind(p, p->layer_ws, "workspace", MS_NOSUID | MS_NODEV, "bind-mount /workspace");
+	if (p->layer_tree[0] >= 0) {
+		/* The parent's detached binds (nosuid, nodev already), made in
+		 * its namespace where the layer is mounted: attached here. */
+		static const char *const at[3] = { "home", "tmp", "workspace" };
+		for (int i = 0; i < 3; i++)
+			if (move_mount(p->layer_tree[i], "", AT_FDCWD, at[i],
+			               MOVE_MOUNT_F_EMPTY_PATH) < 0)
+				child_fail(p, "attach a layer directory");
+	} else {
+		child_bind(p, p->layer_home, "home", MS_NOSUID | MS_NODEV, "bind-mount /home");
+		child_bind(p, p->layer_tmp, "tmp", MS_NOSUID | MS_NODEV, "bind-mount /tmp");
+		child_bind(p, p->layer_ws, "workspace", MS_NOSUID | MS_NODEV,
+		           "bind-mount /workspace");
+	}
 	child_mkdir(p, "run", 0755);
 	child_mkdir(p, "run/tether", 0755);
 	/* Privileged: the guest socket dir, shared with the host bridge. */
@@ -327,6 +341,19 @@ __attribute__((noreturn)) static void child_main(const struct ns_plan *p)
 	}
 	child_cgroups(p);
 	child_wait(p); /* we (v1) or the parent (v2) put us in our cgroups */
+	if (p->mntns_fd >= 0) {
+		/* Privileged: our mount namespace is a private copy of the
+		 * clean one (ns_mntns_clean), not of the caller's, which holds
+		 * one layer mount per sandbox: copying, privatising and
+		 * detaching those on every start would cost each create in
+		 * proportion to the sandboxes running. We are single-threaded
+		 * with our own fs_struct (no CLONE_FS), as setns requires. */
+		if (setns(p->mntns_fd, CLONE_NEWNS) < 0)
+			child_fail(p, "join the clean mount namespace");
+		close(p->mntns_fd);
+		if (unshare(CLONE_NEWNS) < 0)
+			child_fail(p, "unshare mount namespace");
+	}
 	/* Privileged: cgroup namespace rooted at the sandbox's own cgroup. */
 	if (unshare(CLONE_NEWCGROUP) < 0)
 		child_fail(p, "unshare cgroup namespace");
@@ -646,6 +673,134 @@ void ns_sandbox_init(struct ns_sandbox *sb)
 	sb->ready_fd = -1;
 }
 
+/* ns_layer_trees_close: drops the parent's handles on them (a detached
+ * mount no one attached goes with its last fd). */
+static void ns_layer_trees_close(struct ns_plan *p)
+{
+	for (int i = 0; i < 3; i++) {
+		if (p->layer_tree[i] >= 0)
+			close(p->layer_tree[i]);
+		p->layer_tree[i] = -1;
+	}
+}
+
+/* ns_layer_trees: detached bind mounts (nosuid, nodev) of the layer's
+ * home, tmp and workspace, made here where the layer is mounted, for a
+ * child that starts from the clean mount namespace (close-on-exec; the
+ * child inherits them). */
+static int ns_layer_trees(struct ns_plan *p, struct tt_err *err)
+{
+	const char *src[3] = { p->layer_home, p->layer_tmp, p->layer_ws };
+	struct mount_attr a = { .attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV };
+
+	for (int i = 0; i < 3; i++) {
+		/* Privileged: a private, detached copy of one layer directory
+		 * (no submounts), to be attached in the sandbox's namespace. */
+		p->layer_tree[i] = open_tree(AT_FDCWD, src[i], OPEN_TREE_CLONE |
+		                             OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW);
+		if (p->layer_tree[i] < 0 ||
+		    mount_setattr(p->layer_tree[i], "", AT_EMPTY_PATH, &a, sizeof(a)) < 0) {
+			tt_err_sys(err, TT_ERR_SYS, "detached bind of %s", src[i]);
+			ns_layer_trees_close(p);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* ns_mntns_detach_layers: in a fresh private copy of the mount tree,
+ * detaches every layer filesystem (ext4 on a loop device, mounted on a
+ * ".../layer" dir): the clean namespace must not pin any. Child of fork:
+ * stdio only, bounded buffer. Returns how many it could not detach. */
+static int ns_mntns_detach_layers(void)
+{
+	static char buf[1 << 18];
+	size_t got = 0;
+	int fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC), bad = 0;
+
+	if (fd < 0)
+		return 1;
+	for (ssize_t n; got + 1 < sizeof(buf) &&
+	                (n = read(fd, buf + got, sizeof(buf) - 1 - got)) > 0;)
+		got += (size_t)n;
+	close(fd);
+	buf[got] = '\0';
+	if (got + 1 >= sizeof(buf))
+		return 1; /* too many mounts to judge: fail rather than pin */
+	for (char *save = NULL, *l = strtok_r(buf, "\n", &save); l;
+	     l = strtok_r(NULL, "\n", &save)) {
+		/* id parent maj:min root mountpoint opts... - fstype source ... */
+		char *f[5] = { 0 }, *sep = strstr(l, " - "), *q = l;
+		for (int i = 0; i < 5 && q; i++) {
+			f[i] = q;
+			q = strchr(q, ' ');
+			if (q)
+				*q++ = '\0';
+		}
+		if (sep == NULL || f[4] == NULL)
+			continue;
+		size_t ml = strlen(f[4]);
+		if (strncmp(sep + 3, "ext4 /dev/loop", 14) != 0 || ml < 6 ||
+		    strcmp(f[4] + ml - 6, "/layer") != 0)
+			continue;
+		/* Privileged: only in this private copy of the tree. */
+		if (umount2(f[4], MNT_DETACH) < 0)
+			bad++;
+	}
+	return bad;
+}
+
+/* ns_mntns_clean: fork a child that unshares a private copy of our mount
+ * namespace, detaches the layers in it and waits; keep its namespace. */
+int ns_mntns_clean(struct tt_err *err)
+{
+	int go[2], done[2], fd = -1, st;
+	char path[64], c = 0;
+	pid_t pid;
+
+	if (pipe2(go, O_CLOEXEC) < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "pipe");
+	if (pipe2(done, O_CLOEXEC) < 0) {
+		close(go[0]);
+		close(go[1]);
+		return tt_err_sys(err, TT_ERR_SYS, "pipe");
+	}
+	pid = fork();
+	if (pid == 0) {
+		close(go[0]);
+		close(done[1]);
+		/* Privileged: a new mount namespace for this helper only,
+		 * nothing propagating back to ours. */
+		c = unshare(CLONE_NEWNS) == 0 &&
+		    mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0 &&
+		    ns_mntns_detach_layers() == 0 ? 'y' : 'n';
+		(void)!write(go[1], &c, 1);
+		(void)!read(done[0], &c, 1); /* until the parent holds the ns */
+		_exit(0);
+	}
+	close(go[1]);
+	close(done[0]);
+	if (pid < 0) {
+		tt_err_sys(err, TT_ERR_SYS, "fork");
+		goto out;
+	}
+	if (read(go[0], &c, 1) != 1 || c != 'y') {
+		tt_err_set(err, TT_ERR_SYS, "could not make a clean mount namespace");
+		goto out;
+	}
+	snprintf(path, sizeof path, "/proc/%d/ns/mnt", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		tt_err_sys(err, TT_ERR_SYS, "open %s", path);
+out:
+	close(go[0]);
+	close(done[1]); /* the helper exits; the fd keeps its namespace */
+	if (pid > 0)
+		while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+			;
+	return fd;
+}
+
 /* ns_sandbox_launch: plan, cgroups, clone, setup handshake, up to exec. */
 int ns_sandbox_launch(const struct ns_config *cfg, struct ns_sandbox *out,
                       struct tt_err *err)
@@ -671,14 +826,21 @@ int ns_sandbox_launch(const struct ns_config *cfg, struct ns_sandbox *out,
 	p.log_fd = cfg->log_fd > 2 ? cfg->log_fd : -1;
 	p.cg_tasks[0] = p.cg_tasks[1] = p.cg_tasks[2] = -1;
 	p.netns_fd = cfg->use_netns ? cfg->netns_fd : -1;
+	p.mntns_fd = cfg->use_mntns ? cfg->mntns_fd : -1;
+	p.layer_tree[0] = p.layer_tree[1] = p.layer_tree[2] = -1;
 	if (cfg->use_netns && cfg->netns_fd < 0)
 		return tt_err_set(err, TT_ERR_INVALID, "use_netns without a netns fd");
-	if (ns_plan_argv(cfg, &p, err) < 0 || ns_prepare_dirs(cfg, &p, out, err) < 0)
+	if (cfg->use_mntns && cfg->mntns_fd < 0)
+		return tt_err_set(err, TT_ERR_INVALID, "use_mntns without a mount ns fd");
+	if (ns_plan_argv(cfg, &p, err) < 0 || ns_prepare_dirs(cfg, &p, out, err) < 0 ||
+	    (p.mntns_fd >= 0 && ns_layer_trees(&p, err) < 0))
 		return -1;
 
 	struct sock_fprog prog;
-	if (ns_seccomp_build(&prog, err) < 0)
+	if (ns_seccomp_build(&prog, err) < 0) {
+		ns_layer_trees_close(&p);
 		return -1;
+	}
 	p.seccomp = &prog;
 
 	char cgname[128];
@@ -687,6 +849,7 @@ int ns_sandbox_launch(const struct ns_config *cfg, struct ns_sandbox *out,
 	                     cfg->pids_max ? cfg->pids_max : NS_DEFAULT_PIDS_MAX,
 	                     cfg->cpu_millis, out, err) < 0) {
 		ns_seccomp_free(&prog);
+		ns_layer_trees_close(&p);
 		return -1;
 	}
 
@@ -723,7 +886,8 @@ int ns_sandbox_launch(const struct ns_config *cfg, struct ns_sandbox *out,
 	int pidfd = -1;
 	/* Privileged: new pid, mount, net, uts and ipc namespaces (host root
 	 * owns them; see the file comment). Raw clone: like fork, plus pidfd. */
-	long pid = syscall(SYS_clone, CLONE_PIDFD | CLONE_NEWPID | CLONE_NEWNS |
+	long pid = syscall(SYS_clone, CLONE_PIDFD | CLONE_NEWPID |
+	                   (p.mntns_fd >= 0 ? 0 : CLONE_NEWNS) |
 	                   (p.netns_fd >= 0 ? 0 : CLONE_NEWNET) |
 	                   CLONE_NEWUTS | CLONE_NEWIPC | SIGCHLD, NULL, &pidfd, NULL, NULL);
 	if (pid < 0) {
@@ -812,6 +976,7 @@ fail:
 			close(secret[i]);
 	}
 	ns_seccomp_free(&prog);
+	ns_layer_trees_close(&p);
 	if (rc < 0) {
 		struct tt_err ignored;
 		ns_sandbox_stop(out, &ignored);

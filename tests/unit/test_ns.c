@@ -528,7 +528,7 @@ static void test_layer_cap(void **state)
 	(void)state;
 	struct fixture *fx = fx_new("sbx_layer",
 	        "cd /workspace\n"
-	        ": > icount; : > append; : > dd_rc; : > dd_nospace\n"
+	        ": > icount; : > append; : > dd_rc; : > dd_nospace; : > ws_mounts; : > loops\n"
 	        "dd if=/dev/zero of=/tmp/big bs=1M count=40 2>/tmp/dd.err; echo $? > dd_rc\n"
 	        "grep -c 'No space left' /tmp/dd.err > dd_nospace\n"
 	        "rm -f /tmp/big /tmp/dd.err\n"
@@ -536,15 +536,37 @@ static void test_layer_cap(void **state)
 	        "i=0; while [ $i -lt 2000 ]; do true > /tmp/f$i 2>/dev/null || break; i=$((i+1)); done\n"
 	        "echo $i > icount\n"
 	        "echo more >> append\n"
+	        "grep -c ' /workspace ' /proc/self/mountinfo > ws_mounts\n"
+	        "grep -c ' ext4 /dev/loop' /proc/self/mountinfo > loops\n"
 	        "echo ready >&3\n"
 	        "exec sleep 30\n");
-	char path[PATH_MAX], got[64];
+	char path[PATH_MAX], got[64], decoy[64];
 	struct stat st;
 	struct tt_err err = { 0 };
 
+	/* Another sandbox's layer, mounted before the clean mount namespace
+	 * is made: it must not show in (or be pinned by) ours. */
+	snprintf(decoy, sizeof decoy, "/tmp/tt-ns-decoy.XXXXXX");
+	assert_non_null(mkdtemp(decoy));
+	if (ns_layer_make(decoy, 16u << 20, 0, &err) < 0)
+		fail_msg("ns_layer_make: %s", err.msg);
+	int clean = ns_mntns_clean(&err);
+	if (clean < 0)
+		fail_msg("ns_mntns_clean: %s", err.msg);
+	fx->cfg.use_mntns = true;
+	fx->cfg.mntns_fd = clean;
 	fx->cfg.layer_bytes = 16u << 20;
 	fx->cfg.layer_inodes = 256;
 	fx_start(fx);
+	expect(fx, "ws_mounts", "1");
+	expect(fx, "loops", "3"); /* its own home, tmp, workspace only */
+	assert_int_equal(ns_layer_remove(decoy, &err), 0);
+	for (int i = 0; i < 100 && loop_of(decoy); i++)
+		usleep(10000);
+	assert_false(loop_of(decoy)); /* not pinned by the clean namespace */
+	snprintf(path, sizeof path, "%s/layer", decoy);
+	rmdir(path);
+	rmdir(decoy);
 	assert_true(ns_layer_mounted(fx->dir));
 	expect(fx, "dd_nospace", "1");
 	fx_read(fx, "dd_rc", got, sizeof got);
@@ -575,6 +597,7 @@ static void test_layer_cap(void **state)
 	for (int i = 0; i < 100 && loop_of(fx->dir); i++)
 		usleep(10000);
 	assert_false(loop_of(fx->dir));
+	close(clean);
 	fx_free(fx);
 }
 

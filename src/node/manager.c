@@ -141,7 +141,7 @@ struct manager {
 	int spare_netns;
 	bool spare_on;             /* spare_timer initialized */
 	uv_timer_t spare_timer;
-	/* The spare's layer filesystem (mkfs + mount, ~20 ms) is made on a
+	/* The spare's layer filesystem (mkfs + mount, ~8 ms) is made on a
 	 * libuv worker thread: spare_busy while spare_work is queued; its
 	 * result in spare_rc/spare_err (read back on the loop). */
 	bool spare_busy;

@@ -155,6 +155,12 @@ struct manager {
 	/* The mount namespace sandboxes start from (ns_mntns_clean: ours
 	 * without the layer mounts), or -1 (then they copy ours). */
 	int clean_mntns;
+	/* <state>/sandboxes/.layer-template.img: a formatted layer that
+	 * spares copy (~1 ms) instead of running mkfs (~5 ms of CPU per
+	 * create); remade by the first spare_work of each run (worker
+	 * thread), so it always has this run's size. */
+	char layer_tmpl[PATH_MAX];
+	bool tmpl_ready;           /* written by the worker thread, read by it */
 };
 
 static void exec_stop(struct manager *m, struct mgr_exec *ex);
@@ -935,11 +941,20 @@ static void spare_work(uv_work_t *w)
 
 	tt_err_clear(&m->spare_err);
 	m->spare_rc = -1;
+	if (!m->tmpl_ready) {
+		struct tt_err e = { 0 };
+
+		m->tmpl_ready = ns_layer_template(m->layer_tmpl, m->layer_bytes,
+		                                  m->layer_inodes, &e) == 0;
+		if (!m->tmpl_ready)
+			log_warn("no layer template (spares run mkfs): %s", e.msg);
+	}
 	if (remove_tree(m->spare_dir) < 0)
 		tt_err_sys(&m->spare_err, TT_ERR_IO, "removing the old %s", m->spare_dir);
 	else if (ns_sandbox_dirs_spare(m->spare_dir, &m->spare_err) == 0 &&
-	         ns_layer_make(m->spare_dir, m->layer_bytes, m->layer_inodes,
-	                       &m->spare_err) == 0)
+	         (m->tmpl_ready ? ns_layer_make_from(m->spare_dir, m->layer_tmpl, &m->spare_err)
+	                        : ns_layer_make(m->spare_dir, m->layer_bytes, m->layer_inodes,
+	                                        &m->spare_err)) == 0)
 		m->spare_rc = 0;
 }
 
@@ -1018,6 +1033,8 @@ static void spare_claim(struct manager *m, const char *dir)
 static void spare_init(struct manager *m)
 {
 	snprintf(m->spare_dir, sizeof(m->spare_dir), "%s/sandboxes/.spare", m->state_dir);
+	snprintf(m->layer_tmpl, sizeof(m->layer_tmpl), "%s/sandboxes/.layer-template.img",
+	         m->state_dir);
 	remove_tree(m->spare_dir);
 	uv_timer_init(m->loop, &m->spare_timer);
 	m->spare_timer.data = m;

@@ -136,6 +136,16 @@ int ns_sandbox_dirs_spare(const char *dir, struct tt_err *err);
  * nodev on <dir>/layer (made if missing; must be empty), holding empty
  * root-only home, tmp, workspace. -1: nothing left mounted or created. */
 int ns_layer_make(const char *dir, uint64_t bytes, uint64_t inodes, struct tt_err *err);
+/* ns_layer_template: formats tmpl (replacing any file there) like
+ * ns_layer_make's image, populated (mounted once beside it, at tmpl.mnt,
+ * then unmounted). Copying it is cheaper than running mkfs per layer
+ * (every copy shares its UUID and directory hash seed: harmless, each is
+ * its own filesystem, and the seed only shapes a sandbox's own
+ * directories). */
+int ns_layer_template(const char *tmpl, uint64_t bytes, uint64_t inodes, struct tt_err *err);
+/* ns_layer_make_from: ns_layer_make with a sparse copy of tmpl (from
+ * ns_layer_template; its size and inodes) instead of mkfs. */
+int ns_layer_make_from(const char *dir, const char *tmpl, struct tt_err *err);
 /* ns_layer_ensure: <dir>/layer mounted: already, from the existing image
  * (refused while that image is still attached to a loop device), or made
  * with ns_layer_make. */

@@ -228,7 +228,7 @@ static int layer_mount(const char *img, const char *mnt, struct tt_err *err)
 	return rc;
 }
 
-/* layer_dir_empty: mnt is an empty directory (or missing: made 0700). */
+/* layer_dir_ready: mnt is an empty directory (or missing: made 0700). */
 static int layer_dir_ready(const char *mnt, struct tt_err *err)
 {
 	struct stat st;
@@ -257,16 +257,32 @@ static int layer_dir_ready(const char *mnt, struct tt_err *err)
 	return 0;
 }
 
-/* ns_layer_make: a fresh image, formatted and mounted, with empty
- * root-only home, tmp and workspace (ns_sandbox_launch sets their owners). */
-int ns_layer_make(const char *dir, uint64_t bytes, uint64_t inodes, struct tt_err *err)
+/* layer_populate: the freshly mounted filesystem on mnt: no lost+found
+ * (it would be packed into snapshots and costs inodes; e2fsck remakes it),
+ * a root-only root, empty root-only home, tmp and workspace. */
+static int layer_populate(const char *mnt, struct tt_err *err)
 {
 	static const char *const subs[] = { "home", "tmp", "workspace" };
-	char img[PATH_MAX], mnt[PATH_MAX], p[PATH_MAX + 16];
+	char p[PATH_MAX + 16];
+
+	snprintf(p, sizeof(p), "%s/lost+found", mnt);
+	if (rmdir(p) < 0 && errno != ENOENT)
+		return tt_err_sys(err, TT_ERR_IO, "layer: rmdir %s", p);
+	if (chmod(mnt, 0700) < 0)
+		return tt_err_sys(err, TT_ERR_IO, "layer: chmod %s", mnt);
+	for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++) {
+		snprintf(p, sizeof(p), "%s/%s", mnt, subs[i]);
+		if (mkdir(p, 0700) < 0 && errno != EEXIST)
+			return tt_err_sys(err, TT_ERR_IO, "layer: mkdir %s", p);
+	}
+	return 0;
+}
+
+/* layer_format: a new sparse file img of bytes, formatted with inodes. */
+static int layer_format(const char *img, uint64_t bytes, uint64_t inodes, struct tt_err *err)
+{
 	_cleanup_close_ int fd = -1;
 
-	if (layer_paths(dir, img, mnt, err) < 0)
-		return -1;
 	if (bytes < NS_LAYER_MIN_BYTES || bytes % 4096 != 0)
 		return tt_err_set(err, TT_ERR_INVALID, "layer: size must be a multiple of "
 		                  "4 KiB, at least %u MiB", (unsigned)(NS_LAYER_MIN_BYTES >> 20));
@@ -274,44 +290,130 @@ int ns_layer_make(const char *dir, uint64_t bytes, uint64_t inodes, struct tt_er
 		inodes = bytes / NS_LAYER_BYTES_PER_INODE;
 	if (inodes < 64 || inodes > UINT32_MAX)
 		return tt_err_set(err, TT_ERR_INVALID, "layer: inode count out of range");
-	if (layer_dir_ready(mnt, err) < 0)
-		return -1;
 	fd = open(img, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return tt_err_sys(err, TT_ERR_IO, "layer: create %s", img);
 	/* Sparse: the host pays only for blocks written, never above bytes. */
 	if (ftruncate(fd, (off_t)bytes) < 0) {
 		tt_err_sys(err, TT_ERR_IO, "layer: size %s", img);
-		goto fail;
+		unlink(img);
+		return -1;
 	}
-	close(fd);
-	fd = -1;
-	if (layer_mkfs(img, inodes, err) < 0 || layer_mount(img, mnt, err) < 0)
-		goto fail;
-	/* Nothing of the image's own stays visible: lost+found would be
-	 * packed into snapshots and costs inodes; e2fsck remakes it. */
-	snprintf(p, sizeof(p), "%s/lost+found", mnt);
-	if (rmdir(p) < 0 && errno != ENOENT) {
-		tt_err_sys(err, TT_ERR_IO, "layer: rmdir %s", p);
-		goto fail_mounted;
-	}
-	if (chmod(mnt, 0700) < 0) {
-		tt_err_sys(err, TT_ERR_IO, "layer: chmod %s", mnt);
-		goto fail_mounted;
-	}
-	for (size_t i = 0; i < sizeof(subs) / sizeof(subs[0]); i++) {
-		snprintf(p, sizeof(p), "%s/%s", mnt, subs[i]);
-		if (mkdir(p, 0700) < 0 && errno != EEXIST) {
-			tt_err_sys(err, TT_ERR_IO, "layer: mkdir %s", p);
-			goto fail_mounted;
-		}
+	if (layer_mkfs(img, inodes, err) < 0) {
+		unlink(img);
+		return -1;
 	}
 	return 0;
-fail_mounted:
-	ns_layer_umount(dir, NULL);
+}
+
+/* layer_copy: img as a sparse copy of the template tmpl (only its data
+ * extents are copied: ~0.7 MiB for a fresh 1 GiB image). */
+static int layer_copy(const char *tmpl, const char *img, struct tt_err *err)
+{
+	_cleanup_close_ int in = open(tmpl, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	_cleanup_close_ int out = -1;
+	struct stat st;
+	off_t pos = 0;
+
+	if (in < 0 || fstat(in, &st) < 0)
+		return tt_err_sys(err, TT_ERR_IO, "layer: open template %s", tmpl);
+	out = open(img, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (out < 0)
+		return tt_err_sys(err, TT_ERR_IO, "layer: create %s", img);
+	while (pos < st.st_size) {
+		off_t data = lseek(in, pos, SEEK_DATA), hole;
+
+		if (data < 0 && errno == ENXIO)
+			break; /* only a hole left */
+		if (data < 0 || (hole = lseek(in, data, SEEK_HOLE)) < 0)
+			goto fail;
+		for (off_t o_in = data, o_out = data; o_in < hole;) {
+			ssize_t n = copy_file_range(in, &o_in, out, &o_out, (size_t)(hole - o_in), 0);
+			if (n <= 0)
+				goto fail;
+		}
+		pos = hole;
+	}
+	if (ftruncate(out, st.st_size) < 0)
+		goto fail;
+	return 0;
+fail:
+	tt_err_sys(err, TT_ERR_IO, "layer: copy %s to %s", tmpl, img);
+	unlink(img);
+	return -1;
+}
+
+/* layer_make: <dir>/layer.img copied from tmpl, or (tmpl NULL) formatted
+ * anew, then mounted on <dir>/layer and populated; -1: nothing left
+ * mounted or created. */
+static int layer_make(const char *dir, const char *tmpl, uint64_t bytes, uint64_t inodes,
+                      struct tt_err *err)
+{
+	char img[PATH_MAX], mnt[PATH_MAX];
+
+	if (layer_paths(dir, img, mnt, err) < 0 || layer_dir_ready(mnt, err) < 0)
+		return -1;
+	if (tmpl != NULL ? layer_copy(tmpl, img, err) < 0
+	                 : layer_format(img, bytes, inodes, err) < 0)
+		return -1;
+	if (layer_mount(img, mnt, err) < 0)
+		goto fail;
+	if (layer_populate(mnt, err) < 0) {
+		ns_layer_umount(dir, NULL);
+		goto fail;
+	}
+	return 0;
 fail:
 	unlink(img);
 	return -1;
+}
+
+/* ns_layer_make: a fresh image, formatted and mounted, with empty
+ * root-only home, tmp and workspace (ns_sandbox_launch sets their owners). */
+int ns_layer_make(const char *dir, uint64_t bytes, uint64_t inodes, struct tt_err *err)
+{
+	return layer_make(dir, NULL, bytes, inodes, err);
+}
+
+/* ns_layer_make_from: likewise, copying a template (ns_layer_template). */
+int ns_layer_make_from(const char *dir, const char *tmpl, struct tt_err *err)
+{
+	return layer_make(dir, tmpl, 0, 0, err);
+}
+
+/* ns_layer_template: formats tmpl (replacing any), then mounts it once in
+ * a scratch dir next to it to populate it like a fresh layer. */
+int ns_layer_template(const char *tmpl, uint64_t bytes, uint64_t inodes, struct tt_err *err)
+{
+	char mnt[PATH_MAX];
+	int rc;
+
+	if (snprintf(mnt, sizeof(mnt), "%s.mnt", tmpl) >= (int)sizeof(mnt))
+		return tt_err_set(err, TT_ERR_INVALID, "layer: template path too long");
+	/* A template left by an earlier run may be for another size. */
+	if ((umount2(mnt, UMOUNT_NOFOLLOW) < 0 && errno != EINVAL && errno != ENOENT) ||
+	    (unlink(tmpl) < 0 && errno != ENOENT) || (rmdir(mnt) < 0 && errno != ENOENT))
+		return tt_err_sys(err, TT_ERR_IO, "layer: removing the old template %s", tmpl);
+	if (layer_format(tmpl, bytes, inodes, err) < 0)
+		return -1;
+	if (mkdir(mnt, 0700) < 0) {
+		tt_err_sys(err, TT_ERR_IO, "layer: mkdir %s", mnt);
+		unlink(tmpl);
+		return -1;
+	}
+	if (layer_mount(tmpl, mnt, err) < 0) {
+		rmdir(mnt);
+		unlink(tmpl);
+		return -1;
+	}
+	rc = layer_populate(mnt, err);
+	/* Privileged: unmounting the template's one-time mount. */
+	if (umount2(mnt, UMOUNT_NOFOLLOW) < 0 && rc == 0)
+		rc = tt_err_sys(err, TT_ERR_SYS, "layer: umount %s", mnt);
+	rmdir(mnt);
+	if (rc < 0)
+		unlink(tmpl);
+	return rc;
 }
 
 /* ns_layer_ensure: mounted already, or the existing image mounted, or a

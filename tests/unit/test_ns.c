@@ -22,6 +22,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -629,6 +630,50 @@ static void test_layer_refuses_plain_files(void **state)
 	fx_free(fx);
 }
 
+/* Layers copied from a template (ns_layer_template + ns_layer_make_from)
+ * are separate filesystems of the template's size and inode count. */
+static void test_layer_template(void **state)
+{
+	(void)state;
+	char base[64], tmpl[96], a[96], b[96], f[160];
+	struct tt_err err = { 0 };
+	struct statvfs va, vb;
+
+	snprintf(base, sizeof base, "/tmp/tt-ns-tmpl.XXXXXX");
+	assert_non_null(mkdtemp(base));
+	snprintf(tmpl, sizeof tmpl, "%s/t.img", base);
+	snprintf(a, sizeof a, "%s/a", base);
+	snprintf(b, sizeof b, "%s/b", base);
+	if (ns_layer_template(tmpl, 32u << 20, 512, &err) < 0)
+		fail_msg("ns_layer_template: %s", err.msg);
+	assert_int_equal(mkdir(a, 0700), 0);
+	assert_int_equal(mkdir(b, 0700), 0);
+	if (ns_layer_make_from(a, tmpl, &err) < 0 || ns_layer_make_from(b, tmpl, &err) < 0)
+		fail_msg("ns_layer_make_from: %s", err.msg);
+	assert_true(ns_layer_mounted(a) && ns_layer_mounted(b));
+	snprintf(f, sizeof f, "%s/layer/workspace", a);
+	assert_int_equal(statvfs(f, &va), 0);
+	snprintf(f, sizeof f, "%s/layer/workspace", b);
+	assert_int_equal(statvfs(f, &vb), 0);
+	assert_true(va.f_blocks * va.f_frsize <= (32u << 20));
+	assert_true(va.f_files <= 512 && va.f_files >= 256);
+	/* A file in one is not in the other. */
+	snprintf(f, sizeof f, "%s/layer/workspace/only-a", a);
+	FILE *fp = fopen(f, "w");
+	assert_non_null(fp);
+	fclose(fp);
+	snprintf(f, sizeof f, "%s/layer/workspace/only-a", b);
+	assert_int_equal(access(f, F_OK), -1);
+	assert_int_equal(ns_layer_remove(a, &err), 0);
+	assert_int_equal(ns_layer_remove(b, &err), 0);
+	for (int i = 0; i < 100 && loop_of(base); i++)
+		usleep(10000);
+	assert_false(loop_of(base));
+	char cmd[128];
+	snprintf(cmd, sizeof cmd, "rm -rf %s", base);
+	assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -642,6 +687,7 @@ int main(void)
 		cmocka_unit_test(test_start_stop_cycles),
 		cmocka_unit_test(test_layer_cap),
 		cmocka_unit_test(test_layer_refuses_plain_files),
+		cmocka_unit_test(test_layer_template),
 	};
 	if (geteuid() != 0) {
 		printf("1..0 # SKIP the ns substrate tests need root\n");

@@ -80,6 +80,10 @@ struct mgr_exec {
 	uv_poll_t init_poll, bridge_poll;
 	int polls_open;
 	bool stopping;
+	/* Set before exec_stop when the layer is deleted right after (a
+	 * published pause): stop deletes it (no write-back) instead of
+	 * unmounting it. */
+	bool discard_layer;
 	struct mgr_exec *next;
 };
 
@@ -641,8 +645,17 @@ static void exec_stop(struct manager *m, struct mgr_exec *ex)
 	if (ns_sandbox_stop(&ex->sb, &err) < 0)
 		log_warn("stopping sandbox %s: %s", ex->sbx, err.msg);
 	/* The sandbox is dead (its mount namespace with it): release its
-	 * layer's mount and loop device; its files stay in the image. */
-	layer_unmount_of(m, ex->sbx);
+	 * layer's mount and loop device; its files stay in the image,
+	 * unless the caller deletes the layer anyway. */
+	if (ex->discard_layer) {
+		char dir[PATH_MAX];
+
+		if (sandbox_dir(m, ex->sbx, dir, sizeof(dir)) == 0 &&
+		    ns_layer_remove(dir, &err) < 0)
+			log_warn("removing the layer of %s: %s", ex->sbx, err.msg);
+	} else {
+		layer_unmount_of(m, ex->sbx);
+	}
 	if (ex->bridge_pidfd >= 0)
 		close(ex->bridge_pidfd);
 	ex->bridge_pidfd = -1;
@@ -1575,9 +1588,12 @@ static void pause_end(struct mgr_pause *p, int rc)
 	json_t *r;
 
 	/* Only now do the processes go: the snapshot is published (or the
-	 * pause failed and the execution stays retired either way). */
-	if (ex != NULL)
+	 * pause failed and the execution stays retired either way). A
+	 * published layer goes with them (below); a failed pause keeps it. */
+	if (ex != NULL) {
+		ex->discard_layer = rc == 0;
 		exec_stop(m, ex);
+	}
 	mark_state(m, p->sbx, REC_STOPPED);
 	if (rc == 0) {
 		_cleanup_close_ int dfd = -1;

@@ -50,6 +50,12 @@
 #define LAYER_MOUNT_FLAGS (MS_NOSUID | MS_NODEV)
 #define LAYER_ATTACH_TRIES 8
 #define LAYER_DETACH_WAIT_MS 1000
+/* ext4's shutdown ioctl (linux/fs/ext4/ext4.h; not in this libc's uapi
+ * headers): NOLOGFLUSH drops dirty data and the journal's tail. */
+#ifndef EXT4_IOC_SHUTDOWN
+#define EXT4_IOC_SHUTDOWN _IOR('X', 125, uint32_t)
+#endif
+#define LAYER_GOING_NOLOGFLUSH 0x2u
 
 /* layer_paths: <dir>/layer.img and <dir>/layer, bounded. */
 static int layer_paths(const char *dir, char img[PATH_MAX], char mnt[PATH_MAX],
@@ -475,7 +481,22 @@ int ns_layer_remove(const char *dir, struct tt_err *err)
 {
 	char img[PATH_MAX], mnt[PATH_MAX];
 
-	if (layer_paths(dir, img, mnt, err) < 0 || ns_layer_umount(dir, err) < 0)
+	if (layer_paths(dir, img, mnt, err) < 0)
+		return -1;
+	if (ns_layer_mounted(dir)) {
+		/* The image is deleted next: its dirty data need not be
+		 * written back first (with 10 MiB just written, an ordinary
+		 * unmount costs a pause ~12 ms). Shut the filesystem down
+		 * without flushing; best effort (then the unmount writes). */
+		_cleanup_close_ int fd = open(mnt, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+		                              O_CLOEXEC);
+		uint32_t how = LAYER_GOING_NOLOGFLUSH;
+
+		/* Privileged: shutting down our own layer's filesystem. */
+		if (fd >= 0 && ioctl(fd, EXT4_IOC_SHUTDOWN, &how) < 0)
+			log_warn("layer: shutdown %s: %s", mnt, strerror(errno));
+	}
+	if (ns_layer_umount(dir, err) < 0)
 		return -1;
 	if (unlink(img) < 0 && errno != ENOENT)
 		return tt_err_sys(err, TT_ERR_IO, "layer: unlink %s", img);

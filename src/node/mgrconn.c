@@ -39,6 +39,7 @@ struct mgrconn {
 	char *req;        /* encoded REQUEST, sent once connected (owned) */
 	size_t req_len;
 	bool connected, closed, ended, paused, want_drain;
+	bool reading;     /* uv_read_start in effect (mgrconn_read_set) */
 	/* Per operation: the first frame was DECISION allow; the RESULT/ERROR
 	 * that ends it arrived; something made the connection unfit for reuse
 	 * (bytes after the end, a write error, a malformed frame). */
@@ -63,6 +64,24 @@ struct mgrconn_wreq {
 
 static void mgrconn_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf);
 static void mgrconn_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+/* mgrconn_read_set: starts or stops reading, remembering which: a
+ * connection parked in its pool must read (pool_park), and whether it
+ * still does depends on every pause, resume and end before. 0 or -1. */
+static int mgrconn_read_set(struct mgrconn *c, bool on)
+{
+	if (c->reading == on)
+		return 0;
+	if (!on) {
+		uv_read_stop((uv_stream_t *)&c->pipe);
+		c->reading = false;
+		return 0;
+	}
+	if (uv_read_start((uv_stream_t *)&c->pipe, mgrconn_alloc, mgrconn_on_read) < 0)
+		return -1;
+	c->reading = true;
+	return 0;
+}
 
 /* ---- pool --------------------------------------------------------------- */
 
@@ -176,10 +195,9 @@ static void pool_park(struct mgrconn *c)
 	c->pend = NULL;
 	c->pend_len = c->pend_off = 0;
 	c->want_drain = false;
-	/* Still reading unless the user paused it: a stop + start would cost
-	 * two epoll_ctl calls on every operation. */
-	if ((c->paused && uv_read_start((uv_stream_t *)&c->pipe, mgrconn_alloc,
-	                                mgrconn_on_read) < 0) ||
+	/* Usually still reading: a stop + start would cost two epoll_ctl
+	 * calls on every operation. */
+	if (mgrconn_read_set(c, true) < 0 ||
 	    uv_timer_start(&c->idle_timer, pool_on_idle_timeout, pool_idle_ms,
 	                   0) < 0) {
 		c->paused = false;
@@ -258,7 +276,7 @@ static void mgrconn_end(struct mgrconn *c, const struct tt_err *err)
 	if (c->closed || c->ended)
 		return;
 	c->ended = true;
-	uv_read_stop((uv_stream_t *)&c->pipe);
+	mgrconn_read_set(c, false);
 	if (c->cbs.on_end != NULL)
 		c->cbs.on_end(c->arg, err);
 }
@@ -490,7 +508,7 @@ void mgrconn_pause(struct mgrconn *c)
 		return;
 	c->paused = true;
 	if (c->connected && !c->ended)
-		uv_read_stop((uv_stream_t *)&c->pipe);
+		mgrconn_read_set(c, false);
 }
 
 /* mgrconn_resume: delivers buffered frames first, then reads again (unless
@@ -505,7 +523,7 @@ void mgrconn_resume(struct mgrconn *c)
 	mgrconn_process(c);
 	if (c->gen == gen && !c->paused && !c->closed && !c->ended &&
 	    c->connected && c->pend == NULL)
-		uv_read_start((uv_stream_t *)&c->pipe, mgrconn_alloc, mgrconn_on_read);
+		mgrconn_read_set(c, true);
 }
 
 /* mgrconn_on_connect: sends the REQUEST and starts reading. */
@@ -530,7 +548,7 @@ static void mgrconn_on_connect(uv_connect_t *req, int status)
 	free(c->req);
 	c->req = NULL;
 	if (!c->paused)
-		uv_read_start((uv_stream_t *)&c->pipe, mgrconn_alloc, mgrconn_on_read);
+		mgrconn_read_set(c, true);
 }
 
 /* req_is_control: status and feed.apply get no DECISION and the manager

@@ -79,6 +79,28 @@ static void srv_handle(int fd, struct srv_counts *cnt)
 			              "{\"decision\":\"deny\",\"reason\":\"test\"}");
 			_exit(0);
 		}
+		if (strcmp(mode, "burst") == 0) {
+			/* DECISION, DATA_OUT and RESULT in ONE write: the client
+			 * has the RESULT pending when it pauses on the data. */
+			static const char dec[] = "{\"decision\":\"allow\"}";
+			static const char res[] = "{\"exit_code\":0}";
+			uint8_t out[3 * WIRE_HDR_LEN + sizeof(dec) - 1 + 2 + sizeof(res) - 1];
+			size_t n = 0;
+
+			wire_hdr_encode(out + n, WIRE_DECISION, sizeof(dec) - 1);
+			memcpy(out + n + WIRE_HDR_LEN, dec, sizeof(dec) - 1);
+			n += WIRE_HDR_LEN + sizeof(dec) - 1;
+			wire_hdr_encode(out + n, WIRE_DATA_OUT, 2);
+			memcpy(out + n + WIRE_HDR_LEN, "hi", 2);
+			n += WIRE_HDR_LEN + 2;
+			wire_hdr_encode(out + n, WIRE_RESULT, sizeof(res) - 1);
+			memcpy(out + n + WIRE_HDR_LEN, res, sizeof(res) - 1);
+			n += WIRE_HDR_LEN + sizeof(res) - 1;
+			if (write(fd, out, n) != (ssize_t)n)
+				_exit(1);
+			json_decref(req);
+			continue;
+		}
 		srv_send_json(fd, WIRE_DECISION, "{\"decision\":\"allow\"}");
 		wire_send(fd, WIRE_DATA_OUT, "hi", 2, &err);
 		if (strcmp(mode, "error") == 0) {
@@ -141,12 +163,23 @@ static void srv_run(int l, struct srv_counts *cnt)
 struct op {
 	struct mgrconn *c;
 	bool close_on_allow; /* abandon it mid-operation */
+	bool pause_on_data;  /* pause at DATA_OUT, resume from a timer */
+	uv_timer_t resume;
 	bool defer_close;    /* keep it open after the end frame */
 	int late_frames;     /* frames after the end frame */
 	bool allowed, denied, result, error, ended, finished;
 	int data_frames;
 	int end_code;
 };
+
+/* op_resume_cb: the slow reader caught up. */
+static void op_resume_cb(uv_timer_t *t)
+{
+	struct op *o = t->data;
+
+	if (o->c != NULL)
+		mgrconn_resume(o->c);
+}
 
 /* op_frame: records the frame; closes the connection where api.c does. */
 static void op_frame(void *arg, const struct wire_frame *f)
@@ -172,6 +205,11 @@ static void op_frame(void *arg, const struct wire_frame *f)
 		break;
 	case WIRE_DATA_OUT:
 		o->data_frames++;
+		if (o->pause_on_data) {
+			/* as node-api does when the HTTP client reads slowly */
+			mgrconn_pause(o->c);
+			uv_timer_start(&o->resume, op_resume_cb, 20, 0);
+		}
 		return;
 	case WIRE_RESULT:
 		o->result = true;
@@ -322,6 +360,43 @@ static void test_sequential_one_connection(void **state)
 	}
 	assert_int_equal(count(&fx->cnt->accepted), 1);
 	assert_int_equal(count(&fx->cnt->requests), 10);
+}
+
+/* An operation paused (backpressure) with its RESULT already read ends
+ * inside mgrconn_resume: the connection goes back to the pool still
+ * reading, and the next operation on it is answered (it hung when the
+ * pool skipped restarting reads after such a pause). */
+static void test_paused_end_keeps_reading(void **state)
+{
+	struct fixture *fx = *state;
+	struct op o;
+
+	memset(&o, 0, sizeof(o));
+	uv_timer_init(&fx->loop, &o.resume);
+	o.resume.data = &o;
+	{
+		struct tt_err err = { 0 };
+		json_t *req = json_pack("{s:s,s:s,s:s,s:s}", "token", "t", "sbx", "s1",
+		                        "op", "exec", "mode", "burst");
+
+		o.pause_on_data = true;
+		o.c = mgrconn_open(&fx->loop, fx->s.path, req, &op_cbs, &o, &err);
+		json_decref(req);
+		assert_non_null(o.c);
+	}
+	run_until(fx, &o.finished);
+	assert_true(o.result);
+	assert_int_equal(o.data_frames, 1);
+	assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), 1);
+	uv_close((uv_handle_t *)&o.resume, NULL);
+	for (int i = 0; i < 3; i++) {
+		struct op next;
+
+		run_op(fx, &next, "allow");
+		assert_true(next.result);
+	}
+	assert_int_equal(count(&fx->cnt->accepted), 1);
+	assert_int_equal(count(&fx->cnt->requests), 4);
 }
 
 /* A deny DECISION ends the connection: the next op connects anew (and
@@ -546,6 +621,8 @@ static void test_unreachable(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_paused_end_keeps_reading, fx_setup,
+		                                fx_teardown),
 		cmocka_unit_test_setup_teardown(test_sequential_one_connection, fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_deny_and_abandon_not_reused, fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_bytes_after_result_not_reused, fx_setup, fx_teardown),

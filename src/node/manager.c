@@ -106,6 +106,8 @@ struct mgr_conn {
 	struct relay *relay;      /* set while relaying */
 	uv_connect_t connect;
 	struct mgr_conn *next;    /* manager.ops while admitted */
+	struct mgr_conn *wnext;   /* manager.waiting while on it */
+	bool waiting;             /* on manager.waiting: reading a REQUEST */
 	/* Last: conn_new clears only what precedes it (always filled by a
 	 * read before being looked at). */
 	uint8_t buf[WIRE_PAYLOAD_MAX + WIRE_HDR_LEN];
@@ -125,6 +127,8 @@ struct manager {
 	struct mgr_exec *execs;
 	uint64_t exec_serial;      /* last mgr_exec.serial handed out */
 	struct mgr_conn *ops;
+	struct mgr_conn *waiting;  /* connections reading their next REQUEST
+	                            * (new, or idle between operations) */
 	uv_pipe_t server;
 	uv_signal_t sigterm, sigint;
 	bool stopping;
@@ -240,11 +244,36 @@ static uint32_t cap_op_of(const char *op)
 	return 0;
 }
 
+/* waiting_add: c now reads its next REQUEST (shutdown closes it). */
+static void waiting_add(struct mgr_conn *c)
+{
+	c->wnext = c->m->waiting;
+	c->m->waiting = c;
+	c->waiting = true;
+}
+
+/* waiting_del: c is no longer waiting for a REQUEST. */
+static void waiting_del(struct mgr_conn *c)
+{
+	struct mgr_conn **pp;
+
+	if (!c->waiting)
+		return;
+	for (pp = &c->m->waiting; *pp; pp = &(*pp)->wnext)
+		if (*pp == c) {
+			*pp = c->wnext;
+			break;
+		}
+	c->wnext = NULL;
+	c->waiting = false;
+}
+
 /* conn_free: releases a connection context and whatever it still owns. */
 static void conn_free(struct mgr_conn *c)
 {
 	struct mgr_conn **pp;
 
+	waiting_del(c);
 	for (pp = &c->m->ops; *pp; pp = &(*pp)->next)
 		if (*pp == c) {
 			*pp = c->next;
@@ -335,8 +364,11 @@ static void relay_kept(struct relay *r, enum relay_end how, const char *msg,
 	c->conn = (uv_pipe_t *)kept->opener;
 	relay_kept_reader(kept, &c->rd);
 	c->conn->data = c;
-	if (uv_read_start((uv_stream_t *)c->conn, conn_alloc_cb, conn_read_cb) < 0)
+	if (uv_read_start((uv_stream_t *)c->conn, conn_alloc_cb, conn_read_cb) < 0) {
 		conn_free(c);
+		return;
+	}
+	waiting_add(c);
 }
 
 /* bridge_forward: the bridge connection is verified (now or when it was
@@ -1979,6 +2011,7 @@ static void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	case UVUTIL_REQ_MORE:
 		return;
 	case UVUTIL_REQ_READY:
+		waiting_del(c);
 		break;
 	case UVUTIL_REQ_BAD:
 		log_warn("closing a connection: %s", err.msg);
@@ -2045,7 +2078,11 @@ static void on_connection(uv_stream_t *server, int status)
 	c->conn = p;
 	p->data = c;
 	wire_reader_init(&c->rd);
-	uv_read_start((uv_stream_t *)p, conn_alloc_cb, conn_read_cb);
+	if (uv_read_start((uv_stream_t *)p, conn_alloc_cb, conn_read_cb) < 0) {
+		conn_free(c);
+		return;
+	}
+	waiting_add(c);
 }
 
 /* ---- start-up and shutdown --------------------------------------------- */
@@ -2147,6 +2184,10 @@ static void shutdown_all(struct manager *m)
 	log_info("stopping: %s", "terminating bridges and sandboxes");
 	while (m->execs)
 		exec_stop(m, m->execs);
+	/* node-api keeps idle connections to us in its pool: they would keep
+	 * our loop (and so this process, and node-api waiting for it) alive. */
+	while (m->waiting)
+		conn_free(m->waiting);
 	uv_close((uv_handle_t *)&m->server, NULL);
 	unlink(m->sock_path);
 	sock_dir_remove(m);

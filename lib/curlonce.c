@@ -1,8 +1,6 @@
 /* Request bodies libcurl can send at most once (see curlonce.h). */
 #include "curlonce.h"
 
-#include <string.h>
-
 /* curlonce_prereq: CURLOPT_PREREQFUNCTION, called right before each
  * attempt's request is sent: only the first may go. */
 static int curlonce_prereq(void *arg, char *primary_ip, char *local_ip,

@@ -29,6 +29,28 @@ static const char *fs_type_name(mode_t m)
 	return "other";
 }
 
+/* fs_read_some: reads up to want bytes of a file announced as size bytes,
+ * done of them read so far. Returns the count (> 0), or -2 - rc after
+ * answering an ERROR (read failed; the file shrank under us), rc being the
+ * send's result (0 sent, -1 the connection must close). */
+static ssize_t fs_read_some(int conn, const char *path, int fd, uint8_t *buf,
+                            size_t want, uint64_t done, uint64_t size)
+{
+	for (;;) {
+		ssize_t n = read(fd, buf, want);
+
+		if (n > 0)
+			return n;
+		if (n < 0 && errno == EINTR)
+			continue;
+		return -2 - (n < 0 ? guest_send_errno(conn, errno, path)
+		                   : wire_send_error(conn, "changed",
+		                                     "%s shrank while being read (%llu of %llu bytes)",
+		                                     path, (unsigned long long)done,
+		                                     (unsigned long long)size));
+	}
+}
+
 /* fs_read_small: a file that fits one frame is read whole, then META,
  * DATA_OUT and RESULT go out in one send: every hop up to node-api then
  * wakes once for the whole answer instead of once per frame. */
@@ -41,16 +63,11 @@ static int fs_read_small(const struct guest_ctx *g, int conn, const char *path, 
 	int mlen, rlen;
 
 	while (done < size) {
-		ssize_t n = read(fd, buf + done, (size_t)size - done);
+		ssize_t n = fs_read_some(conn, path, fd, buf + done, (size_t)size - done,
+		                         done, size);
 
-		if (n < 0 && errno == EINTR)
-			continue;
 		if (n < 0)
-			return guest_send_errno(conn, errno, path);
-		if (n == 0)
-			return wire_send_error(conn, "changed",
-			                       "%s shrank while being read (%zu of %llu bytes)",
-			                       path, done, (unsigned long long)size);
+			return (int)(-2 - n);
 		done += (size_t)n;
 	}
 	/* The same JSON guest_result and the streaming path send. */
@@ -104,17 +121,10 @@ int fs_read(const struct guest_ctx *g, int conn, json_t *req)
 	while (done < size) {
 		size_t want = size - done < WIRE_PAYLOAD_MAX ?
 		              (size_t)(size - done) : WIRE_PAYLOAD_MAX;
-		ssize_t n = read(fd, buf, want);
+		ssize_t n = fs_read_some(conn, path, fd, buf, want, done, size);
 
-		if (n < 0 && errno == EINTR)
-			continue;
 		if (n < 0)
-			return guest_send_errno(conn, errno, path);
-		if (n == 0)
-			return wire_send_error(conn, "changed",
-			                       "%s shrank while being read (%llu of %llu bytes)",
-			                       path, (unsigned long long)done,
-			                       (unsigned long long)size);
+			return (int)(-2 - n);
 		if (wire_send(conn, WIRE_DATA_OUT, buf, (uint32_t)n, NULL) < 0)
 			return -1;
 		done += (uint64_t)n;

@@ -21,6 +21,12 @@
  * guest's fork of a handler. No reconnect: a dropped guest connection
  * fails the operation (ERROR transport); the next operation takes another
  * idle one or opens a new connection, verified again.
+ * Started with its execution on the command line, or (what the manager
+ * does, src/node/bridgectl.c) as a spare: --assign-fd only, so its exec,
+ * library loading and libsodium are done ahead of the create; it waits
+ * (named "bridge-spare") for the activation secret and the execution's
+ * options on that pipe, and exits quietly at EOF without them (the
+ * manager died or dropped it).
  * Refusals: a specific log line and tether_bridge_refusals_total{reason}
  * (in-process only: the bridge serves no /metrics). Readiness: "ready\n" on
  * --ready-fd once listening. Exits when the sandbox init dies or on
@@ -72,7 +78,8 @@ struct bridge {
 	pid_t init_pid;
 	unsigned long long init_start;
 	pid_t manager_pid;
-	int secret_fd;
+	int secret_fd;                    /* the secret alone, or -1 */
+	int assign_fd;                    /* a spare's assignment, or -1 */
 	int ready_fd;                     /* -1: nobody waits for readiness */
 	uint8_t secret[HELLO_SECRET_LEN]; /* memory only; zeroed at exit */
 	/* Pinned once at start (pidfd + recheck) and compared on every
@@ -625,53 +632,146 @@ static int copy_arg(char *dst, size_t cap, const char *src)
 	return 0;
 }
 
-/* parse_args: the command line the manager builds (bridge_spawn). */
-static int parse_args(struct bridge *b, int argc, char **argv)
+/* Options by role: the execution's own (on the command line, or in a
+ * spare's assignment), and the process's (command line only). */
+enum {
+	OPT_SBX = 1 << 0, OPT_GEN = 1 << 1, OPT_ATT = 1 << 2, OPT_LISTEN = 1 << 3,
+	OPT_GUEST = 1 << 4, OPT_INIT_PID = 1 << 5, OPT_INIT_START = 1 << 6,
+	OPT_MANAGER = 1 << 7, OPT_SECRET_FD = 1 << 8, OPT_READY_FD = 1 << 9,
+	OPT_ASSIGN_FD = 1 << 10,
+};
+#define OPTS_EXECUTION (OPT_SBX | OPT_GEN | OPT_ATT | OPT_LISTEN | OPT_GUEST | \
+                        OPT_INIT_PID | OPT_INIT_START)
+/* A spare's assignment: the secret, then at most this many words. */
+#define BRIDGE_ASSIGN_MAX 4096
+#define BRIDGE_ASSIGN_WORDS 32
+
+/* parse_args: the command line the manager builds (bridgectl.c): either
+ * the execution's options with --secret-fd, or only --assign-fd (a spare,
+ * assigned later); or (assigned) the assignment's words, which may name
+ * only the execution. Returns the options seen, or -1. */
+static int parse_args(struct bridge *b, int argc, char **argv, bool assigned)
 {
 	static const struct option opts[] = {
-		{ "sbx", required_argument, NULL, 's' },
-		{ "gen", required_argument, NULL, 'g' },
-		{ "att", required_argument, NULL, 'a' },
-		{ "listen", required_argument, NULL, 'l' },
-		{ "guest-socket", required_argument, NULL, 'G' },
-		{ "init-pid", required_argument, NULL, 'p' },
-		{ "init-start", required_argument, NULL, 't' },
-		{ "manager-pid", required_argument, NULL, 'm' },
-		{ "secret-fd", required_argument, NULL, 'S' },
-		{ "ready-fd", required_argument, NULL, 'r' },
+		{ "sbx", required_argument, NULL, OPT_SBX },
+		{ "gen", required_argument, NULL, OPT_GEN },
+		{ "att", required_argument, NULL, OPT_ATT },
+		{ "listen", required_argument, NULL, OPT_LISTEN },
+		{ "guest-socket", required_argument, NULL, OPT_GUEST },
+		{ "init-pid", required_argument, NULL, OPT_INIT_PID },
+		{ "init-start", required_argument, NULL, OPT_INIT_START },
+		{ "manager-pid", required_argument, NULL, OPT_MANAGER },
+		{ "secret-fd", required_argument, NULL, OPT_SECRET_FD },
+		{ "ready-fd", required_argument, NULL, OPT_READY_FD },
+		{ "assign-fd", required_argument, NULL, OPT_ASSIGN_FD },
 		{ NULL, 0, NULL, 0 },
 	};
 	unsigned long long v = 0;
-	int o, bad = 0;
+	int o, bad = 0, seen = 0;
 
-	b->secret_fd = -1;
-	b->ready_fd = -1;
 	optind = 1;
+	opterr = !assigned; /* the assignment's errors are logged as one */
 	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		if (o > 0 && (seen & o))
+			bad = 1; /* each option once */
+		seen |= o > 0 ? o : 0;
 		switch (o) {
-		case 's': bad |= copy_arg(b->sbx, sizeof(b->sbx), optarg); break;
-		case 'g': bad |= parse_num(optarg, 1, UINT64_MAX, &v); b->gen = v; break;
-		case 'a': bad |= parse_num(optarg, 0, UINT32_MAX, &v); b->att = (uint32_t)v; break;
-		case 'l': bad |= copy_arg(b->listen_path, sizeof(b->listen_path), optarg); break;
-		case 'G': bad |= copy_arg(b->guest_socket, sizeof(b->guest_socket), optarg); break;
-		case 'p': bad |= parse_num(optarg, 1, INT_MAX, &v); b->init_pid = (pid_t)v; break;
-		case 't': bad |= parse_num(optarg, 1, ULLONG_MAX, &v); b->init_start = v; break;
-		case 'm': bad |= parse_num(optarg, 1, INT_MAX, &v); b->manager_pid = (pid_t)v; break;
-		case 'S': bad |= parse_num(optarg, 3, INT_MAX, &v); b->secret_fd = (int)v; break;
-		case 'r': bad |= parse_num(optarg, 3, INT_MAX, &v); b->ready_fd = (int)v; break;
+		case OPT_SBX: bad |= copy_arg(b->sbx, sizeof(b->sbx), optarg); break;
+		case OPT_GEN: bad |= parse_num(optarg, 1, UINT64_MAX, &v); b->gen = v; break;
+		case OPT_ATT: bad |= parse_num(optarg, 0, UINT32_MAX, &v); b->att = (uint32_t)v; break;
+		case OPT_LISTEN: bad |= copy_arg(b->listen_path, sizeof(b->listen_path), optarg); break;
+		case OPT_GUEST: bad |= copy_arg(b->guest_socket, sizeof(b->guest_socket), optarg); break;
+		case OPT_INIT_PID: bad |= parse_num(optarg, 1, INT_MAX, &v); b->init_pid = (pid_t)v; break;
+		case OPT_INIT_START: bad |= parse_num(optarg, 1, ULLONG_MAX, &v); b->init_start = v; break;
+		case OPT_MANAGER: bad |= parse_num(optarg, 1, INT_MAX, &v); b->manager_pid = (pid_t)v; break;
+		case OPT_SECRET_FD: bad |= parse_num(optarg, 3, INT_MAX, &v); b->secret_fd = (int)v; break;
+		case OPT_READY_FD: bad |= parse_num(optarg, 3, INT_MAX, &v); b->ready_fd = (int)v; break;
+		case OPT_ASSIGN_FD: bad |= parse_num(optarg, 3, INT_MAX, &v); b->assign_fd = (int)v; break;
 		default: bad = 1; break;
 		}
 	}
-	if (bad || optind != argc || !sbx_id_valid(b->sbx) || b->gen == 0 ||
-	    !b->listen_path[0] || !b->guest_socket[0] || b->init_pid <= 0 ||
-	    b->init_start == 0 || b->manager_pid <= 0 || b->secret_fd < 3 ||
-	    b->ready_fd == b->secret_fd) {
-		fprintf(stderr, "usage: tether-bridge --sbx ID --gen N --att N --listen PATH"
-		                " --guest-socket PATH --init-pid PID --init-start T"
-		                " --manager-pid PID --secret-fd FD [--ready-fd FD]\n");
+	if (assigned)
+		bad |= seen != OPTS_EXECUTION;
+	else if (seen & OPT_ASSIGN_FD)
+		bad |= (seen & (OPTS_EXECUTION | OPT_SECRET_FD)) || !(seen & OPT_MANAGER);
+	else
+		bad |= (seen & (OPTS_EXECUTION | OPT_MANAGER | OPT_SECRET_FD)) !=
+		       (OPTS_EXECUTION | OPT_MANAGER | OPT_SECRET_FD);
+	if (bad || optind != argc || (b->ready_fd >= 0 &&
+	    (b->ready_fd == b->secret_fd || b->ready_fd == b->assign_fd)) ||
+	    ((seen & OPT_SBX) && !sbx_id_valid(b->sbx))) {
+		if (!assigned)
+			fprintf(stderr, "usage: tether-bridge --sbx ID --gen N --att N --listen PATH"
+			                " --guest-socket PATH --init-pid PID --init-start T"
+			                " --manager-pid PID --secret-fd FD [--ready-fd FD]\n"
+			                "       tether-bridge --manager-pid PID --assign-fd FD"
+			                " [--ready-fd FD]   (the rest, after the activation"
+			                " secret, on FD)\n");
 		return -1;
 	}
-	return 0;
+	return seen;
+}
+
+/* read_assignment: a spare's execution from the manager on assign_fd: the
+ * activation secret, then the execution's options as NUL-terminated words,
+ * then EOF; blocks until then. 1: EOF with nothing (the manager went away
+ * or dropped us); 0: assigned; -1: malformed (nothing is used). */
+static int read_assignment(struct bridge *b, struct tt_err *err)
+{
+	static char buf[BRIDGE_ASSIGN_MAX + 1];
+	char *words[BRIDGE_ASSIGN_WORDS + 2];
+	size_t got = 0;
+	int n = 0, rc = -1;
+
+	for (;;) {
+		ssize_t r = read(b->assign_fd, buf + got, sizeof(buf) - got);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			tt_err_sys(err, TT_ERR_IO, "reading the assignment");
+			goto out;
+		}
+		if (r == 0)
+			break;
+		got += (size_t)r;
+		if (got == sizeof(buf)) {
+			tt_err_set(err, TT_ERR_TOO_LARGE, "assignment over %d bytes",
+			           BRIDGE_ASSIGN_MAX);
+			goto out;
+		}
+	}
+	if (got == 0) {
+		rc = 1;
+		goto out;
+	}
+	if (got <= HELLO_SECRET_LEN || buf[got - 1] != '\0') {
+		tt_err_set(err, TT_ERR_MALFORMED, "assignment of %zu bytes is truncated", got);
+		goto out;
+	}
+	memcpy(b->secret, buf, HELLO_SECRET_LEN);
+	words[n++] = "tether-bridge";
+	for (size_t at = HELLO_SECRET_LEN; at < got; at += strlen(buf + at) + 1) {
+		if (n == BRIDGE_ASSIGN_WORDS + 1) {
+			tt_err_set(err, TT_ERR_MALFORMED, "assignment over %d words",
+			           BRIDGE_ASSIGN_WORDS);
+			goto out;
+		}
+		words[n++] = buf + at;
+	}
+	words[n] = NULL;
+	if (parse_args(b, n, words, true) < 0) {
+		tt_err_set(err, TT_ERR_MALFORMED, "assignment: bad, missing or extra options");
+		goto out;
+	}
+	rc = 0;
+out:
+	sodium_memzero(buf, sizeof(buf));
+	if (rc < 0)
+		sodium_memzero(b->secret, sizeof(b->secret));
+	close(b->assign_fd);
+	b->assign_fd = -1;
+	return rc;
 }
 
 /* pin_peers: pins the manager and the sandbox init (pidfd + recheck), checks
@@ -739,12 +839,32 @@ int main(int argc, char **argv)
 	b->init_pidfd = -1;
 	b->netns_fd = -1;
 	b->diag_nl = -1;
-	if (parse_args(b, argc, argv) < 0)
+	b->secret_fd = -1;
+	b->ready_fd = -1;
+	b->assign_fd = -1;
+	if (parse_args(b, argc, argv, false) < 0)
 		return 1;
 	/* The activation secret: not dumpable, so no other process of our
 	 * uid can read it from /proc/<pid>/mem. */
 	prctl(PR_SET_DUMPABLE, 0);
-	if (sodium_init() < 0 || hello_read_secret(b->secret_fd, b->secret, 5000) < 0) {
+	if (sodium_init() < 0) {
+		log_error("%s", "libsodium failed to initialize");
+		return 1;
+	}
+	if (b->assign_fd >= 0) {
+		/* A spare: everything above is done ahead; now wait, named
+		 * so in ps/top (every bridge has the same arguments now). */
+		int rc;
+
+		prctl(PR_SET_NAME, "bridge-spare");
+		rc = read_assignment(b, &err);
+		prctl(PR_SET_NAME, "tether-bridge");
+		if (rc != 0) {
+			if (rc < 0)
+				log_error("refusing to start: %s", err.msg);
+			return rc < 0;
+		}
+	} else if (hello_read_secret(b->secret_fd, b->secret, 5000) < 0) {
 		log_error("reading the activation secret from fd %d: %s", b->secret_fd,
 		          strerror(errno));
 		return 1;

@@ -37,6 +37,7 @@
 #include "keyring.h"
 #include "log.h"
 #include "metrics.h"
+#include "node/bridgectl.h"
 #include "node/ns.h"
 #include "snapshot.h"
 #include "snapstore.h"
@@ -84,6 +85,10 @@ struct mgr_exec {
 	 * published pause): stop deletes it (no write-back) instead of
 	 * unmounting it. */
 	bool discard_layer;
+	/* Where its start went (microseconds, logged at install): the
+	 * sandbox up to its init's exec, the bridge's spawn, then the wait
+	 * for both to be ready. */
+	int64_t launch_us, spawn_us, ready_us;
 	struct mgr_exec *next;
 };
 
@@ -169,6 +174,12 @@ struct manager {
 	 * thread), so it always has this run's size. */
 	char layer_tmpl[PATH_MAX];
 	bool tmpl_ready;           /* written by the worker thread, read by it */
+	/* tether-bridge, and one started ahead, waiting for the next
+	 * execution (pid 0: none): its spawn, exec and library loading
+	 * (~1.5 ms) are off the create path. It exits by itself if we die
+	 * (its assignment pipe ends). */
+	char bridge_bin[PATH_MAX];
+	struct bridge_proc spare_bridge;
 };
 
 static void exec_stop(struct manager *m, struct mgr_exec *ex);
@@ -194,6 +205,15 @@ static int64_t now_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* now_us: monotonic microseconds. */
+static int64_t now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 /* exec_find: runtime state of sbx, or NULL. */
@@ -750,91 +770,6 @@ static int exec_watch(struct manager *m, struct mgr_exec *ex, struct tt_err *err
 	return 0;
 }
 
-/* secret_pipe: a pipe already holding the activation secret, its write
- * end closed (the reader gets the secret, then EOF). Returns the read end
- * (O_CLOEXEC) or -1. */
-static int secret_pipe(const uint8_t secret[NS_SECRET_LEN], struct tt_err *err)
-{
-	int p[2];
-
-	if (pipe2(p, O_CLOEXEC) < 0)
-		return tt_err_sys(err, TT_ERR_SYS, "secret pipe");
-	/* 32 bytes always fit the pipe buffer: no blocking. */
-	if (write(p[1], secret, NS_SECRET_LEN) != NS_SECRET_LEN) {
-		close(p[0]);
-		close(p[1]);
-		return tt_err_sys(err, TT_ERR_SYS, "writing the activation secret");
-	}
-	close(p[1]);
-	return p[0];
-}
-
-/* bridge_bin: tether-bridge, next to this executable (a lean binary of its
- * own: it is exec'd on every create). */
-static int bridge_bin(char *out, size_t cap, struct tt_err *err)
-{
-	char self[PATH_MAX];
-	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-	char *slash;
-
-	if (n <= 0)
-		return tt_err_sys(err, TT_ERR_SYS, "readlink /proc/self/exe");
-	self[n] = '\0';
-	slash = strrchr(self, '/');
-	if (slash == NULL)
-		return tt_err_set(err, TT_ERR_SYS, "odd /proc/self/exe: %.200s", self);
-	*slash = '\0';
-	if ((size_t)snprintf(out, cap, "%s/tether-bridge", self) >= cap)
-		return tt_err_set(err, TT_ERR_INVALID, "bridge binary path too long");
-	return 0;
-}
-
-/* bridge_wait_ready: "ready\n" on the readiness pipe, or a clear error when
- * the bridge exits first (its pidfd) or misses the deadline. Blocks only
- * until the line arrives (the bridge writes it right after listen()). */
-static int bridge_wait_ready(int fd, int pidfd, struct tt_err *err)
-{
-	int64_t deadline = now_ms() + MGR_BRIDGE_READY_MS;
-	char buf[8];
-	size_t got = 0;
-
-	while (got < 6 && memchr(buf, '\n', got) == NULL) {
-		struct pollfd pf[2] = { { .fd = fd, .events = POLLIN },
-		                        { .fd = pidfd, .events = POLLIN } };
-		int64_t left = deadline - now_ms();
-		ssize_t n;
-		int r;
-
-		if (left <= 0)
-			return tt_err_set(err, TT_ERR_TRANSPORT,
-			                  "bridge not ready within %d ms", MGR_BRIDGE_READY_MS);
-		r = poll(pf, 2, (int)left);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0)
-			return tt_err_sys(err, TT_ERR_SYS, "poll bridge readiness");
-		if (r == 0)
-			continue;
-		/* The line first: a bridge that said ready and then died is
-		 * the exit watcher's business, not a start failure. */
-		if (pf[0].revents == 0)
-			return tt_err_set(err, TT_ERR_TRANSPORT,
-			                  "bridge exited at start (see its log)");
-		n = read(fd, buf + got, 6 - got);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return tt_err_sys(err, TT_ERR_IO, "reading bridge readiness");
-		if (n == 0)
-			return tt_err_set(err, TT_ERR_TRANSPORT,
-			                  "bridge exited at start (see its log)");
-		got += (size_t)n;
-	}
-	if (got != 6 || memcmp(buf, "ready\n", 6) != 0)
-		return tt_err_set(err, TT_ERR_TRANSPORT, "bridge sent a bad readiness line");
-	return 0;
-}
-
 /* bridge_pin: records the identity of the bridge that just said ready (our
  * child: its pid cannot be reused before we reap it) and checks that it
  * runs the binary we exec'd. */
@@ -853,84 +788,62 @@ static int bridge_pin(struct mgr_exec *ex, const char *bin, struct tt_err *err)
 	return 0;
 }
 
-/* bridge_launch: spawns tether-bridge for one execution, handing it the
- * activation secret on fd 3 and a readiness pipe on fd 4, without waiting:
- * the caller overlaps the bridge's start with the guest's, then calls
- * bridge_finish. Returns the readiness pipe's read end (owned by the
- * caller) or -1 with nothing left running. bin receives the binary path. */
-static int bridge_launch(const struct rec_exec *rec, struct mgr_exec *ex,
-                         const char *dir, const uint8_t secret[NS_SECRET_LEN],
-                         char bin[PATH_MAX], struct tt_err *err)
+static void spare_kick(struct manager *m);
+
+/* bridge_take: a bridge for one execution: the spare started ahead (its
+ * spawn and library loading off the create path) or, without one, a new
+ * one; assigned its execution (the activation secret included), not yet
+ * waited for. ex gets its pid and pidfd; *bp keeps the readiness pipe for
+ * bridge_finish. Nothing is left running on failure. */
+static int bridge_take(struct manager *m, struct mgr_exec *ex, const char *dir,
+                       const struct rec_exec *rec, const uint8_t secret[NS_SECRET_LEN],
+                       struct bridge_proc *bp, struct tt_err *err)
 {
-	char sock[PATH_MAX], gen[24], att[16], ipid[16], istart[24], mpid[16];
-	char *argv[] = { "tether-bridge", "--sbx", (char *)rec->id.sbx,
-	                 "--gen", gen, "--att", att, "--listen", sock,
-	                 "--guest-socket", ex->sb.guest_socket, "--init-pid", ipid,
-	                 "--init-start", istart, "--manager-pid", mpid,
-	                 "--secret-fd", "3", "--ready-fd", "4", NULL };
+	struct bridge_assignment a = {
+		.sbx = rec->id.sbx, .gen = rec->id.gen, .att = rec->id.att,
+		.guest_socket = ex->sb.guest_socket, .init_pid = ex->sb.init_pid,
+		.init_start = ex->sb.init_start_time, .secret = secret,
+	};
+	char sock[PATH_MAX];
 	struct sockaddr_un sa;
-	posix_spawn_file_actions_t fa;
-	_cleanup_close_ int sfd = -1;
-	_cleanup_close_ int wfd = -1;
-	int ready[2], hi, rc;
-	pid_t pid;
+	struct tt_err e2 = { 0 };
 
 	snprintf(sock, sizeof(sock), "%.4000s/bridge.sock", dir);
 	if (strlen(sock) >= sizeof(sa.sun_path))
 		return tt_err_set(err, TT_ERR_INVALID, "bridge socket path too long");
-	if (bridge_bin(bin, PATH_MAX, err) < 0)
-		return -1;
-	if (access(bin, X_OK) < 0)
-		return tt_err_sys(err, TT_ERR_NOT_FOUND, "bridge binary %s", bin);
 	unlink(sock);
-	snprintf(gen, sizeof(gen), "%" PRIu64, rec->id.gen);
-	snprintf(att, sizeof(att), "%" PRIu32, rec->id.att);
-	snprintf(ipid, sizeof(ipid), "%d", (int)ex->sb.init_pid);
-	snprintf(istart, sizeof(istart), "%llu", ex->sb.init_start_time);
-	snprintf(mpid, sizeof(mpid), "%d", (int)getpid());
-	sfd = secret_pipe(secret, err);
-	if (sfd < 0)
-		return -1;
-	if (pipe2(ready, O_CLOEXEC) < 0)
-		return tt_err_sys(err, TT_ERR_SYS, "bridge readiness pipe");
-	wfd = ready[1];
-	/* posix_spawn (vfork-like: no copy of our page tables, which a fork
-	 * costs on every create). The bridge inherits nothing but stdio, the
-	 * secret's pipe and the readiness pipe: not our listening socket, not
-	 * other executions' pidfds, not the database. Both are first moved
-	 * above every fd involved, so neither dup2 can clobber the other;
-	 * dup2 clears close-on-exec. */
-	hi = (sfd > wfd ? sfd : wfd) + 1;
-	if (hi < 5)
-		hi = 5;
-	rc = posix_spawn_file_actions_init(&fa);
-	if (rc == 0) {
-		if (posix_spawn_file_actions_adddup2(&fa, sfd, hi) != 0 ||
-		    posix_spawn_file_actions_adddup2(&fa, wfd, hi + 1) != 0 ||
-		    posix_spawn_file_actions_adddup2(&fa, hi, 3) != 0 ||
-		    posix_spawn_file_actions_adddup2(&fa, hi + 1, 4) != 0 ||
-		    posix_spawn_file_actions_addclosefrom_np(&fa, 5) != 0)
-			rc = ENOMEM;
+	a.listen_path = sock;
+	*bp = m->spare_bridge;
+	m->spare_bridge = (struct bridge_proc){ .pid = 0, .pidfd = -1, .assign_fd = -1,
+	                                        .ready_fd = -1 };
+	if (bp->pid > 0) {
+		spare_kick(m);
+		/* Not one that died waiting (killed from outside), nor one
+		 * running a tether-bridge replaced since (an upgrade):
+		 * bridge_pin would refuse it. */
+		if (!bridgectl_alive(bp))
+			log_warn("spare bridge pid %d exited while waiting; starting a new one",
+			         (int)bp->pid);
+		else if (!bridgectl_runs(bp, m->bridge_bin))
+			log_info("spare bridge pid %d runs a replaced %s: starting a new one",
+			         (int)bp->pid, m->bridge_bin);
+		else if (bridgectl_assign(bp, &a, &e2) == 0)
+			goto assigned;
 		else
-			rc = posix_spawn(&pid, bin, &fa, NULL, argv, environ);
-		posix_spawn_file_actions_destroy(&fa);
+			log_warn("spare bridge: %s; starting a new one", e2.msg);
+		bridgectl_discard(bp);
 	}
-	if (rc != 0) {
-		close(ready[0]);
-		errno = rc;
-		return tt_err_sys(err, TT_ERR_SYS, "spawn bridge %s", bin);
-	}
-	ex->bridge_pid = pid;
-	ex->bridge_pidfd = pidfd_open_raw(pid);
-	if (ex->bridge_pidfd < 0) {
-		tt_err_sys(err, TT_ERR_SYS, "pidfd_open bridge");
-		/* Still our child: kill and reap it by pid. */
-		kill(pid, SIGKILL);
-		waitpid(pid, NULL, 0);
-		close(ready[0]);
+	if (bridgectl_spawn(m->bridge_bin, bp, err) < 0)
+		return -1;
+	if (bridgectl_assign(bp, &a, err) < 0) {
+		bridgectl_discard(bp);
 		return -1;
 	}
-	return ready[0];
+assigned:
+	ex->bridge_pid = bp->pid;
+	ex->bridge_pidfd = bp->pidfd;
+	bp->pidfd = -1; /* ex's now */
+	return 0;
 }
 
 /* bridge_abort: kills a bridge that did not (or will not) finish starting. */
@@ -961,15 +874,15 @@ static void sock_dir_remove(struct manager *m)
 	m->own_sock_dir = false;
 }
 
-/* bridge_finish: the launched bridge's "ready" (it listens), then its
- * identity pinned (SPEC §5). Consumes rfd; on failure the bridge is gone. */
-static int bridge_finish(struct mgr_exec *ex, int rfd, const char *bin,
+/* bridge_finish: the assigned bridge's "ready" (it listens), then its
+ * identity pinned (SPEC §5). Consumes bp's readiness pipe; on failure the
+ * bridge is gone. */
+static int bridge_finish(struct manager *m, struct mgr_exec *ex, struct bridge_proc *bp,
                          struct tt_err *err)
 {
-	_cleanup_close_ int fd = rfd;
-
-	if (bridge_wait_ready(fd, ex->bridge_pidfd, err) < 0 ||
-	    bridge_pin(ex, bin, err) < 0) {
+	bp->pidfd = ex->bridge_pidfd; /* for the wait only: ex keeps it */
+	if (bridgectl_wait_ready(bp, MGR_BRIDGE_READY_MS, err) < 0 ||
+	    bridge_pin(ex, m->bridge_bin, err) < 0) {
 		bridge_abort(ex);
 		return -1;
 	}
@@ -1035,6 +948,9 @@ static void spare_refill_cb(uv_timer_t *t)
 		if (uv_queue_work(m->loop, &m->spare_work, spare_work, spare_after_work) == 0)
 			m->spare_busy = true;
 	}
+	if (m->spare_bridge.pid == 0 && m->bridge_bin[0] &&
+	    bridgectl_spawn(m->bridge_bin, &m->spare_bridge, &err) < 0)
+		log_warn("spare bridge: %s", err.msg); /* creates spawn their own */
 	if (m->spare_netns < 0) {
 		m->spare_netns = ns_netns_make(&stuck, &err);
 		if (stuck) {
@@ -1104,10 +1020,12 @@ static struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec
                                    struct tt_err *err)
 {
 	struct mgr_exec *ex = calloc(1, sizeof(*ex));
-	char dir[PATH_MAX], bin[PATH_MAX];
+	char dir[PATH_MAX];
 	struct ns_config cfg = { 0 };
+	struct bridge_proc bp;
 	struct tt_err e2 = { 0 };
-	int rfd, rc;
+	int64_t t;
+	int rc;
 	/* The activation secret (SPEC §5): fresh per activation, handed to
 	 * the guest and the bridge, then zeroed here. It is never stored:
 	 * after a manager restart the adopted bridge and guest still hold it,
@@ -1156,7 +1074,9 @@ static struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec
 	}
 	/* The guest and its bridge come up side by side: the bridge needs
 	 * only the init's final identity (after exec), not its listener. */
+	t = now_us();
 	rc = ns_sandbox_launch(&cfg, &ex->sb, err);
+	ex->launch_us = now_us() - t;
 	if (cfg.use_netns) {
 		/* Used up either way: the sandbox holds it now, or it is
 		 * dropped with the failed start. */
@@ -1166,20 +1086,24 @@ static struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec
 	}
 	if (rc < 0)
 		goto fail;
-	rfd = bridge_launch(rec, ex, dir, secret, bin, err);
-	if (rfd < 0) {
+	t = now_us();
+	rc = bridge_take(m, ex, dir, rec, secret, &bp, err);
+	ex->spawn_us = now_us() - t;
+	if (rc < 0) {
 		ns_sandbox_stop(&ex->sb, &e2);
 		goto fail;
 	}
+	t = now_us();
 	if (ns_sandbox_wait_ready(&ex->sb, err) < 0) {
-		close(rfd);
+		close(bp.ready_fd);
 		bridge_abort(ex);
 		goto fail;
 	}
-	if (bridge_finish(ex, rfd, bin, err) < 0) {
+	if (bridge_finish(m, ex, &bp, err) < 0) {
 		ns_sandbox_stop(&ex->sb, &e2);
 		goto fail;
 	}
+	ex->ready_us = now_us() - t;
 	sodium_memzero(secret, sizeof(secret));
 	return ex;
 fail:
@@ -1252,6 +1176,7 @@ static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 	const struct rec_exec *cur;
 	struct rec_exec rec = { 0 };
 	struct mgr_exec *ex;
+	int64_t t_put, t_start, t_put2, t_end;
 
 	if (sbx == NULL || !sbx_id_valid(sbx) || wrk == NULL || sst == NULL ||
 	    pod == NULL || gen == 0 || att == 0 || att > UINT32_MAX ||
@@ -1283,8 +1208,10 @@ static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 	/* An older execution here is retired and stopped first (epoch bump). */
 	if (cur != NULL && retire_and_stop(m, cur, 0, err) < 0)
 		return -1;
+	t_put = now_us();
 	if (records_put(m->db, &rec, 0, err) < 0)
 		return -1;
+	t_start = now_us();
 	ex = snap != NULL && layer_restore(m, &rec, snap, err) < 0 ? NULL
 	                                                             : exec_start(m, &rec, err);
 	if (ex == NULL) {
@@ -1302,14 +1229,20 @@ static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 	rec.bridge_start = ex->bridge_start;
 	/* Persist, then apply: admission sees the execution only once the
 	 * record with its pids is committed. */
+	t_put2 = now_us();
 	if (records_put(m->db, &rec, rev, err) < 0 || exec_watch(m, ex, err) < 0) {
 		ex->polls_open = 0;
 		exec_stop(m, ex);
 		return -1;
 	}
+	t_end = now_us();
 	log_info("installed %s generation %" PRIu64 " activation %" PRIu64
-	         " (init pid %d, bridge pid %d, epoch %" PRIu64 ")",
-	         sbx, gen, att, (int)rec.init_pid, (int)rec.bridge_pid, rec.epoch);
+	         " (init pid %d, bridge pid %d, epoch %" PRIu64 ") in %.2f ms: record "
+	         "%.2f, sandbox %.2f, bridge spawn %.2f, both ready %.2f, record %.2f",
+	         sbx, gen, att, (int)rec.init_pid, (int)rec.bridge_pid, rec.epoch,
+	         (double)(t_end - t_put) / 1000, (double)(t_start - t_put) / 1000,
+	         (double)ex->launch_us / 1000, (double)ex->spawn_us / 1000,
+	         (double)ex->ready_us / 1000, (double)(t_end - t_put2) / 1000);
 	return 0;
 }
 
@@ -1954,11 +1887,12 @@ static json_t *handle_status(struct manager *m)
 		const struct rec_exec *r = records_at(m->db, i);
 
 		json_array_append_new(list, json_pack(
-			"{s:s,s:I,s:s,s:s,s:s,s:I,s:b,s:s,s:I}", "sandbox", r->id.sbx,
+			"{s:s,s:I,s:s,s:s,s:s,s:I,s:b,s:s,s:I,s:i,s:i}", "sandbox", r->id.sbx,
 			"generation", (json_int_t)r->id.gen, "worker", r->id.wrk,
 			"substrate", r->id.sst, "pod", r->id.pod, "activation",
 			(json_int_t)r->id.att, "retired", r->retired, "state",
-			rec_state_name(r->state), "epoch", (json_int_t)r->epoch));
+			rec_state_name(r->state), "epoch", (json_int_t)r->epoch,
+			"init_pid", (int)r->init_pid, "bridge_pid", (int)r->bridge_pid));
 	}
 	return json_pack("{s:I,s:o}", "applied_rev",
 	                 (json_int_t)records_applied_rev(m->db), "executions", list);
@@ -2212,6 +2146,7 @@ static void shutdown_all(struct manager *m)
 	if (m->spare_netns >= 0)
 		close(m->spare_netns);
 	m->spare_netns = -1;
+	bridgectl_discard(&m->spare_bridge);
 }
 
 /* on_signal: SIGTERM / SIGINT. */
@@ -2391,9 +2326,15 @@ int manager_main(int argc, char **argv)
 	m->spare_netns = -1;
 	m->lifeline_fd = -1;
 	m->clean_mntns = -1;
+	m->spare_bridge = (struct bridge_proc){ .pid = 0, .pidfd = -1, .assign_fd = -1,
+	                                        .ready_fd = -1 };
 	m->layer_bytes = NS_DEFAULT_LAYER_BYTES;
 	if (parse_args(m, argc, argv) < 0)
 		return 1;
+	if (bridgectl_bin(m->bridge_bin, sizeof(m->bridge_bin), &err) < 0) {
+		log_error("%s", err.msg);
+		return 1;
+	}
 	m->loop = uv_default_loop();
 	if (snprintf(path, sizeof(path), "%s/sandboxes", m->state_dir) >=
 	    (int)sizeof(path)) {

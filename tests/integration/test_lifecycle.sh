@@ -142,6 +142,9 @@ LC pause "$K" >/dev/null 2>&1 && LC resume "$K" --worker w3 >/dev/null 2>&1
 T exec "$K" -- sh -c 'echo v2 >/workspace/keep && head -c 600000000 /dev/zero >/home/huge' >"$WORK/e" 2>&1 ||
 	notok "write a large layer on w3" "$(cat "$WORK/e")"
 MGR3=$(pgrep -f -o "tetherd manager --state $STATE/workers/w3")
+# The manager keeps one bridge started ahead for the next create.
+spares() { ps -eo comm=,args= | awk -v m="--manager-pid $MGR3 " '$1 == "bridge-spare" && index($0, m)' | wc -l; }
+[ "$(spares)" = 1 ] && ok "w3's manager keeps one spare bridge" || notok "one spare bridge" "$(ps -eo pid,comm,args | grep "manager-pid $MGR3 ")"
 curl -s -o /dev/null -X POST -H "Authorization: Bearer $KEY" "$CP/v1/sandboxes/$K/pause?wait=0"
 killed=0
 for _ in $(seq 1 1000); do
@@ -152,6 +155,9 @@ for _ in $(seq 1 1000); do
 	sleep 0.01
 done
 [ $killed = 1 ] && ok "w3's manager killed with SIGKILL mid-snapshot" || notok "kill mid-snapshot" "no partial snapshot seen"
+# Its spare bridge sees its assignment pipe end and exits by itself.
+for _ in $(seq 1 50); do [ "$(spares)" = 0 ] && break; sleep 0.1; done
+[ "$(spares)" = 0 ] && ok "the dead manager's spare bridge exited by itself" || notok "spare bridge after its manager's death" "$(ps -eo pid,comm,args | grep "manager-pid $MGR3 ")"
 for _ in $(seq 1 100); do kill -0 "$W3_PID" 2>/dev/null || break; sleep 0.1; done
 [ ! -e "$STATE/snapshots/$K/2.meta" ] && ok "the partial snapshot was never published" || notok "partial never published" "$(ls "$STATE/snapshots/$K")"
 # w3 comes back: its manager kills (and thaws) the frozen leftovers, hears

@@ -42,6 +42,7 @@
 
 #include <cmocka.h>
 
+#include "node/bridgectl.h"
 #include "procid.h"
 #include "wire.h"
 #include "wire_json.h"
@@ -724,6 +725,142 @@ static void test_init_reused_at_start(void **state)
 	proc_stop(&g);
 }
 
+/* spare_refused: a spare given raw assignment bytes (len may exceed the
+ * pipe's atomic size: written whole) refuses them: no readiness, exit
+ * status 1, nothing listening at bsock. */
+static void spare_refused(const char *bsock, const void *bytes, size_t len)
+{
+	struct bridge_proc bp;
+	struct tt_err err = { 0 };
+	int st = 0;
+
+	assert_int_equal(bridgectl_spawn(bridge_bin, &bp, &err), 0);
+	assert_int_equal(write(bp.assign_fd, bytes, len), (ssize_t)len);
+	close(bp.assign_fd);
+	bp.assign_fd = -1;
+	assert_int_equal(bridgectl_wait_ready(&bp, 5000, &err), -1);
+	assert_int_equal(waitpid(bp.pid, &st, 0), bp.pid);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 1);
+	bp.pid = 0;
+	bridgectl_discard(&bp);
+	assert_int_equal(access(bsock, F_OK), -1);
+}
+
+/* assignment_bytes: the secret s, then the words (NULL-terminated list),
+ * each with its NUL; returns the length. */
+static size_t assignment_bytes(char *out, size_t cap, const uint8_t *s, ...)
+{
+	size_t len = SECRET_LEN;
+	const char *w;
+	va_list ap;
+
+	memcpy(out, s, SECRET_LEN);
+	va_start(ap, s);
+	while ((w = va_arg(ap, const char *)) != NULL) {
+		assert_true(len + strlen(w) + 1 <= cap);
+		memcpy(out + len, w, strlen(w) + 1);
+		len += strlen(w) + 1;
+	}
+	va_end(ap);
+	return len;
+}
+
+/* A spare bridge, spawned waiting as the manager keeps one (bridgectl.c),
+ * serves the execution its assignment names, with the secret it carries:
+ * the honest assignment works; one with a wrong secret starts but every
+ * operation fails the guest's handshake; an assignment that names a
+ * process option (--manager-pid: the manager is fixed at spawn), lacks
+ * one, is truncated, bare or oversized is refused before anything
+ * listens; EOF before any byte (the manager went away) exits quietly. */
+static void test_spare_assignment(void **state)
+{
+	struct proc g;
+	struct answer a;
+	struct bridge_proc bp;
+	struct tt_err err = { 0 };
+	unsigned long long start = 0;
+	uint8_t wrong[SECRET_LEN];
+	char path[256], bsock[320], ipid[16], istart[32], buf[6000];
+	struct bridge_assignment as;
+	size_t len;
+	int st = 0;
+
+	(void)state;
+	tu_skip_unless_root();
+	snprintf(path, sizeof(path), "%s/spare.sock", dir);
+	snprintf(bsock, sizeof(bsock), "%s/spare-bridge.sock", dir);
+	assert_int_equal(guest_start(&g, path), 0);
+	assert_int_equal(procid_start_time(g.pid, &start, NULL), 0);
+	as = (struct bridge_assignment){ .sbx = SBX, .gen = 1, .att = 1,
+	                                 .listen_path = bsock, .guest_socket = path,
+	                                 .init_pid = g.pid, .init_start = start,
+	                                 .secret = secret };
+	/* Honest. */
+	assert_int_equal(bridgectl_spawn(bridge_bin, &bp, &err), 0);
+	assert_true(bridgectl_runs(&bp, bridge_bin));
+	assert_int_equal(bridgectl_assign(&bp, &as, &err), 0);
+	assert_int_equal(bridgectl_wait_ready(&bp, 5000, &err), 0);
+	bridge_exec(bsock, "echo spare", &a);
+	expect_ok(&a, "spare\n");
+	bridgectl_discard(&bp);
+	unlink(bsock);
+	/* A wrong secret: it listens, the guest refuses its proof. */
+	memcpy(wrong, secret, sizeof(wrong));
+	wrong[0] ^= 1;
+	as.secret = wrong;
+	assert_int_equal(bridgectl_spawn(bridge_bin, &bp, &err), 0);
+	assert_int_equal(bridgectl_assign(&bp, &as, &err), 0);
+	assert_int_equal(bridgectl_wait_ready(&bp, 5000, &err), 0);
+	bridge_exec(bsock, "echo never", &a);
+	assert_int_equal(a.end_type, WIRE_ERROR);
+	assert_int_equal(a.out_len, 0);
+	bridgectl_discard(&bp);
+	unlink(bsock);
+	/* Malformed assignments. */
+	snprintf(ipid, sizeof(ipid), "%d", (int)g.pid);
+	snprintf(istart, sizeof(istart), "%llu", start);
+	len = assignment_bytes(buf, sizeof(buf), secret, "--sbx", SBX, "--gen", "1", "--att", "1",
+	                       "--listen", bsock, "--guest-socket", path, "--init-pid", ipid,
+	                       "--init-start", istart, "--manager-pid", ipid, NULL);
+	spare_refused(bsock, buf, len);
+	len = assignment_bytes(buf, sizeof(buf), secret, "--sbx", SBX, "--gen", "1", "--att", "1",
+	                       "--listen", bsock, "--guest-socket", path, "--init-pid", ipid,
+	                       NULL);
+	spare_refused(bsock, buf, len);
+	len = assignment_bytes(buf, sizeof(buf), secret, "--sbx", SBX, "--gen", "1", "--att", "1",
+	                       "--listen", bsock, "--guest-socket", path, "--init-pid", ipid,
+	                       "--init-start", istart, NULL);
+	spare_refused(bsock, buf, len - 1); /* the last word's NUL cut off */
+	spare_refused(bsock, secret, SECRET_LEN);
+	memset(buf, 'x', sizeof(buf));
+	spare_refused(bsock, buf, sizeof(buf));
+	/* The same words, whole: served (the cases above differ only in
+	 * what they break). */
+	assert_int_equal(bridgectl_spawn(bridge_bin, &bp, &err), 0);
+	assert_int_equal(write(bp.assign_fd, buf, assignment_bytes(buf, sizeof(buf), secret,
+	                       "--sbx", SBX, "--gen", "1", "--att", "1", "--listen", bsock,
+	                       "--guest-socket", path, "--init-pid", ipid, "--init-start",
+	                       istart, NULL)) > 0, 1);
+	close(bp.assign_fd);
+	bp.assign_fd = -1;
+	assert_int_equal(bridgectl_wait_ready(&bp, 5000, &err), 0);
+	bridge_exec(bsock, "echo whole", &a);
+	expect_ok(&a, "whole\n");
+	bridgectl_discard(&bp);
+	unlink(bsock);
+	/* Never assigned: EOF, exit 0, nothing logged as an error. */
+	assert_int_equal(bridgectl_spawn(bridge_bin, &bp, &err), 0);
+	close(bp.assign_fd);
+	bp.assign_fd = -1;
+	assert_int_equal(waitpid(bp.pid, &st, 0), bp.pid);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	bp.pid = 0;
+	bridgectl_discard(&bp);
+	proc_stop(&g);
+}
+
 /* group_teardown: removes the scratch directory. */
 static int group_teardown(void **state)
 {
@@ -762,6 +899,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_not_manager),
 		cmocka_unit_test(test_manager_pid_reuse),
 		cmocka_unit_test(test_init_reused_at_start),
+		cmocka_unit_test(test_spare_assignment),
 	};
 
 	/* test_exe_changed re-executes a copy of this binary as the

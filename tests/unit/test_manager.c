@@ -725,43 +725,40 @@ static bool mgr_log_has(const char *needle)
 	return strstr(buf, needle) != NULL;
 }
 
-/* manager_bridge_pid: the one tether-bridge child of the manager (there is
- * one sandbox, so one bridge); fails the test if there is not exactly one. */
+/* manager_bridge_pid: the bridge of SBX as the manager's status names it,
+ * checked to be a tether-bridge child of the manager (the manager also
+ * keeps a spare one, waiting for the next execution). */
 static pid_t manager_bridge_pid(void)
 {
-	char path[300], line[512];
+	char path[64], line[512];
+	struct answer a;
+	json_t *list, *ex;
 	pid_t found = 0;
-	int count = 0;
-	DIR *d = opendir("/proc");
-	struct dirent *e;
+	char *close_paren;
+	int ppid = 0;
+	size_t i;
+	FILE *f;
 
-	assert_non_null(d);
-	while ((e = readdir(d)) != NULL) {
-		char *close_paren;
-		int ppid = 0;
-		FILE *f;
-
-		if (e->d_name[0] < '1' || e->d_name[0] > '9')
-			continue;
-		snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
-		if ((f = fopen(path, "re")) == NULL)
-			continue;
-		if (fgets(line, sizeof(line), f) == NULL) {
-			fclose(f);
-			continue;
-		}
-		fclose(f);
-		/* "pid (comm) state ppid": comm may hold anything, so the
-		 * fields after it are read after the last ')'. */
-		close_paren = strrchr(line, ')');
-		if (close_paren == NULL || sscanf(close_paren + 1, " %*c %d", &ppid) != 1 ||
-		    ppid != (int)mgr_pid || strstr(line, "(tether-bridge)") == NULL)
-			continue;
-		found = (pid_t)atoi(e->d_name);
-		count++;
-	}
-	closedir(d);
-	assert_int_equal(count, 1);
+	call(json_pack("{s:s}", "op", "status"), &a);
+	assert_non_null(a.result);
+	list = json_object_get(a.result, "executions");
+	json_array_foreach(list, i, ex)
+		if (strcmp(json_string_value(json_object_get(ex, "sandbox")), SBX) == 0)
+			found = (pid_t)json_integer_value(json_object_get(ex, "bridge_pid"));
+	answer_free(&a);
+	assert_true(found > 0);
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)found);
+	f = fopen(path, "re");
+	assert_non_null(f);
+	assert_non_null(fgets(line, sizeof(line), f));
+	fclose(f);
+	/* "pid (comm) state ppid": comm may hold anything, so the fields
+	 * after it are read after the last ')'. */
+	close_paren = strrchr(line, ')');
+	assert_non_null(close_paren);
+	assert_int_equal(sscanf(close_paren + 1, " %*c %d", &ppid), 1);
+	assert_int_equal(ppid, (int)mgr_pid);
+	assert_non_null(strstr(line, "(tether-bridge)"));
 	return found;
 }
 
@@ -978,6 +975,97 @@ static void test_bridge_impostor(void **state)
 	free(tok10);
 }
 
+/* manager_spare_pid: the manager's spare bridge (comm "bridge-spare", a
+ * child of the manager), waited for up to 5 s: it is refilled right after
+ * each install. 0 if none came. */
+static pid_t manager_spare_pid(void)
+{
+	for (int tries = 0; tries < 500; tries++) {
+		DIR *d = opendir("/proc");
+		struct dirent *e;
+		pid_t found = 0;
+
+		assert_non_null(d);
+		while (found == 0 && (e = readdir(d)) != NULL) {
+			char path[300], line[512], *close_paren;
+			int ppid = 0;
+			FILE *f;
+
+			if (e->d_name[0] < '1' || e->d_name[0] > '9')
+				continue;
+			snprintf(path, sizeof(path), "/proc/%s/stat", e->d_name);
+			if ((f = fopen(path, "re")) == NULL)
+				continue;
+			if (fgets(line, sizeof(line), f) == NULL)
+				line[0] = '\0';
+			fclose(f);
+			close_paren = strrchr(line, ')');
+			if (close_paren != NULL && strstr(line, "(bridge-spare)") != NULL &&
+			    sscanf(close_paren + 1, " %*c %d", &ppid) == 1 && ppid == (int)mgr_pid)
+				found = (pid_t)atoi(e->d_name);
+		}
+		closedir(d);
+		if (found)
+			return found;
+		usleep(10000);
+	}
+	return 0;
+}
+
+/* test_spare_bridge: the manager starts each execution's bridge ahead (a
+ * spare, waiting for its assignment). The install takes the spare (the
+ * sandbox's bridge is that very process) and a new spare is started; a
+ * spare killed from outside while it waits is noticed at the next
+ * install, which starts a new bridge and serves as before. */
+static void test_spare_bridge(void **state)
+{
+	char *tok13 = mint(sk, 13, "w1", TT_OP_EXEC);
+	char *tok14 = mint(sk, 14, "w1", TT_OP_EXEC);
+	struct answer a;
+	pid_t spare, spare2;
+	int st;
+
+	(void)state;
+	spare = manager_spare_pid();
+	assert_true(spare > 0);
+	assert_true(feed(install(13, 13, "w1")));
+	assert_int_equal(manager_bridge_pid(), spare);
+	call(exec_req(tok13, "echo gen13"), &a);
+	expect_decision(&a, "allow", "ok");
+	assert_string_equal(a.out, "gen13\n");
+	answer_free(&a);
+	spare2 = manager_spare_pid();
+	assert_true(spare2 > 0 && spare2 != spare);
+	/* Killed while waiting: a zombie of the manager's until it looks. */
+	assert_int_equal(kill(spare2, SIGKILL), 0);
+	for (int i = 0; i < 500; i++) {
+		char path[64], line[256] = "";
+		FILE *f;
+
+		snprintf(path, sizeof(path), "/proc/%d/stat", (int)spare2);
+		if ((f = fopen(path, "re")) == NULL)
+			break;
+		st = fgets(line, sizeof(line), f) != NULL && strstr(line, ") Z ") != NULL;
+		fclose(f);
+		if (st)
+			break;
+		usleep(10000);
+	}
+	assert_true(feed(install(14, 14, "w1")));
+	assert_true(manager_bridge_pid() != spare2);
+	call(exec_req(tok14, "echo gen14"), &a);
+	expect_decision(&a, "allow", "ok");
+	assert_string_equal(a.out, "gen14\n");
+	answer_free(&a);
+	if (!mgr_log_has("exited while waiting; starting a new one"))
+		fail_msg("manager log does not say the spare bridge was replaced");
+	/* Reaped, and a fresh spare waits again. */
+	assert_int_equal(kill(spare2, 0), -1);
+	assert_true(manager_spare_pid() > 0);
+	free(tok13);
+	free(tok14);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -989,6 +1077,7 @@ int main(void)
 		cmocka_unit_test(test_retire_and_replace),
 		cmocka_unit_test(test_pause_and_restore),
 		cmocka_unit_test(test_bridge_impostor),
+		cmocka_unit_test(test_spare_bridge),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

@@ -79,7 +79,7 @@ $(BUILD)/tether-guest: $(GUEST_SRC) $(wildcard src/guest/*.h) $(LIB_SRC)
 $(BUILD)/tests/%: tests/unit/%.c $(ROLES) $(CLIENT) $(CORE)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.a,$^) $(LDLIBS) -lcmocka
-$(BUILD)/bench/%: bench/%.c $(CLIENT) $(CORE)
+$(BUILD)/bench/%: bench/%.c $(ROLES) $(CLIENT) $(CORE)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.a,$^) $(LDLIBS)
 

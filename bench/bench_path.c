@@ -9,7 +9,12 @@
  *     ways: on a new connection each (connect + handshake + the guest's
  *     fork of a handler + the operation: what a one-shot client pays) and
  *     warm (operations in sequence on one handshaken connection: the cost
- *     of the operation itself, as the path's pooled connections see it);
+ *     of the operation itself, as the path's pooled connections see it).
+ *     That guest runs in a sandbox of the cluster's substrate, made by the
+ *     same code (ns_sandbox_launch: namespaces, seccomp, cgroups, its own
+ *     layer filesystem holding the same /tmp/f4k), so the ratios measure
+ *     the path alone; a bare guest's warm exec is printed beside it, for
+ *     what the sandbox itself costs;
  *   - a raw unix-socket round trip (64 B ping-pong between two processes).
  * and prints full/direct ratios against both, plus the "hop floor": the
  * warm direct operation plus one raw round trip per extra hop (edge,
@@ -32,6 +37,7 @@
 
 #include "bench_util.h"
 #include "client/tether.h"
+#include "node/ns.h"
 
 #define EXTRA_HOPS 4 /* edge, node-api, sbx-manager, bridge */
 #define CREATES 100
@@ -39,6 +45,8 @@
 #define EXEC_ITERS 100 /* per round */
 #define READ_ITERS 400 /* per round */
 #define RTT_ITERS 4000 /* per round */
+/* Host uids of the direct sandbox: far above the managers' ranges. */
+#define DIRECT_UID_BASE 4000000000u
 
 static struct bench_cluster cluster = { .name = "bench_path" };
 
@@ -147,37 +155,89 @@ struct round {
 	double exec_full, read_full;
 	double exec_new, read_new;   /* straight to a guest, a new connection per op */
 	double exec_warm, read_warm; /* in sequence on one connection */
+	double exec_bare;            /* warm, to a guest in no sandbox */
 	double rtt, rtt_tcp;         /* raw round trips: unix, loopback TCP */
 	double rtt_same, rtt_cross;  /* unix, both on CPU 0 / on CPUs 0 and 1 */
 };
 
-/* direct_setup: a guest agent of the same binary on its own socket, with a
- * 4 KiB /f4k, for the direct baselines; its pid or -1. */
-static pid_t direct_setup(char *sock, size_t cap)
+/* The direct baselines' guests: one in a sandbox like the cluster's (the
+ * baseline), one bare (only to show what the sandbox costs). Both hold
+ * bench_secret. */
+struct direct {
+	struct ns_sandbox sb;
+	bool launched;
+	char dir[PATH_MAX + 16];
+	char sock[PATH_MAX + 48];
+	pid_t bare;
+	char bare_sock[PATH_MAX + 16];
+};
+
+/* direct_setup: the bare guest first (it draws bench_secret), then the
+ * sandboxed one with the same secret and a 4 KiB /tmp/f4k in its layer,
+ * owned by its root. 0 or -1. */
+static int direct_setup(struct direct *d)
 {
-	char root[PATH_MAX + 16], file[PATH_MAX + 32];
-	char buf[4096];
+	struct ns_config cfg = { 0 };
+	struct tt_err err = { 0 };
+	char bin[PATH_MAX], root[PATH_MAX + 16], file[PATH_MAX + 48], buf[4096];
 	int fd;
 
-	snprintf(root, sizeof(root), "%s/direct", cluster.scratch);
-	snprintf(sock, cap, "%s/direct.sock", cluster.scratch);
-	snprintf(file, sizeof(file), "%s/f4k", root);
-	if (mkdir(root, 0700) < 0)
+	ns_sandbox_init(&d->sb);
+	snprintf(d->dir, sizeof(d->dir), "%s/direct", cluster.scratch);
+	snprintf(root, sizeof(root), "%s/bare", cluster.scratch);
+	snprintf(d->bare_sock, sizeof(d->bare_sock), "%s/bare.sock", cluster.scratch);
+	if (realpath("build/tether-guest", bin) == NULL || mkdir(root, 0700) < 0 ||
+	    mkdir(d->dir, 0700) < 0)
 		return -1;
+	d->bare = bench_guest_start(bin, root, d->bare_sock);
+	if (d->bare < 0)
+		return -1;
+	cfg.sbx_id = BENCH_SBX;
+	cfg.gen = 1;
+	cfg.att = 1;
+	cfg.sandbox_dir = d->dir;
+	cfg.guest_bin = bin;
+	cfg.uid_base = DIRECT_UID_BASE;
+	cfg.uid_count = 65536;
+	cfg.layer_bytes = 64u << 20;
+	cfg.secret = bench_secret;
+	cfg.log_fd = -1;
+	if (ns_sandbox_launch(&cfg, &d->sb, &err) < 0 ||
+	    (d->launched = true, ns_sandbox_wait_ready(&d->sb, &err)) < 0) {
+		fprintf(stderr, "bench_path: direct sandbox: %s\n", err.msg);
+		return -1;
+	}
+	snprintf(d->sock, sizeof(d->sock), "%s/run/guest.sock", d->dir);
+	snprintf(file, sizeof(file), "%s/layer/tmp/f4k", d->dir);
 	memset(buf, 'x', sizeof(buf));
-	fd = open(file, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-	if (fd < 0 || write(fd, buf, sizeof(buf)) != (ssize_t)sizeof(buf)) {
+	fd = open(file, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0 || write(fd, buf, sizeof(buf)) != (ssize_t)sizeof(buf) ||
+	    fchown(fd, DIRECT_UID_BASE, DIRECT_UID_BASE) < 0) {
+		perror("bench_path: direct /tmp/f4k");
 		if (fd >= 0)
 			close(fd);
 		return -1;
 	}
 	close(fd);
-	return bench_guest_start("build/tether-guest", root, sock);
+	return 0;
+}
+
+/* direct_teardown: both guests stopped, the sandbox's layer removed. */
+static void direct_teardown(struct direct *d)
+{
+	struct tt_err err = { 0 };
+
+	if (d->launched && ns_sandbox_stop(&d->sb, &err) < 0)
+		fprintf(stderr, "bench_path: stopping the direct sandbox: %s\n", err.msg);
+	if (d->dir[0] && ns_layer_remove(d->dir, &err) < 0)
+		fprintf(stderr, "bench_path: the direct sandbox's layer: %s\n", err.msg);
+	if (d->bare > 0)
+		bench_guest_stop(d->bare);
 }
 
 /* round_run: one round of every measurement, in turn; CPU of the full
  * path's operations is added to cpu_exec / cpu_read. */
-static int round_run(struct tether *t, const char *id, const char *sock,
+static int round_run(struct tether *t, const char *id, const struct direct *d,
                      struct round *r, struct bench_cpu *cpu_exec,
                      struct bench_cpu *cpu_read)
 {
@@ -190,17 +250,18 @@ static int round_run(struct tether *t, const char *id, const char *sock,
 	bench_cpu_take(cluster.pid, &c2);
 	bench_cpu_add(cpu_exec, &c0, &c1);
 	bench_cpu_add(cpu_read, &c1, &c2);
-	r->exec_new = bench_guest_exec(sock, EXEC_ITERS);
-	r->exec_warm = bench_guest_exec_warm(sock, EXEC_ITERS);
-	r->read_new = bench_guest_fs_read(sock, "/f4k", READ_ITERS);
-	r->read_warm = bench_guest_fs_read_warm(sock, "/f4k", READ_ITERS);
+	r->exec_new = bench_guest_exec(d->sock, EXEC_ITERS);
+	r->exec_warm = bench_guest_exec_warm(d->sock, EXEC_ITERS);
+	r->exec_bare = bench_guest_exec_warm(d->bare_sock, EXEC_ITERS);
+	r->read_new = bench_guest_fs_read(d->sock, "/tmp/f4k", READ_ITERS);
+	r->read_warm = bench_guest_fs_read_warm(d->sock, "/tmp/f4k", READ_ITERS);
 	r->rtt = bench_raw_rtt(RTT_ITERS, 0);
 	r->rtt_tcp = bench_raw_rtt(RTT_ITERS, 1);
 	r->rtt_same = bench_raw_rtt_on(RTT_ITERS / 4, 0, 0, 0);
 	r->rtt_cross = sysconf(_SC_NPROCESSORS_ONLN) > 1 ?
 	               bench_raw_rtt_on(RTT_ITERS / 4, 0, 0, 1) : r->rtt_same;
 	return r->exec_full < 0 || r->read_full < 0 || r->exec_new < 0 ||
-	       r->exec_warm < 0 || r->read_new < 0 || r->read_warm < 0 ||
+	       r->exec_warm < 0 || r->exec_bare < 0 || r->read_new < 0 || r->read_warm < 0 ||
 	       r->rtt < 0 || r->rtt_tcp < 0 ? -1 : 0;
 }
 
@@ -238,9 +299,9 @@ int main(void)
 	struct bench_cpu cpu_exec = { 0 }, cpu_read = { 0 };
 	struct tether_config cfg = { 0 };
 	struct tt_err err = { 0 };
-	char id[64], sock[PATH_MAX + 16];
+	static struct direct direct = { .bare = -1 };
+	char id[64];
 	double rtt, rtt_tcp;
-	pid_t guest = -1;
 	struct tether *t;
 	json_t *s;
 	int rc = 1;
@@ -263,10 +324,10 @@ int main(void)
 	}
 	snprintf(id, sizeof(id), "%s", json_string_value(json_object_get(s, "id")));
 	json_decref(s);
-	if (put_4k(t, id, "/tmp/f4k") < 0 || (guest = direct_setup(sock, sizeof(sock))) < 0)
+	if (put_4k(t, id, "/tmp/f4k") < 0 || direct_setup(&direct) < 0)
 		goto out_client;
 	for (int i = 0; i < ROUNDS; i++)
-		if (round_run(t, id, sock, &rs[i], &cpu_exec, &cpu_read) < 0) {
+		if (round_run(t, id, &direct, &rs[i], &cpu_exec, &cpu_read) < 0) {
 			fprintf(stderr, "bench_path: a measurement failed\n");
 			goto out_client;
 		}
@@ -281,6 +342,9 @@ int main(void)
 	       rtt, "direct warm", RMED(rs, exec_warm));
 	report("read 4 KiB", RMED(rs, read_full), RMED(rs, read_new), RMED(rs, read_warm),
 	       rtt, "hop floor", RMED(rs, read_warm) + EXTRA_HOPS * rtt);
+	printf("%-17s exec true warm: in the sandbox %.1f us, a bare guest %.1f us (x%.2f)\n",
+	       "sandbox cost", RMED(rs, exec_warm), RMED(rs, exec_bare),
+	       RMED(rs, exec_warm) / RMED(rs, exec_bare));
 	/* Each round ran EXEC_ITERS / READ_ITERS measured operations plus 5
 	 * warm-up ones each. */
 	bench_cpu_print("exec true", &(struct bench_cpu){ 0 }, &cpu_exec,
@@ -290,8 +354,7 @@ int main(void)
 	tether_rm(t, id, &err);
 	rc = 0;
 out_client:
-	if (guest > 0)
-		bench_guest_stop(guest);
+	direct_teardown(&direct);
 	tether_free(t);
 out:
 	bench_cluster_stop(&cluster);

@@ -93,6 +93,10 @@ build-fuzz/%: fuzz/%.c $(LIB_SRC)
 build-fuzz/fuzz_config: fuzz/fuzz_config.c src/client/config.c $(LIB_SRC)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+# A spare bridge's assignment parser lives with the bridge.
+build-fuzz/fuzz_assign: fuzz/fuzz_assign.c src/bridge/args.c $(LIB_SRC)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
 fuzzers: $(patsubst fuzz/%.c,build-fuzz/%,$(FUZZ_SRC))
 
 unit: all

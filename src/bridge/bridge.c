@@ -50,6 +50,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "bridge/args.h"
 #include "bridge/reason.h"
 #include "claims.h"
 #include "cleanup.h"
@@ -70,17 +71,7 @@
 
 struct bridge {
 	uv_loop_t *loop;
-	char sbx[TT_SBX_ID_LEN + 1];
-	uint64_t gen;
-	uint32_t att;
-	char listen_path[PATH_MAX];
-	char guest_socket[PATH_MAX];
-	pid_t init_pid;
-	unsigned long long init_start;
-	pid_t manager_pid;
-	int secret_fd;                    /* the secret alone, or -1 */
-	int assign_fd;                    /* a spare's assignment, or -1 */
-	int ready_fd;                     /* -1: nobody waits for readiness */
+	struct bridge_args arg;           /* the command line / assignment */
 	uint8_t secret[HELLO_SECRET_LEN]; /* memory only; zeroed at exit */
 	/* Pinned once at start (pidfd + recheck) and compared on every
 	 * connection: the sandbox init that must hold the guest listener,
@@ -180,7 +171,7 @@ static void bconn_refuse(struct bconn *c, const char *reason, const char *msg)
 {
 	refusal_count(reason);
 	log_warn("refused guest of %s generation %" PRIu64 " activation %" PRIu32
-	         " (%s): %s", c->b->sbx, c->b->gen, c->b->att, reason, msg);
+	         " (%s): %s", c->b->arg.sbx, c->b->arg.gen, c->b->arg.att, reason, msg);
 	relay_error_close((uv_stream_t *)c->conn, "verify_failed", msg);
 	c->conn = NULL;
 	bconn_free(c);
@@ -279,7 +270,7 @@ static int hello_check(struct bconn *c, const struct wire_frame *f, const char *
 	           hello_b64_decode(json_string_value(json_object_get(o, "proof")), got) < 0) {
 		snprintf(msg, cap, "guest handshake: malformed proof");
 	} else {
-		hello_proof(b->secret, b->sbx, b->gen, b->att, c->challenge, want);
+		hello_proof(b->secret, b->arg.sbx, b->arg.gen, b->arg.att, c->challenge, want);
 		if (sodium_memcmp(got, want, HELLO_PROOF_LEN) == 0) {
 			rc = 0;
 		} else {
@@ -366,8 +357,8 @@ static void hello_start(struct bconn *c)
 	randombytes_buf(c->challenge, sizeof(c->challenge));
 	hello_b64_encode(c->challenge, chal);
 	hello = json_pack("{s:i,s:s,s:s,s:I,s:I}", "v", HELLO_VERSION, "challenge", chal,
-	                  "sbx", b->sbx, "generation", (json_int_t)b->gen, "activation",
-	                  (json_int_t)b->att);
+	                  "sbx", b->arg.sbx, "generation", (json_int_t)b->arg.gen, "activation",
+	                  (json_int_t)b->arg.att);
 	rc = hello ? relay_write_json((uv_stream_t *)c->guest, WIRE_HELLO, hello, &err) : -1;
 	json_decref(hello);
 	if (rc < 0) {
@@ -434,7 +425,7 @@ static int listener_verified(struct bridge *b, struct tt_err *err)
 	}
 	if (b->diag_nl < 0)
 		return -1;
-	rc = verify_listener_nl(b->guest_socket, b->diag_nl, &b->init_id, err);
+	rc = verify_listener_nl(b->arg.guest_socket, b->diag_nl, &b->init_id, err);
 	if (rc < 0 && (err == NULL || err->code != TT_ERR_VERIFY)) {
 		close(b->diag_nl);
 		b->diag_nl = -1;
@@ -451,7 +442,7 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 	const char *sbx = o ? json_string_value(json_object_get(o, "sbx")) : NULL;
 	bool has_op = o && json_is_string(json_object_get(o, "op"));
 	/* This bridge serves exactly one sandbox. */
-	bool other = sbx != NULL && strcmp(sbx, c->b->sbx) != 0;
+	bool other = sbx != NULL && strcmp(sbx, c->b->arg.sbx) != 0;
 
 	if (!has_op) {
 		bconn_fail(c, "bad_request", o ? "request without op" : err.msg);
@@ -496,7 +487,7 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 		return;
 	}
 	c->connect.data = c;
-	uv_pipe_connect(&c->connect, c->guest, c->b->guest_socket, guest_connected);
+	uv_pipe_connect(&c->connect, c->guest, c->b->arg.guest_socket, guest_connected);
 }
 
 /* bconn_alloc_cb: reads land in the operation's buffer. */
@@ -587,8 +578,8 @@ static void bridge_stop(struct bridge *b, const char *why)
 	if (b->stopping)
 		return;
 	b->stopping = true;
-	log_info("bridge for %s generation %" PRIu64 " exiting: %s", b->sbx, b->gen, why);
-	unlink(b->listen_path);
+	log_info("bridge for %s generation %" PRIu64 " exiting: %s", b->arg.sbx, b->arg.gen, why);
+	unlink(b->arg.listen_path);
 	uv_stop(b->loop);
 }
 
@@ -609,171 +600,6 @@ static void on_signal(uv_signal_t *s, int signum)
 	bridge_stop(s->data, "signal");
 }
 
-/* parse_num: a decimal number in [min, max] or -1. */
-static int parse_num(const char *s, unsigned long long min, unsigned long long max,
-                     unsigned long long *out)
-{
-	char *end;
-
-	errno = 0;
-	*out = strtoull(s, &end, 10);
-	if (errno != 0 || end == s || *end != '\0' || s[0] == '-' || *out < min || *out > max)
-		return -1;
-	return 0;
-}
-
-/* copy_arg: optarg into a fixed buffer; -1 if it does not fit (never a
- * silently truncated sandbox id or path). */
-static int copy_arg(char *dst, size_t cap, const char *src)
-{
-	if (strlen(src) >= cap)
-		return -1;
-	memcpy(dst, src, strlen(src) + 1);
-	return 0;
-}
-
-/* Options by role: the execution's own (on the command line, or in a
- * spare's assignment), and the process's (command line only). */
-enum {
-	OPT_SBX = 1 << 0, OPT_GEN = 1 << 1, OPT_ATT = 1 << 2, OPT_LISTEN = 1 << 3,
-	OPT_GUEST = 1 << 4, OPT_INIT_PID = 1 << 5, OPT_INIT_START = 1 << 6,
-	OPT_MANAGER = 1 << 7, OPT_SECRET_FD = 1 << 8, OPT_READY_FD = 1 << 9,
-	OPT_ASSIGN_FD = 1 << 10,
-};
-#define OPTS_EXECUTION (OPT_SBX | OPT_GEN | OPT_ATT | OPT_LISTEN | OPT_GUEST | \
-                        OPT_INIT_PID | OPT_INIT_START)
-/* A spare's assignment: the secret, then at most this many words. */
-#define BRIDGE_ASSIGN_MAX 4096
-#define BRIDGE_ASSIGN_WORDS 32
-
-/* parse_args: the command line the manager builds (bridgectl.c): either
- * the execution's options with --secret-fd, or only --assign-fd (a spare,
- * assigned later); or (assigned) the assignment's words, which may name
- * only the execution. Returns the options seen, or -1. */
-static int parse_args(struct bridge *b, int argc, char **argv, bool assigned)
-{
-	static const struct option opts[] = {
-		{ "sbx", required_argument, NULL, OPT_SBX },
-		{ "gen", required_argument, NULL, OPT_GEN },
-		{ "att", required_argument, NULL, OPT_ATT },
-		{ "listen", required_argument, NULL, OPT_LISTEN },
-		{ "guest-socket", required_argument, NULL, OPT_GUEST },
-		{ "init-pid", required_argument, NULL, OPT_INIT_PID },
-		{ "init-start", required_argument, NULL, OPT_INIT_START },
-		{ "manager-pid", required_argument, NULL, OPT_MANAGER },
-		{ "secret-fd", required_argument, NULL, OPT_SECRET_FD },
-		{ "ready-fd", required_argument, NULL, OPT_READY_FD },
-		{ "assign-fd", required_argument, NULL, OPT_ASSIGN_FD },
-		{ NULL, 0, NULL, 0 },
-	};
-	unsigned long long v = 0;
-	int o, bad = 0, seen = 0;
-
-	optind = 1;
-	opterr = !assigned; /* the assignment's errors are logged as one */
-	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		if (o > 0 && (seen & o))
-			bad = 1; /* each option once */
-		seen |= o > 0 ? o : 0;
-		switch (o) {
-		case OPT_SBX: bad |= copy_arg(b->sbx, sizeof(b->sbx), optarg); break;
-		case OPT_GEN: bad |= parse_num(optarg, 1, UINT64_MAX, &v); b->gen = v; break;
-		case OPT_ATT: bad |= parse_num(optarg, 0, UINT32_MAX, &v); b->att = (uint32_t)v; break;
-		case OPT_LISTEN: bad |= copy_arg(b->listen_path, sizeof(b->listen_path), optarg); break;
-		case OPT_GUEST: bad |= copy_arg(b->guest_socket, sizeof(b->guest_socket), optarg); break;
-		case OPT_INIT_PID: bad |= parse_num(optarg, 1, INT_MAX, &v); b->init_pid = (pid_t)v; break;
-		case OPT_INIT_START: bad |= parse_num(optarg, 1, ULLONG_MAX, &v); b->init_start = v; break;
-		case OPT_MANAGER: bad |= parse_num(optarg, 1, INT_MAX, &v); b->manager_pid = (pid_t)v; break;
-		case OPT_SECRET_FD: bad |= parse_num(optarg, 3, INT_MAX, &v); b->secret_fd = (int)v; break;
-		case OPT_READY_FD: bad |= parse_num(optarg, 3, INT_MAX, &v); b->ready_fd = (int)v; break;
-		case OPT_ASSIGN_FD: bad |= parse_num(optarg, 3, INT_MAX, &v); b->assign_fd = (int)v; break;
-		default: bad = 1; break;
-		}
-	}
-	if (assigned)
-		bad |= seen != OPTS_EXECUTION;
-	else if (seen & OPT_ASSIGN_FD)
-		bad |= (seen & (OPTS_EXECUTION | OPT_SECRET_FD)) || !(seen & OPT_MANAGER);
-	else
-		bad |= (seen & (OPTS_EXECUTION | OPT_MANAGER | OPT_SECRET_FD)) !=
-		       (OPTS_EXECUTION | OPT_MANAGER | OPT_SECRET_FD);
-	if (bad || optind != argc || (b->ready_fd >= 0 &&
-	    (b->ready_fd == b->secret_fd || b->ready_fd == b->assign_fd)) ||
-	    ((seen & OPT_SBX) && !sbx_id_valid(b->sbx))) {
-		if (!assigned)
-			fprintf(stderr, "usage: tether-bridge --sbx ID --gen N --att N --listen PATH"
-			                " --guest-socket PATH --init-pid PID --init-start T"
-			                " --manager-pid PID --secret-fd FD [--ready-fd FD]\n"
-			                "       tether-bridge --manager-pid PID --assign-fd FD"
-			                " [--ready-fd FD]   (the rest, after the activation"
-			                " secret, on FD)\n");
-		return -1;
-	}
-	return seen;
-}
-
-/* read_assignment: a spare's execution from the manager on assign_fd: the
- * activation secret, then the execution's options as NUL-terminated words,
- * then EOF; blocks until then. 1: EOF with nothing (the manager went away
- * or dropped us); 0: assigned; -1: malformed (nothing is used). */
-static int read_assignment(struct bridge *b, struct tt_err *err)
-{
-	static char buf[BRIDGE_ASSIGN_MAX + 1];
-	char *words[BRIDGE_ASSIGN_WORDS + 2];
-	size_t got = 0;
-	int n = 0, rc = -1;
-
-	for (;;) {
-		ssize_t r = read(b->assign_fd, buf + got, sizeof(buf) - got);
-
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0) {
-			tt_err_sys(err, TT_ERR_IO, "reading the assignment");
-			goto out;
-		}
-		if (r == 0)
-			break;
-		got += (size_t)r;
-		if (got == sizeof(buf)) {
-			tt_err_set(err, TT_ERR_TOO_LARGE, "assignment over %d bytes",
-			           BRIDGE_ASSIGN_MAX);
-			goto out;
-		}
-	}
-	if (got == 0) {
-		rc = 1;
-		goto out;
-	}
-	if (got <= HELLO_SECRET_LEN || buf[got - 1] != '\0') {
-		tt_err_set(err, TT_ERR_MALFORMED, "assignment of %zu bytes is truncated", got);
-		goto out;
-	}
-	memcpy(b->secret, buf, HELLO_SECRET_LEN);
-	words[n++] = "tether-bridge";
-	for (size_t at = HELLO_SECRET_LEN; at < got; at += strlen(buf + at) + 1) {
-		if (n == BRIDGE_ASSIGN_WORDS + 1) {
-			tt_err_set(err, TT_ERR_MALFORMED, "assignment over %d words",
-			           BRIDGE_ASSIGN_WORDS);
-			goto out;
-		}
-		words[n++] = buf + at;
-	}
-	words[n] = NULL;
-	if (parse_args(b, n, words, true) < 0) {
-		tt_err_set(err, TT_ERR_MALFORMED, "assignment: bad, missing or extra options");
-		goto out;
-	}
-	rc = 0;
-out:
-	sodium_memzero(buf, sizeof(buf));
-	if (rc < 0)
-		sodium_memzero(b->secret, sizeof(b->secret));
-	close(b->assign_fd);
-	b->assign_fd = -1;
-	return rc;
-}
-
 /* pin_peers: pins the manager and the sandbox init (pidfd + recheck), checks
  * the init is the process the manager recorded (its start time) and opens
  * the init's network namespace, where its listener lives (sock_diag only
@@ -783,18 +609,18 @@ static int pin_peers(struct bridge *b, struct tt_err *err)
 	char path[64];
 	unsigned long long again = 0;
 
-	if (procid_pin(b->manager_pid, &b->mgr_id, NULL, err) < 0)
+	if (procid_pin(b->arg.manager_pid, &b->mgr_id, NULL, err) < 0)
 		return -1;
 	if (b->mgr_id.uid != geteuid())
 		return tt_err_set(err, TT_ERR_VERIFY, "manager pid %d runs as uid %u, not ours",
-		                  (int)b->manager_pid, (unsigned)b->mgr_id.uid);
-	if (procid_pin(b->init_pid, &b->init_id, &b->init_pidfd, err) < 0)
+		                  (int)b->arg.manager_pid, (unsigned)b->mgr_id.uid);
+	if (procid_pin(b->arg.init_pid, &b->init_id, &b->init_pidfd, err) < 0)
 		return -1;
-	if (b->init_id.start_time != b->init_start)
+	if (b->init_id.start_time != b->arg.init_start)
 		return tt_err_set(err, TT_ERR_VERIFY, "sandbox init pid %d: pid reused: start "
-		                  "time %llu, recorded %llu", (int)b->init_pid,
-		                  b->init_id.start_time, b->init_start);
-	snprintf(path, sizeof(path), "/proc/%d/ns/net", (int)b->init_pid);
+		                  "time %llu, recorded %llu", (int)b->arg.init_pid,
+		                  b->init_id.start_time, b->arg.init_start);
+	snprintf(path, sizeof(path), "/proc/%d/ns/net", (int)b->arg.init_pid);
 	b->netns_fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (b->netns_fd < 0)
 		return tt_err_sys(err, TT_ERR_SYS, "open %s", path);
@@ -804,9 +630,9 @@ static int pin_peers(struct bridge *b, struct tt_err *err)
 	/* The pid named the pinned init while we opened it: still alive, same
 	 * start time. */
 	if (procid_pidfd_alive(b->init_pidfd, err) != 1 ||
-	    procid_start_time(b->init_pid, &again, NULL) < 0 || again != b->init_start)
+	    procid_start_time(b->arg.init_pid, &again, NULL) < 0 || again != b->arg.init_start)
 		return tt_err_set(err, TT_ERR_VERIFY, "sandbox init pid %d exited at start",
-		                  (int)b->init_pid);
+		                  (int)b->arg.init_pid);
 	return 0;
 }
 
@@ -814,15 +640,15 @@ static int pin_peers(struct bridge *b, struct tt_err *err)
  * readiness fd so the manager stops waiting. */
 static int listen_ready(struct bridge *b, struct tt_err *err)
 {
-	if (uvutil_listen(b->loop, &b->server, b->listen_path, 64, on_connection, b,
+	if (uvutil_listen(b->loop, &b->server, b->arg.listen_path, 64, on_connection, b,
 	                  err) < 0)
 		return -1;
-	if (b->ready_fd >= 0) {
+	if (b->arg.ready_fd >= 0) {
 		/* 6 bytes into an empty pipe: never blocks, never short. */
-		if (write(b->ready_fd, "ready\n", 6) != 6)
-			return tt_err_sys(err, TT_ERR_IO, "readiness fd %d", b->ready_fd);
-		close(b->ready_fd);
-		b->ready_fd = -1;
+		if (write(b->arg.ready_fd, "ready\n", 6) != 6)
+			return tt_err_sys(err, TT_ERR_IO, "readiness fd %d", b->arg.ready_fd);
+		close(b->arg.ready_fd);
+		b->arg.ready_fd = -1;
 	}
 	return 0;
 }
@@ -839,10 +665,8 @@ int main(int argc, char **argv)
 	b->init_pidfd = -1;
 	b->netns_fd = -1;
 	b->diag_nl = -1;
-	b->secret_fd = -1;
-	b->ready_fd = -1;
-	b->assign_fd = -1;
-	if (parse_args(b, argc, argv, false) < 0)
+	bridge_args_init(&b->arg);
+	if (bridge_args_parse(&b->arg, argc, argv, false) < 0)
 		return 1;
 	/* The activation secret: not dumpable, so no other process of our
 	 * uid can read it from /proc/<pid>/mem. */
@@ -851,21 +675,22 @@ int main(int argc, char **argv)
 		log_error("%s", "libsodium failed to initialize");
 		return 1;
 	}
-	if (b->assign_fd >= 0) {
+	if (b->arg.assign_fd >= 0) {
 		/* A spare: everything above is done ahead; now wait, named
 		 * so in ps/top (every bridge has the same arguments now). */
 		int rc;
 
 		prctl(PR_SET_NAME, "bridge-spare");
-		rc = read_assignment(b, &err);
+		rc = bridge_assignment_read(b->arg.assign_fd, &b->arg, b->secret, &err);
+		b->arg.assign_fd = -1; /* closed */
 		prctl(PR_SET_NAME, "tether-bridge");
 		if (rc != 0) {
 			if (rc < 0)
 				log_error("refusing to start: %s", err.msg);
 			return rc < 0;
 		}
-	} else if (hello_read_secret(b->secret_fd, b->secret, 5000) < 0) {
-		log_error("reading the activation secret from fd %d: %s", b->secret_fd,
+	} else if (hello_read_secret(b->arg.secret_fd, b->secret, 5000) < 0) {
+		log_error("reading the activation secret from fd %d: %s", b->arg.secret_fd,
 		          strerror(errno));
 		return 1;
 	}
@@ -886,8 +711,8 @@ int main(int argc, char **argv)
 	uv_poll_start(&b->init_poll, UV_READABLE, init_exit_cb);
 	uvutil_signals_start(b->loop, &b->sigterm, &b->sigint, on_signal, b);
 	log_info("bridge for %s generation %" PRIu64 " activation %" PRIu32
-	         " listening on %s (manager pid %d, init pid %d)", b->sbx, b->gen, b->att,
-	         b->listen_path, (int)b->mgr_id.pid, (int)b->init_id.pid);
+	         " listening on %s (manager pid %d, init pid %d)", b->arg.sbx, b->arg.gen, b->arg.att,
+	         b->arg.listen_path, (int)b->mgr_id.pid, (int)b->init_id.pid);
 	uv_run(b->loop, UV_RUN_DEFAULT);
 	if (!b->stopping)
 		bridge_stop(b, "loop ended");

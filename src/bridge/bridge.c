@@ -7,7 +7,10 @@
  * before:
  *  - manager -> bridge: the peer must be the manager that spawned us
  *    (verify_peer: SO_PEERCRED + SO_PEERPIDFD, start time, executable, uid
- *    against the identity pinned at start from --manager-pid);
+ *    against the identity pinned at start from --manager-pid), or, once
+ *    that process has exited, a successor of our uid that proves the
+ *    activation's adoption key (adopt.c; guest/hello.h) and is pinned in
+ *    its place;
  *  - bridge -> guest: every new connection is verified: verify_listener
  *    (socket file owner + inode, sock_diag UDIAG_SHOW_VFS inside the
  *    sandbox's network namespace, on a netlink socket created there once at
@@ -50,6 +53,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "bridge/adopt.h"
 #include "bridge/args.h"
 #include "bridge/reason.h"
 #include "claims.h"
@@ -78,6 +82,10 @@ struct bridge {
 	 * and the manager that alone may connect to us. */
 	struct proc_identity init_id, mgr_id;
 	int init_pidfd;
+	int mgr_pidfd;                    /* the pinned manager's: has it exited? */
+	/* Proven by a restarted manager to take over once the pinned one has
+	 * exited (guest/hello.h, "Adoption"); derived from the secret. */
+	uint8_t adopt_key[HELLO_PROOF_LEN];
 	int netns_fd;                     /* the init's network namespace */
 	/* A sock_diag socket created once inside that namespace (a socket
 	 * stays bound to the namespace it was created in): each listener
@@ -538,13 +546,74 @@ static struct bconn *bconn_new(void)
 	return c;
 }
 
+/* adopt_accept: a valid adoption proof from peer: if the pinned manager is
+ * still gone, pin peer (pidfd + recheck, our uid) as the manager. */
+static int adopt_accept(void *data, pid_t peer, char *msg, size_t cap)
+{
+	struct bridge *b = data;
+	struct proc_identity id;
+	struct tt_err err = { 0 };
+	int pidfd = -1;
+
+	if (procid_pidfd_alive(b->mgr_pidfd, NULL) != 0) {
+		snprintf(msg, cap, "adoption: manager pid %d is not known to have exited",
+		         (int)b->mgr_id.pid);
+		return -1;
+	}
+	if (procid_pin(peer, &id, &pidfd, &err) < 0) {
+		snprintf(msg, cap, "adoption: %.160s", err.msg);
+		return -1;
+	}
+	if (id.uid != geteuid()) {
+		close(pidfd);
+		snprintf(msg, cap, "adoption: pid %d runs as uid %u", (int)peer, (unsigned)id.uid);
+		return -1;
+	}
+	close(b->mgr_pidfd);
+	b->mgr_pidfd = pidfd;
+	b->mgr_id = id;
+	return 0;
+}
+
+/* adopt_done: logs and counts how an adoption ended. */
+static void adopt_done(void *data, pid_t peer, const char *reason, const char *msg)
+{
+	struct bridge *b = data;
+
+	if (reason == NULL) {
+		log_info("bridge for %s generation %" PRIu64 " adopted by manager pid %d",
+		         b->arg.sbx, b->arg.gen, (int)peer);
+		return;
+	}
+	refusal_count(reason);
+	log_warn("refused adoption by pid %d (%s): %s", (int)peer, reason, msg);
+}
+
+/* may_adopt: the connection on fd may try to adopt us: the pinned manager
+ * has exited and the peer runs as our uid (its proof decides). *peer gets
+ * its pid. */
+static bool may_adopt(struct bridge *b, int fd, pid_t *peer)
+{
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+
+	if (b->mgr_pidfd < 0 || procid_pidfd_alive(b->mgr_pidfd, NULL) != 0 ||
+	    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.pid <= 0 ||
+	    cred.uid != geteuid())
+		return false;
+	*peer = cred.pid;
+	return true;
+}
+
 /* on_connection: only the manager pinned at start (pid, start time,
- * executable, uid); anyone else is refused before a byte is read. */
+ * executable, uid); anyone else is refused before a byte is read, except
+ * a successor once that manager has exited, which must prove the
+ * adoption key first (adopt.c). */
 static void on_connection(uv_stream_t *server, int status)
 {
 	struct bridge *b = server->data;
 	struct tt_err err = { 0 };
-	uv_os_fd_t fd;
+	uv_os_fd_t fd = -1;
 	struct bconn *c;
 	uv_pipe_t *p;
 
@@ -552,6 +621,15 @@ static void on_connection(uv_stream_t *server, int status)
 		return;
 	if (uv_fileno((uv_handle_t *)p, &fd) < 0 || verify_peer(fd, &b->mgr_id, &err) < 0) {
 		const char *reason = bridge_refusal_reason(&err);
+		pid_t peer = 0;
+
+		if (fd >= 0 && may_adopt(b, fd, &peer)) {
+			adopt_start(p, peer, &(struct adopt_spec){
+				.loop = b->loop, .sbx = b->arg.sbx, .gen = b->arg.gen,
+				.att = b->arg.att, .key = b->adopt_key,
+				.accept = adopt_accept, .done = adopt_done, .data = b });
+			return;
+		}
 
 		refusal_count(reason);
 		log_warn("refused peer (%s): not the manager pid %d: %s", reason,
@@ -609,7 +687,7 @@ static int pin_peers(struct bridge *b, struct tt_err *err)
 	char path[64];
 	unsigned long long again = 0;
 
-	if (procid_pin(b->arg.manager_pid, &b->mgr_id, NULL, err) < 0)
+	if (procid_pin(b->arg.manager_pid, &b->mgr_id, &b->mgr_pidfd, err) < 0)
 		return -1;
 	if (b->mgr_id.uid != geteuid())
 		return tt_err_set(err, TT_ERR_VERIFY, "manager pid %d runs as uid %u, not ours",
@@ -663,6 +741,7 @@ int main(int argc, char **argv)
 	tt_log_init("bridge", TT_LOG_INFO);
 	signal(SIGPIPE, SIG_IGN);
 	b->init_pidfd = -1;
+	b->mgr_pidfd = -1;
 	b->netns_fd = -1;
 	b->diag_nl = -1;
 	bridge_args_init(&b->arg);
@@ -694,6 +773,7 @@ int main(int argc, char **argv)
 		          strerror(errno));
 		return 1;
 	}
+	hello_adopt_key(b->secret, b->arg.sbx, b->arg.gen, b->arg.att, b->adopt_key);
 	b->loop = uv_default_loop();
 	/* NULL when out of memory: every connection is then closed after its
 	 * operation, as before pooling. */
@@ -717,10 +797,12 @@ int main(int argc, char **argv)
 	if (!b->stopping)
 		bridge_stop(b, "loop ended");
 	sodium_memzero(b->secret, sizeof(b->secret));
+	sodium_memzero(b->adopt_key, sizeof(b->adopt_key));
 	/* The process ends here: open handles and in-flight operations go
 	 * with it, and their peers see the connections drop. */
 	return 0;
 fail:
 	sodium_memzero(b->secret, sizeof(b->secret));
+	sodium_memzero(b->adopt_key, sizeof(b->adopt_key));
 	return 1;
 }

@@ -36,18 +36,18 @@
 /* Unpadded base64url of 32 bytes is 43 characters. */
 #define HELLO_B64_LEN 43
 
-/* hello_proof: out = HMAC-SHA256(secret, label 0 sbx 0 gen 0 att 0 challenge). */
-static inline void hello_proof(const uint8_t secret[HELLO_SECRET_LEN], const char *sbx,
-                               uint64_t gen, uint32_t att,
-                               const uint8_t challenge[HELLO_CHALLENGE_LEN],
-                               uint8_t out[HELLO_PROOF_LEN])
+/* hello_mac: out = HMAC-SHA256(key, label 0 sbx 0 gen 0 att 0 [challenge]),
+ * gen and att as decimal text; no challenge part when challenge is NULL. */
+static inline void hello_mac(const uint8_t key[HELLO_SECRET_LEN], const char *label,
+                             const char *sbx, uint64_t gen, uint32_t att,
+                             const uint8_t *challenge, uint8_t out[HELLO_PROOF_LEN])
 {
 	crypto_auth_hmacsha256_state st;
 	char num[24];
 	static const uint8_t zero = 0;
 
-	crypto_auth_hmacsha256_init(&st, secret, HELLO_SECRET_LEN);
-	crypto_auth_hmacsha256_update(&st, (const uint8_t *)HELLO_LABEL, strlen(HELLO_LABEL));
+	crypto_auth_hmacsha256_init(&st, key, HELLO_SECRET_LEN);
+	crypto_auth_hmacsha256_update(&st, (const uint8_t *)label, strlen(label));
 	crypto_auth_hmacsha256_update(&st, &zero, 1);
 	crypto_auth_hmacsha256_update(&st, (const uint8_t *)sbx, strlen(sbx));
 	crypto_auth_hmacsha256_update(&st, &zero, 1);
@@ -57,10 +57,41 @@ static inline void hello_proof(const uint8_t secret[HELLO_SECRET_LEN], const cha
 	snprintf(num, sizeof(num), "%" PRIu32, att);
 	crypto_auth_hmacsha256_update(&st, (const uint8_t *)num, strlen(num));
 	crypto_auth_hmacsha256_update(&st, &zero, 1);
-	crypto_auth_hmacsha256_update(&st, challenge, HELLO_CHALLENGE_LEN);
+	if (challenge != NULL)
+		crypto_auth_hmacsha256_update(&st, challenge, HELLO_CHALLENGE_LEN);
 	crypto_auth_hmacsha256_final(&st, out);
 	/* The state holds key-derived pads. */
 	sodium_memzero(&st, sizeof(st));
+}
+
+/* hello_proof: the guest's answer: hello_mac(secret, HELLO_LABEL, ...). */
+static inline void hello_proof(const uint8_t secret[HELLO_SECRET_LEN], const char *sbx,
+                               uint64_t gen, uint32_t att,
+                               const uint8_t challenge[HELLO_CHALLENGE_LEN],
+                               uint8_t out[HELLO_PROOF_LEN])
+{
+	hello_mac(secret, HELLO_LABEL, sbx, gen, att, challenge, out);
+}
+
+/* Adoption of a bridge by a restarted sbx-manager. The bridge accepts only
+ * the manager pinned at its start; once that process has exited, a peer of
+ * the same uid may take its place by proving the activation's adoption key
+ * K = hello_mac(secret, HELLO_ADOPT_KEY_LABEL, sbx, gen, att, no challenge),
+ * which the manager derives at activation and keeps in its runtime.db (the
+ * secret itself is never stored; K opens no guest):
+ *   bridge  -> manager HELLO {"v":1,"adopt_challenge":b64url(32 fresh bytes)}
+ *   manager -> bridge  HELLO {"proof":b64url(hello_mac(K, HELLO_ADOPT_LABEL,
+ *                             sbx, gen, att, challenge))}
+ *   bridge  -> manager HELLO {"adopted":true}, then it closes; the bridge
+ *   now pins that peer as its manager. */
+#define HELLO_ADOPT_KEY_LABEL "tether-adopt-key-v1"
+#define HELLO_ADOPT_LABEL "tether-adopt-v1"
+
+/* hello_adopt_key: K for one activation (see above). */
+static inline void hello_adopt_key(const uint8_t secret[HELLO_SECRET_LEN], const char *sbx,
+                                   uint64_t gen, uint32_t att, uint8_t out[HELLO_PROOF_LEN])
+{
+	hello_mac(secret, HELLO_ADOPT_KEY_LABEL, sbx, gen, att, NULL, out);
 }
 
 /* hello_b64_encode: unpadded base64url of 32 bytes into out (44 bytes). */

@@ -34,6 +34,7 @@
 #include "capcache.h"
 #include "cleanup.h"
 #include "decision.h"
+#include "guest/hello.h"
 #include "keyring.h"
 #include "log.h"
 #include "metrics.h"
@@ -89,6 +90,9 @@ struct mgr_exec {
 	 * sandbox up to its init's exec, the bridge's spawn, then the wait
 	 * for both to be ready. */
 	int64_t launch_us, spawn_us, ready_us;
+	/* The activation's adoption key (guest/hello.h): recorded, so that a
+	 * successor of ours can take over the bridge. */
+	uint8_t adopt_key[HELLO_PROOF_LEN];
 	struct mgr_exec *next;
 };
 
@@ -1064,6 +1068,7 @@ static struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec
 	cfg.layer_inodes = m->layer_inodes;
 	randombytes_buf(secret, sizeof(secret));
 	cfg.secret = secret;
+	hello_adopt_key(secret, rec->id.sbx, rec->id.gen, rec->id.att, ex->adopt_key);
 	if (m->spare_netns >= 0) {
 		cfg.use_netns = true;
 		cfg.netns_fd = m->spare_netns;
@@ -1227,6 +1232,8 @@ static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 	rec.init_start = ex->sb.init_start_time;
 	rec.bridge_pid = ex->bridge_pid;
 	rec.bridge_start = ex->bridge_start;
+	memcpy(rec.adopt_key, ex->adopt_key, sizeof(rec.adopt_key));
+	rec.has_adopt_key = true;
 	/* Persist, then apply: admission sees the execution only once the
 	 * record with its pids is committed. */
 	t_put2 = now_us();
@@ -2042,6 +2049,66 @@ static void kill_verified(pid_t pid, unsigned long long start)
 	close(fd);
 }
 
+/* bridge_adopt: takes over the bridge of an execution our predecessor
+ * started (guest/hello.h, "Adoption"): it must be the recorded bridge
+ * (verify_peer against the identity pinned in recover), challenge us, and
+ * accept the proof made with the recorded adoption key. Blocking, each
+ * read and write bounded (the bridge is local): runs once per execution,
+ * at start, before we serve. */
+static int bridge_adopt(struct manager *m, struct mgr_exec *ex, const struct rec_exec *r,
+                        struct tt_err *err)
+{
+	static uint8_t buf[WIRE_PAYLOAD_MAX + 1];
+	struct timeval tv = { .tv_sec = HELLO_TIMEOUT_MS / 1000 };
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	uint8_t chal[HELLO_CHALLENGE_LEN], proof[HELLO_PROOF_LEN];
+	char dir[PATH_MAX], b64[HELLO_B64_LEN + 1];
+	_cleanup_close_ int fd = -1;
+	struct wire_frame f;
+	json_t *o;
+	int rc;
+
+	if (!r->has_adopt_key)
+		return tt_err_set(err, TT_ERR_VERIFY, "recorded without an adoption key");
+	if (sandbox_dir(m, r->id.sbx, dir, sizeof(dir)) < 0 ||
+	    (size_t)snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/bridge.sock", dir) >=
+	    sizeof(sa.sun_path))
+		return tt_err_set(err, TT_ERR_INVALID, "bridge socket path too long");
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
+	    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0 ||
+	    connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		return tt_err_sys(err, TT_ERR_TRANSPORT, "connecting to its bridge");
+	if (verify_peer(fd, &ex->bridge_id, err) < 0)
+		return -1;
+	if (wire_recv(fd, &f, buf, sizeof(buf), err) != 1)
+		return tt_err_set(err, TT_ERR_TRANSPORT, "its bridge sent no adoption challenge");
+	o = f.type == WIRE_HELLO ? wire_frame_json(&f, NULL) : NULL;
+	rc = o != NULL && hello_b64_decode(json_string_value(json_object_get(o,
+	                                   "adopt_challenge")), chal) == 0 ? 0 : -1;
+	json_decref(o);
+	if (rc < 0)
+		return tt_err_set(err, TT_ERR_MALFORMED, "its bridge sent no adoption challenge");
+	hello_mac(r->adopt_key, HELLO_ADOPT_LABEL, r->id.sbx, r->id.gen, r->id.att, chal, proof);
+	hello_b64_encode(proof, b64);
+	sodium_memzero(proof, sizeof(proof));
+	o = json_pack("{s:s}", "proof", b64);
+	rc = o != NULL ? wire_send_json(fd, WIRE_HELLO, o, err) : -1;
+	json_decref(o);
+	if (rc < 0)
+		return -1;
+	if (wire_recv(fd, &f, buf, sizeof(buf), err) != 1)
+		return tt_err_set(err, TT_ERR_TRANSPORT, "its bridge closed without an answer");
+	o = wire_frame_json(&f, NULL);
+	rc = f.type == WIRE_HELLO && json_is_true(json_object_get(o, "adopted")) ? 0 : -1;
+	if (rc < 0)
+		tt_err_set(err, TT_ERR_VERIFY, "its bridge refused: %.160s",
+		           o && json_string_value(json_object_get(o, "message")) ?
+		           json_string_value(json_object_get(o, "message")) : "?");
+	json_decref(o);
+	return rc;
+}
+
 /* recover: after a restart, adopt executions whose processes are still the
  * recorded ones; mark the others lost (admission: RefreshRoute). */
 static void recover(struct manager *m)
@@ -2090,13 +2157,20 @@ static void recover(struct manager *m)
 		pinned = procid_pin(r->bridge_pid, &ex->bridge_id, &ex->bridge_pidfd, &err) == 0 &&
 		         ex->bridge_id.start_time == r->bridge_start;
 		if (ex->sb.pidfd < 0 || !pinned ||
-		    !proc_matches(r->init_pid, r->init_start) || exec_watch(m, ex, &err) < 0) {
+		    !proc_matches(r->init_pid, r->init_start) ||
+		    bridge_adopt(m, ex, r, &err) < 0 || exec_watch(m, ex, &err) < 0) {
+			log_warn("execution %s generation %" PRIu64 " not adopted%s%s: stopping it",
+			         r->id.sbx, r->id.gen, err.msg[0] ? ": " : "", err.msg);
 			if (ex->sb.pidfd >= 0)
 				close(ex->sb.pidfd);
 			if (ex->bridge_pidfd >= 0)
 				close(ex->bridge_pidfd);
 			uvutil_pool_free(ex->pool);
 			free(ex);
+			/* Alive but out of our reach: not left running. */
+			kill_verified(r->bridge_pid, r->bridge_start);
+			kill_verified(r->init_pid, r->init_start);
+			ns_freezer_release(r->id.sbx, r->id.gen);
 			mark_state(m, r->id.sbx, REC_LOST);
 			layer_unmount_of(m, r->id.sbx);
 			continue;

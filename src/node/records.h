@@ -40,6 +40,11 @@ struct rec_exec {
 	pid_t bridge_pid;
 	unsigned long long bridge_start;
 	int64_t updated_at;      /* unix seconds */
+	/* What a restarted manager proves to this execution's bridge to take
+	 * over from its dead predecessor (guest/hello.h, "Adoption"); none
+	 * for executions recorded before schema 2. */
+	uint8_t adopt_key[32];
+	bool has_adopt_key;
 };
 
 struct records;

@@ -178,6 +178,33 @@ out=$(T exec "$K" -- sh -c 'cat /workspace/keep; ls /home' 2>&1)
 [ "$out" = "v1" ] && ok "content is the complete snapshot's (no trace of the partial)" || notok "content after failover" "$out"
 stop_w3
 
+# ---- a manager killed with a running sandbox: its successor adopts it --------------
+# The sandbox and its bridge outlive the manager; the next one proves the
+# recorded adoption key to the bridge and serves the same execution: same
+# generation, same files, its background process still running.
+start_w3 >/dev/null
+A=$(T create --worker w3 2>"$WORK/e")
+T exec "$A" -- sh -c 'echo adopted-v1 >/workspace/a; sleep 1000 >/dev/null 2>&1 &' >/dev/null 2>&1
+pid_before=$(T exec "$A" -- pgrep -x sleep 2>&1)
+MGR3=$(pgrep -f -o "tetherd manager --state $STATE/workers/w3")
+kill -KILL "$MGR3"
+for _ in $(seq 1 100); do kill -0 "$W3_PID" 2>/dev/null || break; sleep 0.1; done
+W3_PID=
+# The cp may still list the dead w3 as up: wait for the new one's listener.
+listening=$(grep -c "node-api w3 listening" "$WORK/w3.log")
+w3_back() { [ "$(grep -c "node-api w3 listening" "$WORK/w3.log")" -gt "$listening" ]; }
+start_w3 >/dev/null
+wait_until 100 w3_back
+out=$(T exec "$A" -- sh -c 'cat /workspace/a; pgrep -x sleep' 2>&1)
+if [ -n "$pid_before" ] && [ "$out" = "adopted-v1
+$pid_before" ]; then ok "after its manager's SIGKILL, the sandbox is served as it was (file, background process)"
+else notok "sandbox after a manager restart" "before [$pid_before] after [$out]"; fi
+[ "$(info "$A" 'd["state"], d["generation"]')" = "('running', 1)" ] &&
+	ok "... the same execution (generation 1, not re-activated)" || notok "adopted generation" "$(LC info "$A" --json)"
+grep -q "bridge for $A generation 1 adopted by manager pid" "$WORK/w3.log" &&
+	ok "... its bridge was adopted by the new manager" || notok "adoption logged" "$(grep -i adopt "$WORK/w3.log" | tail -3)"
+stop_w3
+
 # ---- progress and a control-plane restart between migrations ------------------------------
 T exec "$S" -- sh -c 'head -c 300000000 /dev/zero >/home/large' >/dev/null 2>&1
 if LC pause "$S" >"$WORK/p.out" 2>"$WORK/p.err" && grep -qE '^snapshot [0-9.]+ MiB / [0-9.]+ MiB$' "$WORK/p.err"; then

@@ -42,6 +42,7 @@
 
 #include <cmocka.h>
 
+#include "guest/hello.h"
 #include "node/bridgectl.h"
 #include "procid.h"
 #include "wire.h"
@@ -589,7 +590,9 @@ static int reuse_fail(struct reuse_res *r, const char *step)
 /* reuse_scenario: pid 1 of a new pid namespace with its own /proc. The
  * manager M the bridge was started for does an honest exec and exits; an
  * impostor gets M's pid (set_tid) and sends the marker exec: the bridge
- * must refuse it (pid_reused). Then a bridge for the live manager (us)
+ * must not take it for M (its start time differs): M being gone, it is
+ * only offered the adoption challenge, and its exec instead of a proof is
+ * refused (adopt_malformed). Then a bridge for the live manager (us)
  * serves again. */
 static int reuse_scenario(struct reuse_res *r, const char *script)
 {
@@ -643,8 +646,8 @@ static int reuse_scenario(struct reuse_res *r, const char *script)
 	if (procid_start_time(imp, &r->impostor_start, NULL) < 0)
 		r->impostor_start = 0;
 	waitpid(imp, NULL, 0);
-	if (!log_has(b.log, "refused peer (pid_reused)"))
-		return reuse_fail(r, "bridge log lacks the pid_reused refusal");
+	if (!log_has(b.log, "(adopt_malformed)"))
+		return reuse_fail(r, "bridge log lacks the adopt_malformed refusal");
 	/* Honest afterwards: a bridge started for the live manager (us). */
 	r->after_started = bridge_start(&b2, path, g.pid) == 0;
 	if (r->after_started)
@@ -656,7 +659,8 @@ static int reuse_scenario(struct reuse_res *r, const char *script)
 }
 
 /* The manager the bridge was started for exits and an impostor gets its
- * pid: the bridge refuses it (start time differs), nothing runs. */
+ * pid: the bridge does not take it for the manager (start time differs)
+ * and, without the adoption key, refuses it; nothing runs. */
 static void test_manager_pid_reuse(void **state)
 {
 	struct reuse_res *r;
@@ -694,8 +698,10 @@ static void test_manager_pid_reuse(void **state)
 	expect_ok(&r->honest, "from-manager\n");
 	assert_int_equal(r->impostor_pid, r->manager_pid);
 	assert_true(r->impostor_start != r->manager_start);
-	/* Refused before reading: not one frame came back, nothing ran. */
-	assert_int_equal(r->impostor.frames, 0);
+	/* Challenged, then refused: no output, nothing ran. */
+	assert_int_equal(r->impostor.end_type, WIRE_ERROR);
+	assert_string_equal(r->impostor.error, "verify_failed");
+	assert_int_equal(r->impostor.out_len, 0);
 	assert_int_equal(access(mark, F_OK), -1);
 	assert_true(r->after_started);
 	expect_ok(&r->after, "after-reuse\n");
@@ -861,6 +867,127 @@ static void test_spare_assignment(void **state)
 	proc_stop(&g);
 }
 
+/* adopt_try: connects to sock as a would-be manager: if the bridge offers
+ * an adoption challenge (*offered), answers with the proof made under key
+ * (or, key NULL, sends an exec REQUEST of script instead); returns the
+ * answer's type (WIRE_HELLO with "adopted", WIRE_ERROR, or 0 for EOF). */
+static int adopt_try(const char *sock, const uint8_t *key, const char *script, bool *offered)
+{
+	uint8_t chal[HELLO_CHALLENGE_LEN], proof[HELLO_PROOF_LEN];
+	char b64[HELLO_B64_LEN + 1];
+	struct wire_frame f;
+	json_t *o;
+	int fd = tu_unix_connect(sock, SOCK_CLOEXEC), type = 0;
+	struct timeval tv = { .tv_sec = 10 };
+
+	*offered = false;
+	assert_true(fd >= 0);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	if (wire_recv(fd, &f, rbuf, sizeof(rbuf), NULL) != 1)
+		goto out;
+	assert_int_equal(f.type, WIRE_HELLO);
+	o = wire_frame_json(&f, NULL);
+	assert_int_equal(hello_b64_decode(json_string_value(json_object_get(o,
+	                                  "adopt_challenge")), chal), 0);
+	json_decref(o);
+	*offered = true;
+	if (key != NULL) {
+		hello_mac(key, HELLO_ADOPT_LABEL, SBX, 1, 1, chal, proof);
+		hello_b64_encode(proof, b64);
+		o = json_pack("{s:s}", "proof", b64);
+		assert_int_equal(wire_send_json(fd, WIRE_HELLO, o, NULL), 0);
+	} else {
+		o = json_pack("{s:s,s:s,s:[s,s,s]}", "sbx", SBX, "op", "exec", "cmd", "sh",
+		              "-c", script);
+		assert_int_equal(wire_send_json(fd, WIRE_REQUEST, o, NULL), 0);
+	}
+	json_decref(o);
+	if (wire_recv(fd, &f, rbuf, sizeof(rbuf), NULL) == 1) {
+		type = f.type;
+		o = wire_frame_json(&f, NULL);
+		if (type == WIRE_HELLO && !json_is_true(json_object_get(o, "adopted")))
+			type = -1;
+		json_decref(o);
+	}
+out:
+	close(fd);
+	return type;
+}
+
+/* A manager restarted after a crash adopts the bridges of the executions
+ * it finds (guest/hello.h, "Adoption"). While the pinned manager lives,
+ * another process of our uid is refused before any byte: no challenge is
+ * even offered. Once it has exited, a peer is challenged: a wrong proof,
+ * or an operation sent instead of a proof, is refused and nothing runs;
+ * the proof made with the adoption key (derived from the activation
+ * secret, as the manager records it) makes that peer the manager, whose
+ * operations are then served, and from then on the old rule holds again:
+ * another process is refused without a challenge. */
+static void test_adoption(void **state)
+{
+	struct proc g, b;
+	struct answer a;
+	uint8_t key[HELLO_PROOF_LEN], wrong[HELLO_PROOF_LEN];
+	unsigned long long start = 0;
+	char path[256], script[600], mark[600], line[96];
+	bool offered;
+	pid_t fake, other;
+	int st;
+
+	(void)state;
+	tu_skip_unless_root();
+	snprintf(path, sizeof(path), "%s/adopt.sock", dir);
+	assert_int_equal(guest_start(&g, path), 0);
+	assert_int_equal(procid_start_time(g.pid, &start, NULL), 0);
+	fake = fork(); /* the manager that "started" the bridge */
+	assert_true(fake >= 0);
+	if (fake == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		pause();
+		_exit(0);
+	}
+	assert_int_equal(bridge_start_at(&b, path, g.pid, start, fake), 0);
+	hello_adopt_key(secret, SBX, 1, 1, key);
+	/* Its manager lives: not even a challenge. */
+	assert_int_equal(adopt_try(b.sock, key, NULL, &offered), 0);
+	assert_false(offered);
+	assert_int_equal(kill(fake, SIGKILL), 0);
+	assert_int_equal(waitpid(fake, NULL, 0), fake);
+	/* A wrong proof. */
+	memcpy(wrong, key, sizeof(wrong));
+	wrong[5] ^= 0x40;
+	assert_int_equal(adopt_try(b.sock, wrong, NULL, &offered), WIRE_ERROR);
+	assert_true(offered);
+	assert_true(log_has(b.log, "(adopt_bad_proof)"));
+	/* An operation instead of a proof: refused, it never runs. */
+	marker_script("pwned-adopt", script, sizeof(script));
+	marker_path("pwned-adopt", mark, sizeof(mark));
+	assert_int_equal(adopt_try(b.sock, NULL, script, &offered), WIRE_ERROR);
+	assert_true(offered);
+	assert_true(log_has(b.log, "(adopt_malformed)"));
+	assert_int_equal(access(mark, F_OK), -1);
+	/* The honest successor: adopted, then served. */
+	assert_int_equal(adopt_try(b.sock, key, NULL, &offered), WIRE_HELLO);
+	snprintf(line, sizeof(line), "adopted by manager pid %d", (int)getpid());
+	assert_true(log_has(b.log, line));
+	bridge_exec(b.sock, "echo adopted", &a);
+	expect_ok(&a, "adopted\n");
+	/* The successor lives: anyone else is refused outright again. */
+	other = fork();
+	assert_true(other >= 0);
+	if (other == 0) {
+		struct answer oa;
+
+		bridge_exec(b.sock, script, &oa);
+		_exit(oa.frames == 0 && oa.end_type == 0 ? 0 : 1);
+	}
+	assert_int_equal(waitpid(other, &st, 0), other);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	assert_int_equal(access(mark, F_OK), -1);
+	proc_stop(&b);
+	proc_stop(&g);
+}
+
 /* group_teardown: removes the scratch directory. */
 static int group_teardown(void **state)
 {
@@ -900,6 +1027,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_manager_pid_reuse),
 		cmocka_unit_test(test_init_reused_at_start),
 		cmocka_unit_test(test_spare_assignment),
+		cmocka_unit_test(test_adoption),
 	};
 
 	/* test_exe_changed re-executes a copy of this binary as the

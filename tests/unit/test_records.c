@@ -264,6 +264,69 @@ static void test_bad_file(void **state)
 	assert_true(strlen(err.msg) > 0);
 }
 
+/* test_adopt_key_and_v1: the adoption key round-trips (and is absent when
+ * not set); a schema-1 store (before adoption keys) opens, migrated in
+ * place: its executions load without a key and keep every other field,
+ * and a key can be stored from then on. */
+static void test_adopt_key_and_v1(void **state)
+{
+	struct tt_err err = { 0 };
+	struct records *db = NULL;
+	struct rec_exec a = mkexec(SBX_A, 3), b = mkexec(SBX_B, 4);
+	const struct rec_exec *g;
+	sqlite3 *raw;
+
+	(void)state;
+	/* A v1 store, as the previous schema wrote it. */
+	assert_int_equal(sqlite3_open(path, &raw), SQLITE_OK);
+	assert_int_equal(sqlite3_exec(raw,
+		"CREATE TABLE schema_version(version INTEGER NOT NULL);"
+		"INSERT INTO schema_version(version) VALUES (1);"
+		"CREATE TABLE executions(sbx TEXT PRIMARY KEY, gen INTEGER NOT NULL,"
+		" wrk TEXT NOT NULL, sst TEXT NOT NULL, pod TEXT NOT NULL, att INTEGER NOT NULL,"
+		" retired INTEGER NOT NULL, epoch INTEGER NOT NULL, state TEXT NOT NULL,"
+		" slot INTEGER NOT NULL, init_pid INTEGER NOT NULL, init_start INTEGER NOT NULL,"
+		" bridge_pid INTEGER NOT NULL, bridge_start INTEGER NOT NULL,"
+		" updated_at INTEGER NOT NULL);"
+		"INSERT INTO executions VALUES ('" SBX_A "', 3, 'w1', 'ns', '', 1, 0, 3,"
+		" 'running', 2, 1234, 987654321, 1240, 987654400, 1);",
+		NULL, NULL, NULL), SQLITE_OK);
+	sqlite3_close(raw);
+	assert_int_equal(records_open(path, &db, &err), 0);
+	g = records_get(db, SBX_A);
+	assert_non_null(g);
+	assert_false(g->has_adopt_key);
+	assert_int_equal(g->id.gen, 3);
+	assert_int_equal(g->slot, 2);
+	assert_int_equal(g->bridge_start, 987654400ULL);
+	/* Keys from now on, persisted; none where none was set. */
+	memset(a.adopt_key, 0xa5, sizeof(a.adopt_key));
+	a.has_adopt_key = true;
+	assert_int_equal(records_put(db, &a, 0, &err), 0);
+	assert_int_equal(records_put(db, &b, 0, &err), 0);
+	db = reopen(db);
+	g = records_get(db, SBX_A);
+	assert_non_null(g);
+	assert_true(g->has_adopt_key);
+	assert_memory_equal(g->adopt_key, a.adopt_key, sizeof(a.adopt_key));
+	g = records_get(db, SBX_B);
+	assert_non_null(g);
+	assert_false(g->has_adopt_key);
+	records_close(db);
+	/* Migrated once: the file says schema 2. */
+	assert_int_equal(sqlite3_open(path, &raw), SQLITE_OK);
+	{
+		sqlite3_stmt *st = NULL;
+
+		assert_int_equal(sqlite3_prepare_v2(raw, "SELECT version FROM schema_version",
+		                                    -1, &st, NULL), SQLITE_OK);
+		assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+		assert_int_equal(sqlite3_column_int(st, 0), 2);
+		sqlite3_finalize(st);
+	}
+	sqlite3_close(raw);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -273,6 +336,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_keys, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_crash_safety, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_file, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_adopt_key_and_v1, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,169 @@
+/* The bridge's side of an adoption (adopt.h, guest/hello.h): a fresh
+ * challenge, one HELLO back within HELLO_TIMEOUT_MS holding the proof and
+ * nothing else, then {"adopted":true} or ERROR, and the connection closes
+ * either way: operations come on new connections, verified against the
+ * re-pinned manager. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bridge/adopt.h"
+#include "guest/hello.h"
+#include "log.h"
+#include "relay.h"
+#include "wire.h"
+#include "wire_json.h"
+
+struct adopt {
+	struct adopt_spec spec;
+	uv_pipe_t *conn;             /* owned until handed to a close */
+	pid_t peer;
+	uint8_t challenge[HELLO_CHALLENGE_LEN];
+	struct wire_reader rd;
+	uv_timer_t timer;
+	bool ended;
+	uint8_t buf[1024 + WIRE_HDR_LEN];
+};
+
+/* adopt_free_cb: the timer is closed: nothing else refers to a. */
+static void adopt_free_cb(uv_handle_t *h)
+{
+	struct adopt *a = h->data;
+
+	sodium_memzero(a->challenge, sizeof(a->challenge));
+	free(a);
+}
+
+/* adopt_end: reports the outcome once, answers the peer and closes. */
+static void adopt_end(struct adopt *a, const char *reason, const char *msg)
+{
+	struct tt_err err = { 0 };
+	json_t *ok;
+
+	if (a->ended)
+		return;
+	a->ended = true;
+	uv_read_stop((uv_stream_t *)a->conn);
+	uv_timer_stop(&a->timer);
+	if (reason == NULL) {
+		ok = json_pack("{s:b}", "adopted", 1);
+		if (ok == NULL || relay_write_json((uv_stream_t *)a->conn, WIRE_HELLO, ok, &err) < 0)
+			log_warn("adoption by pid %d: the answer was not sent: %s", (int)a->peer,
+			         ok ? err.msg : "out of memory");
+		json_decref(ok);
+		relay_close_free((uv_stream_t *)a->conn);
+	} else {
+		relay_error_close((uv_stream_t *)a->conn, "verify_failed", msg);
+	}
+	a->conn = NULL;
+	a->spec.done(a->spec.data, a->peer, reason, msg);
+	uv_close((uv_handle_t *)&a->timer, adopt_free_cb);
+}
+
+/* adopt_judge: the peer's HELLO: exactly {"proof":b64url(32 bytes)}, the
+ * MAC of our challenge under the adoption key. */
+static void adopt_judge(struct adopt *a, const struct wire_frame *f)
+{
+	uint8_t got[HELLO_PROOF_LEN], want[HELLO_PROOF_LEN];
+	struct tt_err err = { 0 };
+	json_t *o = f->type == WIRE_HELLO ? wire_frame_json(f, &err) : NULL;
+	char msg[200];
+	bool good;
+
+	if (o == NULL || json_object_size(o) != 1 ||
+	    hello_b64_decode(json_string_value(json_object_get(o, "proof")), got) < 0) {
+		json_decref(o);
+		adopt_end(a, "adopt_malformed", "adoption: expected HELLO {\"proof\": …}");
+		return;
+	}
+	json_decref(o);
+	hello_mac(a->spec.key, HELLO_ADOPT_LABEL, a->spec.sbx, a->spec.gen, a->spec.att,
+	          a->challenge, want);
+	good = sodium_memcmp(got, want, HELLO_PROOF_LEN) == 0;
+	sodium_memzero(want, sizeof(want));
+	if (!good) {
+		adopt_end(a, "adopt_bad_proof", "adoption: wrong proof for this activation");
+		return;
+	}
+	msg[0] = '\0';
+	if (a->spec.accept(a->spec.data, a->peer, msg, sizeof(msg)) < 0) {
+		adopt_end(a, "adopt_refused", msg);
+		return;
+	}
+	adopt_end(a, NULL, NULL);
+}
+
+/* adopt_alloc_cb: reads land in the connection's buffer. */
+static void adopt_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+	struct adopt *a = h->data;
+
+	(void)suggested;
+	*buf = uv_buf_init((char *)a->buf, sizeof(a->buf));
+}
+
+/* adopt_read_cb: one frame and nothing after it. */
+static void adopt_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+	struct adopt *a = s->data;
+	struct tt_err err = { 0 };
+	struct wire_frame f;
+	size_t used = 0;
+	int rc;
+
+	(void)buf;
+	if (nread == 0 || a->ended)
+		return;
+	if (nread < 0) {
+		adopt_end(a, "adopt_closed", "adoption: the peer closed the connection");
+		return;
+	}
+	rc = wire_reader_feed(&a->rd, a->buf, (size_t)nread, &used, &f, &err);
+	if (rc == 0)
+		return;
+	if (rc < 0 || (size_t)nread > used) {
+		adopt_end(a, "adopt_malformed", rc < 0 ? err.msg : "adoption: bytes after HELLO");
+		return;
+	}
+	adopt_judge(a, &f);
+}
+
+/* adopt_timeout_cb: no proof in time. */
+static void adopt_timeout_cb(uv_timer_t *t)
+{
+	adopt_end(t->data, "adopt_timeout", "adoption: no proof within 2 s");
+}
+
+/* adopt_start: see adopt.h. */
+void adopt_start(uv_pipe_t *conn, pid_t peer, const struct adopt_spec *spec)
+{
+	struct adopt *a = calloc(1, sizeof(*a));
+	char chal[HELLO_B64_LEN + 1];
+	struct tt_err err = { 0 };
+	json_t *hello;
+
+	if (a == NULL) {
+		relay_close_free((uv_stream_t *)conn);
+		spec->done(spec->data, peer, "adopt_internal", "out of memory");
+		return;
+	}
+	a->spec = *spec;
+	a->conn = conn;
+	a->peer = peer;
+	conn->data = a;
+	wire_reader_init(&a->rd);
+	uv_timer_init(spec->loop, &a->timer);
+	a->timer.data = a;
+	randombytes_buf(a->challenge, sizeof(a->challenge));
+	hello_b64_encode(a->challenge, chal);
+	hello = json_pack("{s:i,s:s}", "v", HELLO_VERSION, "adopt_challenge", chal);
+	if (hello == NULL || relay_write_json((uv_stream_t *)conn, WIRE_HELLO, hello, &err) < 0) {
+		json_decref(hello);
+		adopt_end(a, "adopt_internal", hello ? err.msg : "out of memory");
+		return;
+	}
+	json_decref(hello);
+	uv_timer_start(&a->timer, adopt_timeout_cb, HELLO_TIMEOUT_MS, 0);
+	uv_read_start((uv_stream_t *)conn, adopt_alloc_cb, adopt_read_cb);
+}

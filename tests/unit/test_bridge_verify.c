@@ -246,6 +246,24 @@ static int bridge_hold(const char *sock)
 	return fd;
 }
 
+/* expect_refused_outright: another process of our uid (a child) sends the
+ * exec of script to the bridge at sock: closed with no frame at all. */
+static void expect_refused_outright(const char *sock, const char *script)
+{
+	pid_t other = fork();
+	int st;
+
+	assert_true(other >= 0);
+	if (other == 0) {
+		struct answer oa;
+
+		bridge_exec(sock, script, &oa);
+		_exit(oa.frames == 0 && oa.end_type == 0 ? 0 : 1);
+	}
+	assert_int_equal(waitpid(other, &st, 0), other);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 /* expect_ok: the exec ran and printed want. */
 static void expect_ok(const struct answer *a, const char *want)
 {
@@ -551,8 +569,6 @@ static void test_not_manager(void **state)
 	struct proc g, b;
 	struct answer a;
 	char path[256], script[600], mark[600];
-	pid_t other;
-	int st;
 
 	(void)state;
 	tu_skip_unless_root();
@@ -561,17 +577,7 @@ static void test_not_manager(void **state)
 	assert_int_equal(bridge_start(&b, path, g.pid), 0);
 	marker_script("pwned-notmgr", script, sizeof(script));
 	marker_path("pwned-notmgr", mark, sizeof(mark));
-	other = fork();
-	assert_true(other >= 0);
-	if (other == 0) {
-		struct answer oa;
-
-		bridge_exec(b.sock, script, &oa);
-		/* 0: refused with no frame at all. */
-		_exit(oa.frames == 0 && oa.end_type == 0 ? 0 : 1);
-	}
-	assert_int_equal(waitpid(other, &st, 0), other);
-	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	expect_refused_outright(b.sock, script);
 	assert_true(log_has(b.log, "refused peer (wrong_peer)"));
 	assert_int_equal(access(mark, F_OK), -1);
 	bridge_exec(b.sock, "echo manager", &a);
@@ -931,8 +937,7 @@ static void test_adoption(void **state)
 	unsigned long long start = 0;
 	char path[256], script[600], mark[600], line[96];
 	bool offered;
-	pid_t fake, other;
-	int st;
+	pid_t fake;
 
 	(void)state;
 	tu_skip_unless_root();
@@ -973,16 +978,7 @@ static void test_adoption(void **state)
 	bridge_exec(b.sock, "echo adopted", &a);
 	expect_ok(&a, "adopted\n");
 	/* The successor lives: anyone else is refused outright again. */
-	other = fork();
-	assert_true(other >= 0);
-	if (other == 0) {
-		struct answer oa;
-
-		bridge_exec(b.sock, script, &oa);
-		_exit(oa.frames == 0 && oa.end_type == 0 ? 0 : 1);
-	}
-	assert_int_equal(waitpid(other, &st, 0), other);
-	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	expect_refused_outright(b.sock, script);
 	assert_int_equal(access(mark, F_OK), -1);
 	proc_stop(&b);
 	proc_stop(&g);

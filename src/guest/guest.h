@@ -24,6 +24,8 @@
 #define GUEST_PATH_MAX 4096
 #define GUEST_LIST_MAX 10000
 #define GUEST_IDLE_TIMEOUT_DEFAULT_S 600
+/* A spare agent's assignment (main.c): secret, id, generation, activation. */
+#define GUEST_ASSIGN_MAX 256
 
 /* Per-process settings, fixed at start-up. */
 struct guest_ctx {

@@ -5,7 +5,15 @@
  * usage: tether-guest --listen PATH --sbx ID --gen N --att N
  *                     [--root DIR] [--ready-fd FD] [--secret-fd FD]
  *                     [--idle-timeout S]
+ *        tether-guest --listen PATH --assign-fd FD [--root DIR]
+ *                     [--ready-fd FD] [--idle-timeout S]
  *
+ * --assign-fd: started ahead of its execution (a spare sandbox, see
+ * src/node/ns.c), the agent waits for its assignment on FD: the 32-byte
+ * activation secret, then the sandbox id, generation and activation as
+ * NUL-terminated words, then EOF (at most GUEST_ASSIGN_MAX bytes); only
+ * then does it listen. EOF before any byte: the manager dropped the spare
+ * (or died), and the agent exits, and with it the sandbox.
  * --secret-fd: a pipe holding exactly the 32-byte activation secret (then
  * EOF), read once at start and closed; the secret stays in memory only and
  * answers the bridge's handshake challenges (hello.h). Without it the agent
@@ -16,6 +24,7 @@
 #include <getopt.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +50,7 @@ struct guest_opts {
 	uint32_t att;
 	int ready_fd;
 	int secret_fd;
+	int assign_fd;
 	int have_gen, have_att;
 	unsigned idle_timeout_s;
 };
@@ -80,6 +90,7 @@ static int opts_parse(int argc, char **argv, struct guest_opts *o)
 		{ "root", required_argument, NULL, 'r' },
 		{ "ready-fd", required_argument, NULL, 'f' },
 		{ "secret-fd", required_argument, NULL, 'S' },
+		{ "assign-fd", required_argument, NULL, 'A' },
 		{ "idle-timeout", required_argument, NULL, 'i' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -87,7 +98,7 @@ static int opts_parse(int argc, char **argv, struct guest_opts *o)
 	uint64_t v;
 	int c;
 
-	*o = (struct guest_opts){ .root = "/", .ready_fd = -1, .secret_fd = -1,
+	*o = (struct guest_opts){ .root = "/", .ready_fd = -1, .secret_fd = -1, .assign_fd = -1,
 	                          .idle_timeout_s = GUEST_IDLE_TIMEOUT_DEFAULT_S };
 	while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
 		switch (c) {
@@ -115,6 +126,11 @@ static int opts_parse(int argc, char **argv, struct guest_opts *o)
 				goto bad;
 			o->secret_fd = (int)v;
 			break;
+		case 'A':
+			if (parse_u64(optarg, INT32_MAX, &v) < 0)
+				goto bad;
+			o->assign_fd = (int)v;
+			break;
 		case 'i':
 			if (parse_u64(optarg, 86400, &v) < 0 || v == 0)
 				goto bad;
@@ -123,6 +139,15 @@ static int opts_parse(int argc, char **argv, struct guest_opts *o)
 		case 'h': exit(usage(stdout));
 		default: return usage(stderr), -1;
 		}
+	}
+	if (o->assign_fd >= 0) {
+		if (optind != argc || o->listen == NULL || o->sbx != NULL || o->have_gen ||
+		    o->have_att || o->secret_fd >= 0) {
+			fprintf(stderr, "tether-guest: --assign-fd takes --listen and no "
+			                "--sbx, --gen, --att or --secret-fd\n");
+			return -1;
+		}
+		return 0;
 	}
 	if (optind != argc || o->listen == NULL || o->sbx == NULL ||
 	    !o->have_gen || !o->have_att) {
@@ -133,9 +158,88 @@ static int opts_parse(int argc, char **argv, struct guest_opts *o)
 bad:
 	fprintf(stderr, "tether-guest: bad number for --%s: %s\n",
 	        c == 'g' ? "gen" : c == 'a' ? "att" : c == 'S' ? "secret-fd" :
+	        c == 'A' ? "assign-fd" :
 	        c == 'i' ? "idle-timeout" : "ready-fd",
 	        optarg);
 	return -1;
+}
+
+/* guest_id_ok: a sandbox id as the substrate names things with it: 1-64
+ * chars of [A-Za-z0-9_-]. */
+static bool guest_id_ok(const char *s)
+{
+	size_t n = strlen(s);
+
+	if (n == 0 || n > 64)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+		      (s[i] >= '0' && s[i] <= '9') || s[i] == '_' || s[i] == '-'))
+			return false;
+	return true;
+}
+
+/* assignment_read: the spare's assignment (see the top) from fd into
+ * secret and o (sbx points into a static buffer). 1: EOF before any byte;
+ * 0: assigned; -1: unreadable or malformed (err says why). Closes fd. */
+static int assignment_read(struct guest_opts *o, uint8_t secret[HELLO_SECRET_LEN],
+                           struct tt_err *err)
+{
+	static char buf[GUEST_ASSIGN_MAX + 1];
+	const char *word[3];
+	size_t got = 0, at = HELLO_SECRET_LEN;
+	uint64_t v;
+	int rc = -1;
+
+	for (;;) {
+		ssize_t n = read(o->assign_fd, buf + got, sizeof(buf) - 1 - got);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			tt_err_sys(err, TT_ERR_IO, "reading the assignment");
+			goto out;
+		}
+		if (n == 0)
+			break;
+		got += (size_t)n;
+		if (got == sizeof(buf) - 1) {
+			tt_err_set(err, TT_ERR_TOO_LARGE, "assignment over %d bytes",
+			           GUEST_ASSIGN_MAX);
+			goto out;
+		}
+	}
+	if (got == 0) {
+		rc = 1;
+		goto out;
+	}
+	buf[got] = '\0';
+	for (int i = 0; i < 3; i++) {
+		if (at >= got) {
+			tt_err_set(err, TT_ERR_MALFORMED, "assignment of %zu bytes is truncated", got);
+			goto out;
+		}
+		word[i] = buf + at;
+		at += strlen(word[i]) + 1;
+	}
+	if (at != got || buf[got - 1] != '\0' || !guest_id_ok(word[0]) ||
+	    parse_u64(word[1], INT64_MAX, &o->gen) < 0 || o->gen == 0 ||
+	    parse_u64(word[2], UINT32_MAX, &v) < 0) {
+		tt_err_set(err, TT_ERR_MALFORMED, "assignment: bad sandbox id, generation "
+		           "or activation");
+		goto out;
+	}
+	o->att = (uint32_t)v;
+	o->sbx = word[0];
+	o->have_gen = o->have_att = 1;
+	memcpy(secret, buf, HELLO_SECRET_LEN);
+	rc = 0;
+out:
+	/* The secret's copy goes; the words stay (o->sbx points there). */
+	sodium_memzero(buf, HELLO_SECRET_LEN);
+	close(o->assign_fd);
+	o->assign_fd = -1;
+	return rc;
 }
 
 /* listen_unix: binds a fresh 0600 unix socket at path, replacing a stale
@@ -235,7 +339,21 @@ int main(int argc, char **argv)
 	g = (struct guest_ctx){ .gen = o.gen, .att = o.att, .sbx = o.sbx,
 	                        .is_init = getpid() == 1,
 	                        .idle_timeout_s = o.idle_timeout_s };
-	if (o.secret_fd >= 0) {
+	if (o.assign_fd >= 0) {
+		/* A spare: everything but the identity is ready; wait. */
+		int rc = sodium_init() < 0 ? -1 : assignment_read(&o, secret, &err);
+
+		if (rc != 0) {
+			if (rc < 0)
+				fprintf(stderr, "tether-guest: %s\n", err.msg[0] ? err.msg :
+				        "libsodium failed to initialize");
+			return rc < 0;
+		}
+		g.gen = o.gen;
+		g.att = o.att;
+		g.sbx = o.sbx;
+		g.secret = secret;
+	} else if (o.secret_fd >= 0) {
 		if (sodium_init() < 0 || hello_read_secret(o.secret_fd, secret, 5000) < 0) {
 			fprintf(stderr, "tether-guest: reading the activation secret: %s\n",
 			        strerror(errno));

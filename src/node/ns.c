@@ -535,9 +535,19 @@ static int ns_plan_argv(const struct ns_config *cfg, struct ns_plan *p, struct t
 	char *const v[] = { NS_GUEST_BIN_IN, "--listen", NS_GUEST_SOCKET_IN, "--sbx", p->id_s,
 	                    "--gen", p->gen_s, "--att", p->att_s, "--ready-fd", "3",
 	                    cfg->secret ? "--secret-fd" : NULL, "4", NULL };
+	/* A spare: the identity and the secret come later on the same fd. */
+	char *const spare[] = { NS_GUEST_BIN_IN, "--listen", NS_GUEST_SOCKET_IN,
+	                        "--ready-fd", "3", "--assign-fd", "4", NULL };
 	_Static_assert(NS_SECRET_FD == 4 && NS_READY_FD == 3, "fd numbers in argv");
 	_Static_assert(sizeof v <= sizeof p->argv_buf, "argv_buf too small");
-	memcpy(p->argv_buf, v, sizeof v);
+	_Static_assert(sizeof spare <= sizeof p->argv_buf, "argv_buf too small");
+	if (cfg->assign_later) {
+		if (cfg->secret)
+			return tt_err_set(err, TT_ERR_INVALID, "a spare gets its secret later");
+		memcpy(p->argv_buf, spare, sizeof spare);
+	} else {
+		memcpy(p->argv_buf, v, sizeof v);
+	}
 	p->argv = p->argv_buf;
 	return 0;
 }
@@ -671,6 +681,7 @@ void ns_sandbox_init(struct ns_sandbox *sb)
 	sb->pidfd = -1;
 	sb->exit_status = -1;
 	sb->ready_fd = -1;
+	sb->assign_fd = -1;
 }
 
 /* ns_layer_trees_close: drops the parent's handles on them (a detached
@@ -866,7 +877,15 @@ int ns_sandbox_launch(const struct ns_config *cfg, struct ns_sandbox *out,
 	p.sock = sv[1];
 	p.ready_wr = ready[1];
 	p.secret_rd = -1;
-	if (cfg->secret) {
+	if (cfg->assign_later) {
+		/* The write end stays ours (sb->assign_fd) until the
+		 * assignment; the init inherits the read end only. */
+		if (pipe2(secret, O_CLOEXEC) < 0) {
+			tt_err_sys(err, TT_ERR_SYS, "assignment pipe");
+			goto fail;
+		}
+		p.secret_rd = secret[0];
+	} else if (cfg->secret) {
 		/* Filled and closed before the clone: the init inherits only the
 		 * read end, reads the secret and then EOF (32 bytes always fit a
 		 * pipe's buffer, so the write cannot block). */
@@ -904,6 +923,10 @@ int ns_sandbox_launch(const struct ns_config *cfg, struct ns_sandbox *out,
 	if (secret[0] >= 0) {
 		close(secret[0]);
 		secret[0] = -1;
+	}
+	if (cfg->assign_later) {
+		out->assign_fd = secret[1];
+		secret[1] = -1;
 	}
 	close(sv[1]);
 	sv[1] = -1;
@@ -982,6 +1005,39 @@ fail:
 		ns_sandbox_stop(out, &ignored);
 		ns_sandbox_init(out);
 	}
+	return rc;
+}
+
+/* ns_sandbox_assign: see ns.h. The assignment is one write into an empty
+ * pipe (under PIPE_BUF: never blocks, never short), then EOF. */
+int ns_sandbox_assign(struct ns_sandbox *sb, const char *sbx_id, uint64_t gen,
+                      uint32_t att, const uint8_t secret[NS_SECRET_LEN],
+                      struct tt_err *err)
+{
+	char buf[NS_SECRET_LEN + 128], cgname[128];
+	int n, rc = 0;
+
+	if (sb->assign_fd < 0 || !sb->ready_open)
+		return tt_err_set(err, TT_ERR_INVALID, "not a launched spare");
+	if (!ns_id_ok(sbx_id))
+		return tt_err_set(err, TT_ERR_INVALID, "sandbox id must be 1-64 chars of "
+		                  "[A-Za-z0-9_-]");
+	snprintf(cgname, sizeof cgname, "%s-g%" PRIu64, sbx_id, gen);
+	if (ns_cgroup_rename(sb, cgname, err) < 0)
+		return -1;
+	memcpy(buf, secret, NS_SECRET_LEN);
+	n = snprintf(buf + NS_SECRET_LEN, sizeof(buf) - NS_SECRET_LEN, "%s%c%" PRIu64 "%c%"
+	             PRIu32 "%c", sbx_id, '\0', gen, '\0', att, '\0');
+	_Static_assert(NS_SECRET_LEN + 128 <= PIPE_BUF, "one atomic write");
+	if (n < 0 || (size_t)n >= sizeof(buf) - NS_SECRET_LEN)
+		rc = tt_err_set(err, TT_ERR_INVALID, "assignment too long");
+	else if (write(sb->assign_fd, buf, NS_SECRET_LEN + (size_t)n) !=
+	         (ssize_t)(NS_SECRET_LEN + (size_t)n))
+		rc = tt_err_sys(err, TT_ERR_TRANSPORT, "assigning the sandbox init");
+	explicit_bzero(buf, sizeof(buf));
+	close(sb->assign_fd);
+	sb->assign_fd = -1;
+	sb->ready_deadline_ms = ns_now_ms() + NS_DEFAULT_READY_MS;
 	return rc;
 }
 
@@ -1233,6 +1289,10 @@ void ns_freezer_release(const char *sbx_id, uint64_t gen)
 
 int ns_sandbox_stop(struct ns_sandbox *sb, struct tt_err *err)
 {
+	if (sb->assign_fd >= 0) {
+		close(sb->assign_fd);
+		sb->assign_fd = -1;
+	}
 	if (sb->ready_open) {
 		close(sb->ready_fd);
 		sb->ready_fd = -1;

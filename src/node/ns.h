@@ -86,6 +86,11 @@ struct ns_config {
 	 * after ns_sandbox_stop: the caller unmounts it (ns_layer_umount). */
 	uint64_t layer_bytes;
 	uint64_t layer_inodes;
+	/* A spare (guest only, secret NULL): the guest waits for its identity
+	 * and secret (ns_sandbox_assign); until then sbx_id and gen name only
+	 * the cgroups. Everything else (uid range, layer, namespaces, seccomp)
+	 * is as given here. */
+	bool assign_later;
 };
 
 struct ns_sandbox {
@@ -104,6 +109,9 @@ struct ns_sandbox {
 	bool ready_open;
 	int ready_fd;
 	int64_t ready_deadline_ms;
+	/* A spare's assignment pipe (write end) until ns_sandbox_assign, or
+	 * -1. Closing it unassigned makes the guest exit, and the sandbox. */
+	int assign_fd;
 };
 
 /* ns_sandbox_start: builds and starts one execution; returns 0 once the init
@@ -117,6 +125,14 @@ int ns_sandbox_start(const struct ns_config *cfg, struct ns_sandbox *out,
  * work that needs only that (the bridge) while the guest comes up. Then
  * ns_sandbox_wait_ready, or ns_sandbox_stop. -1: nothing left behind. */
 int ns_sandbox_launch(const struct ns_config *cfg, struct ns_sandbox *out,
+                      struct tt_err *err);
+/* ns_sandbox_assign: gives a spare (launched with assign_later) its
+ * execution: its cgroups renamed "<sbx_id>-g<gen>", then the guest's
+ * identity and activation secret, after which it listens; the readiness
+ * deadline starts now. Then ns_sandbox_wait_ready. -1: the caller stops
+ * it (ns_sandbox_stop). */
+int ns_sandbox_assign(struct ns_sandbox *sb, const char *sbx_id, uint64_t gen,
+                      uint32_t att, const uint8_t secret[NS_SECRET_LEN],
                       struct tt_err *err);
 /* ns_sandbox_wait_ready: the second half: the init's "ready\n" within the
  * launch's deadline. -1: the sandbox is stopped (nothing left behind). */

@@ -296,3 +296,36 @@ int ns_cgroup_remove(struct ns_sandbox *sb, struct tt_err *err)
 	rc |= cg_rmdir(sb->cgroup_cpu, err);
 	return rc ? -1 : 0;
 }
+
+/* cg_rename_one: dir -> its sibling named name; dir updated. "" stays. */
+static int cg_rename_one(char dir[PATH_MAX], const char *name, struct tt_err *err)
+{
+	char to[PATH_MAX];
+	const char *slash = strrchr(dir, '/');
+
+	if (dir[0] == '\0')
+		return 0;
+	if (slash == NULL ||
+	    snprintf(to, sizeof(to), "%.*s/%s", (int)(slash - dir), dir, name) >= (int)sizeof(to))
+		return tt_err_set(err, TT_ERR_INVALID, "cgroup path too long for %s", name);
+	/* Privileged: renaming our own sandbox's cgroup (v1 allows it within a
+	 * hierarchy; its tasks and limits stay). */
+	if (rename(dir, to) < 0)
+		return tt_err_sys(err, TT_ERR_SYS, "rename cgroup %s to %s", dir, name);
+	memcpy(dir, to, strlen(to) + 1);
+	return 0;
+}
+
+/* ns_cgroup_rename: every cgroup of sb takes the name name. */
+int ns_cgroup_rename(struct ns_sandbox *sb, const char *name, struct tt_err *err)
+{
+	bool same = strcmp(sb->cgroup_pids, sb->cgroup_memory) == 0; /* v2 */
+
+	if (cg_rename_one(sb->cgroup_memory, name, err) < 0)
+		return -1;
+	if (same)
+		memcpy(sb->cgroup_pids, sb->cgroup_memory, strlen(sb->cgroup_memory) + 1);
+	else if (cg_rename_one(sb->cgroup_pids, name, err) < 0)
+		return -1;
+	return cg_rename_one(sb->cgroup_cpu, name, err);
+}

@@ -26,6 +26,8 @@ int ns_cgroup_attach(const struct ns_sandbox *sb, pid_t pid, struct tt_err *err)
  * which spares the kernel's global threadgroup lock that a write of its pid
  * to cgroup.procs takes (an RCU grace period: up to ~15 ms per create). */
 int ns_cgroup_self_fds(const struct ns_sandbox *sb, int fds[3], struct tt_err *err);
+/* ns_cgroup_rename: every cgroup of sb renamed to name (same hierarchy). */
+int ns_cgroup_rename(struct ns_sandbox *sb, const char *name, struct tt_err *err);
 /* ns_cgroup_remove: removes the cgroups recorded in sb (waiting briefly for
  * dying tasks to leave) and clears the paths. Idempotent. */
 int ns_cgroup_remove(struct ns_sandbox *sb, struct tt_err *err);

@@ -29,7 +29,10 @@
 #include <unistd.h>
 
 #include "err.h"
+#include "guest/hello.h"
 #include "node/ns.h"
+#include "wire.h"
+#include "wire_json.h"
 
 #define UID_BASE 3100000u
 
@@ -468,6 +471,116 @@ static void test_real_guest(void **state)
 	fx_free(fx);
 }
 
+/* guest_bin_or_skip: the real agent's absolute path, or skip the test. */
+static void guest_bin_or_skip(char real[PATH_MAX])
+{
+	const char *bin = getenv("TETHER_GUEST_BIN") ? getenv("TETHER_GUEST_BIN")
+	                                             : "build/tether-guest";
+	if (!realpath(bin, real) || access(real, X_OK) < 0)
+		skip();
+}
+
+/* hello_ok: the bridge's handshake with the agent at sock for (sbx, gen,
+ * att) under secret: true when its proof is right. */
+static bool hello_ok(const char *sock, const char *sbx, uint64_t gen, uint32_t att,
+                     const uint8_t secret[HELLO_SECRET_LEN])
+{
+	static uint8_t buf[WIRE_PAYLOAD_MAX + 1];
+	uint8_t chal[HELLO_CHALLENGE_LEN], want[HELLO_PROOF_LEN], got[HELLO_PROOF_LEN];
+	char b64[HELLO_B64_LEN + 1];
+	struct sockaddr_un sun = { .sun_family = AF_UNIX };
+	struct wire_frame f;
+	bool ok = false;
+	json_t *o;
+	int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	snprintf(sun.sun_path, sizeof sun.sun_path, "%s", sock);
+	if (s < 0 || connect(s, (struct sockaddr *)&sun, sizeof sun) < 0)
+		goto out;
+	randombytes_buf(chal, sizeof chal);
+	hello_b64_encode(chal, b64);
+	o = json_pack("{s:i,s:s,s:s,s:I,s:I}", "v", HELLO_VERSION, "challenge", b64, "sbx", sbx,
+	              "generation", (json_int_t)gen, "activation", (json_int_t)att);
+	if (wire_send_json(s, WIRE_HELLO, o, NULL) < 0 ||
+	    wire_recv(s, &f, buf, sizeof buf, NULL) != 1 || f.type != WIRE_HELLO) {
+		json_decref(o);
+		goto out;
+	}
+	json_decref(o);
+	o = wire_frame_json(&f, NULL);
+	hello_proof(secret, sbx, gen, att, chal, want);
+	ok = o && hello_b64_decode(json_string_value(json_object_get(o, "proof")), got) == 0 &&
+	     memcmp(got, want, sizeof want) == 0;
+	json_decref(o);
+out:
+	if (s >= 0)
+		close(s);
+	return ok;
+}
+
+/* A spare: the sandbox is built and the agent exec'd before its execution
+ * is known; it does not listen until assigned. The assignment renames its
+ * cgroups and hands the agent its identity and secret: it then answers the
+ * handshake for exactly that identity. An assignment the agent cannot
+ * parse, or none (EOF: the manager dropped it), ends the sandbox; a bad id
+ * is refused before anything is sent. */
+static void test_spare_assign(void **state)
+{
+	(void)state;
+	char real[PATH_MAX], old_mem[PATH_MAX];
+	uint8_t secret[NS_SECRET_LEN];
+	struct tt_err err = { 0 };
+	struct stat st;
+	guest_bin_or_skip(real);
+	assert_true(sodium_init() >= 0);
+	randombytes_buf(secret, sizeof secret);
+
+	struct fixture *fx = fx_new("spare", "");
+	fx->cfg.init_argv = NULL;
+	fx->cfg.guest_bin = real;
+	fx->cfg.assign_later = true;
+	if (ns_sandbox_launch(&fx->cfg, &fx->sb, &err) < 0)
+		fail_msg("launch: %s", err.msg);
+	snprintf(old_mem, sizeof old_mem, "%s", fx->sb.cgroup_memory);
+	assert_non_null(strstr(old_mem, "/spare-g7"));
+	usleep(100 * 1000);
+	assert_int_equal(stat(fx->sb.guest_socket, &st), -1); /* not listening yet */
+	assert_int_equal(ns_sandbox_assign(&fx->sb, "bad id!", 9, 2, secret, &err), -1);
+	assert_int_equal(ns_sandbox_assign(&fx->sb, "sbx_assigned", 9, 2, secret, &err), 0);
+	assert_non_null(strstr(fx->sb.cgroup_memory, "/sbx_assigned-g9"));
+	assert_int_equal(stat(old_mem, &st), -1);
+	assert_int_equal(stat(fx->sb.cgroup_memory, &st), 0);
+	if (ns_sandbox_wait_ready(&fx->sb, &err) < 0)
+		fail_msg("wait_ready: %s", err.msg);
+	assert_true(hello_ok(fx->sb.guest_socket, "sbx_assigned", 9, 2, secret));
+	assert_false(hello_ok(fx->sb.guest_socket, "sbx_assigned", 7, 2, secret));
+	fx_free(fx);
+
+	/* Never assigned: EOF ends the agent, PID 1, and the sandbox. */
+	fx = fx_new("spare", "");
+	fx->cfg.init_argv = NULL;
+	fx->cfg.guest_bin = real;
+	fx->cfg.assign_later = true;
+	assert_int_equal(ns_sandbox_launch(&fx->cfg, &fx->sb, &err), 0);
+	close(fx->sb.assign_fd);
+	fx->sb.assign_fd = -1;
+	fx_wait_exit(fx, 5000);
+	fx_free(fx);
+
+	/* Garbage instead of an assignment: refused, the sandbox ends. */
+	fx = fx_new("spare", "");
+	fx->cfg.init_argv = NULL;
+	fx->cfg.guest_bin = real;
+	fx->cfg.assign_later = true;
+	assert_int_equal(ns_sandbox_launch(&fx->cfg, &fx->sb, &err), 0);
+	assert_int_equal(write(fx->sb.assign_fd, "short", 5), 5);
+	close(fx->sb.assign_fd);
+	fx->sb.assign_fd = -1;
+	fx_wait_exit(fx, 5000);
+	assert_int_equal(ns_sandbox_wait_ready(&fx->sb, &err), -1);
+	fx_free(fx);
+}
+
 /* now_us: monotonic microseconds. */
 static long long now_us(void)
 {
@@ -684,6 +797,7 @@ int main(void)
 		cmocka_unit_test(test_stop_kills_all),
 		cmocka_unit_test(test_start_failures),
 		cmocka_unit_test(test_real_guest),
+		cmocka_unit_test(test_spare_assign),
 		cmocka_unit_test(test_start_stop_cycles),
 		cmocka_unit_test(test_layer_cap),
 		cmocka_unit_test(test_layer_refuses_plain_files),

@@ -340,8 +340,13 @@ int main(int argc, char **argv)
 	                        .is_init = getpid() == 1,
 	                        .idle_timeout_s = o.idle_timeout_s };
 	if (o.assign_fd >= 0) {
-		/* A spare: everything but the identity is ready; wait. */
-		int rc = sodium_init() < 0 ? -1 : assignment_read(&o, secret, &err);
+		/* A spare: everything but the identity is ready; wait, named
+		 * so in ps/top. */
+		int rc;
+
+		prctl(PR_SET_NAME, "guest-spare");
+		rc = sodium_init() < 0 ? -1 : assignment_read(&o, secret, &err);
+		prctl(PR_SET_NAME, "tether-guest");
 
 		if (rc != 0) {
 			if (rc < 0)

@@ -184,6 +184,14 @@ struct manager {
 	 * (its assignment pipe ends). */
 	char bridge_bin[PATH_MAX];
 	struct bridge_proc spare_bridge;
+	/* A sandbox launched ahead into the spare tree (ns assign_later: the
+	 * agent waits for its identity), holding uid slot spare_sb_slot
+	 * (kept out of records_free_slot's answers): a fresh create only
+	 * assigns it. Its cgroups are "spare<our pid>-g<serial>" until then. */
+	struct ns_sandbox spare_sb;
+	bool spare_sb_on;
+	uint32_t spare_sb_slot;
+	uint64_t spare_sb_serial;
 };
 
 static void exec_stop(struct manager *m, struct mgr_exec *ex);
@@ -793,6 +801,7 @@ static int bridge_pin(struct mgr_exec *ex, const char *bin, struct tt_err *err)
 }
 
 static void spare_kick(struct manager *m);
+static void spare_sb_launch(struct manager *m);
 
 /* bridge_take: a bridge for one execution: the spare started ahead (its
  * spawn and library loading off the create path) or, without one, a new
@@ -929,6 +938,7 @@ static void spare_after_work(uv_work_t *w, int status)
 	m->spare_busy = false;
 	if (status == 0 && m->spare_rc == 0 && !m->stopping) {
 		m->spare_ready = true;
+		spare_kick(m); /* its sandbox next */
 		return;
 	}
 	if (!m->stopping)
@@ -955,15 +965,17 @@ static void spare_refill_cb(uv_timer_t *t)
 	if (m->spare_bridge.pid == 0 && m->bridge_bin[0] &&
 	    bridgectl_spawn(m->bridge_bin, &m->spare_bridge, &err) < 0)
 		log_warn("spare bridge: %s", err.msg); /* creates spawn their own */
-	if (m->spare_netns < 0) {
+	if (m->spare_netns < 0 && !m->spare_sb_on) {
 		m->spare_netns = ns_netns_make(&stuck, &err);
 		if (stuck) {
 			log_error("%s", err.msg);
 			shutdown_all(m);
+			return;
 		} else if (m->spare_netns < 0) {
 			log_warn("spare network namespace: %s", err.msg);
 		}
 	}
+	spare_sb_launch(m);
 }
 
 /* spare_kick: schedules a refill right after the current loop iteration. */
@@ -973,25 +985,117 @@ static void spare_kick(struct manager *m)
 		uv_timer_start(&m->spare_timer, spare_refill_cb, 0, 0);
 }
 
+/* exec_cfg: what every sandbox of ours shares: the agent, the uid range
+ * of slot, the layer's cap, and the spare netns (then consumed: the caller
+ * closes it) and the clean mount namespace when there are. */
+static void exec_cfg(struct manager *m, struct ns_config *cfg, const char *dir,
+                     uint32_t slot)
+{
+	cfg->sandbox_dir = dir;
+	cfg->guest_bin = m->guest_bin;
+	/* Each slot gets its own host uid range, never overlapping another
+	 * sandbox's (and never host root). */
+	cfg->uid_base = MGR_UID_BASE + MGR_UID_COUNT * slot;
+	cfg->uid_count = MGR_UID_COUNT;
+	/* The layer's cap: the spare's filesystem, or one made now. */
+	cfg->layer_bytes = m->layer_bytes;
+	cfg->layer_inodes = m->layer_inodes;
+	if (m->spare_netns >= 0) {
+		cfg->use_netns = true;
+		cfg->netns_fd = m->spare_netns;
+	}
+	if (m->clean_mntns >= 0) {
+		cfg->use_mntns = true;
+		cfg->mntns_fd = m->clean_mntns;
+	}
+}
+
+/* spare_sb_stop: stops the spare sandbox, if any (its slot is free again). */
+static void spare_sb_stop(struct manager *m)
+{
+	struct tt_err err = { 0 };
+
+	if (!m->spare_sb_on)
+		return;
+	if (ns_sandbox_stop(&m->spare_sb, &err) < 0)
+		log_warn("stopping the spare sandbox: %s", err.msg);
+	ns_sandbox_init(&m->spare_sb);
+	m->spare_sb_on = false;
+}
+
+/* spare_sb_launch: a sandbox into the ready spare tree, waiting for its
+ * execution (~3 ms here, between creates instead of on one). It takes the
+ * spare netns and reserves the lowest free slot. */
+static void spare_sb_launch(struct manager *m)
+{
+	struct ns_config cfg = { 0 };
+	struct tt_err err = { 0 };
+	char id[32];
+	uint32_t slot;
+	int rc;
+
+	if (m->spare_sb_on || !m->spare_ready || m->spare_busy || m->stopping ||
+	    m->spare_netns < 0)
+		return;
+	slot = records_free_slot(m->db);
+	snprintf(id, sizeof(id), "spare%d", (int)getpid());
+	cfg.sbx_id = id;
+	cfg.gen = ++m->spare_sb_serial;
+	cfg.att = 1;
+	cfg.assign_later = true;
+	exec_cfg(m, &cfg, m->spare_dir, slot);
+	rc = ns_sandbox_launch(&cfg, &m->spare_sb, &err);
+	close(m->spare_netns); /* used up either way */
+	m->spare_netns = -1;
+	spare_kick(m);
+	if (rc < 0) {
+		log_warn("spare sandbox: %s (creates launch their own)", err.msg);
+		ns_sandbox_init(&m->spare_sb);
+		return;
+	}
+	m->spare_sb_on = true;
+	m->spare_sb_slot = slot;
+}
+
 /* spare_claim: renames the spare tree to dir if dir does not exist yet (a
  * restore or a retry keeps its own), then schedules a refill. Best effort:
- * without a spare, the sandbox start makes the directories itself. */
-static void spare_claim(struct manager *m, const char *dir)
+ * without a spare, the sandbox start makes the directories itself. The
+ * spare sandbox running in it goes to *sb when sb is given and it still
+ * runs (the caller assigns it, in the slot it holds); otherwise it is
+ * stopped first. Returns whether *sb got it. */
+static bool spare_claim(struct manager *m, const char *dir, struct ns_sandbox *sb)
 {
+	struct pollfd pf = { .fd = m->spare_sb.pidfd, .events = POLLIN };
+
 	if (!m->spare_ready || m->spare_busy || m->stopping) {
 		if (!m->stopping && access(dir, F_OK) < 0)
 			log_info("no spare ready for %s: its layer is made on the create path",
 			         dir);
-		return;
+		return false;
+	}
+	if (access(dir, F_OK) == 0)
+		return false; /* dir is there already: the spare stays */
+	if (m->spare_sb_on && (sb == NULL || poll(&pf, 1, 0) != 0)) {
+		if (sb != NULL)
+			log_warn("the spare sandbox (init pid %d) exited while waiting",
+			         (int)m->spare_sb.init_pid);
+		spare_sb_stop(m);
 	}
 	if (renameat2(AT_FDCWD, m->spare_dir, AT_FDCWD, dir, RENAME_NOREPLACE) < 0) {
 		if (errno == EEXIST)
-			return; /* dir is there already: the spare stays */
+			return false;
 		log_warn("renaming %s to %s: %s", m->spare_dir, dir, strerror(errno));
+		spare_sb_stop(m);
 		remove_tree(m->spare_dir);
 	}
 	m->spare_ready = false;
 	spare_kick(m);
+	if (!m->spare_sb_on)
+		return false;
+	*sb = m->spare_sb;
+	ns_sandbox_init(&m->spare_sb);
+	m->spare_sb_on = false;
+	return true;
 }
 
 /* spare_init: fresh spares (a tree left by an earlier run is made again). */
@@ -1001,6 +1105,9 @@ static void spare_init(struct manager *m)
 	snprintf(m->layer_tmpl, sizeof(m->layer_tmpl), "%s/sandboxes/.layer-template.img",
 	         m->state_dir);
 	remove_tree(m->spare_dir);
+	/* Cgroups of spare sandboxes whose manager died (they ended with
+	 * it: their agent read EOF); ours are named after our pid. */
+	ns_cgroup_sweep("spare");
 	uv_timer_init(m->loop, &m->spare_timer);
 	m->spare_timer.data = m;
 	m->spare_on = true;
@@ -1028,6 +1135,7 @@ static struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec
 	struct ns_config cfg = { 0 };
 	struct bridge_proc bp;
 	struct tt_err e2 = { 0 };
+	bool use_spare;
 	int64_t t;
 	int rc;
 	/* The activation secret (SPEC §5): fresh per activation, handed to
@@ -1049,46 +1157,53 @@ static struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec
 		tt_err_set(err, TT_ERR_INVALID, "state path too long");
 		goto fail;
 	}
-	spare_claim(m, dir);
+	randombytes_buf(secret, sizeof(secret));
+	hello_adopt_key(secret, rec->id.sbx, rec->id.gen, rec->id.att, ex->adopt_key);
+	t = now_us();
+	/* The spare sandbox, when it holds this slot (apply_install gave it
+	 * to a fresh create): only its identity and secret are handed over. */
+	use_spare = m->spare_sb_on && m->spare_sb_slot == rec->slot &&
+	            spare_claim(m, dir, &ex->sb);
+	if (!use_spare) {
+		/* Never two sandboxes in one uid range: a spare we could
+		 * not take (our directory was there already) goes. */
+		if (m->spare_sb_on && m->spare_sb_slot == rec->slot)
+			spare_sb_stop(m);
+		spare_claim(m, dir, NULL);
+	}
 	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
 		tt_err_sys(err, TT_ERR_IO, "mkdir %s", dir);
+		if (use_spare)
+			ns_sandbox_stop(&ex->sb, &e2);
 		goto fail;
 	}
-	cfg.sbx_id = rec->id.sbx;
-	cfg.gen = rec->id.gen;
-	cfg.att = rec->id.att;
-	cfg.sandbox_dir = dir;
-	cfg.guest_bin = m->guest_bin;
-	/* Each slot gets its own host uid range, never overlapping another
-	 * sandbox's (and never host root). */
-	cfg.uid_base = MGR_UID_BASE + MGR_UID_COUNT * rec->slot;
-	cfg.uid_count = MGR_UID_COUNT;
-	/* The layer's cap: the spare's filesystem, or one made now. */
-	cfg.layer_bytes = m->layer_bytes;
-	cfg.layer_inodes = m->layer_inodes;
-	randombytes_buf(secret, sizeof(secret));
-	cfg.secret = secret;
-	hello_adopt_key(secret, rec->id.sbx, rec->id.gen, rec->id.att, ex->adopt_key);
-	if (m->spare_netns >= 0) {
-		cfg.use_netns = true;
-		cfg.netns_fd = m->spare_netns;
+	if (use_spare) {
+		/* Its tree moved here with it (the agent's socket too). */
+		snprintf(ex->sb.guest_socket, sizeof(ex->sb.guest_socket), "%.4000s/run/guest.sock",
+		         dir);
+		rc = ns_sandbox_assign(&ex->sb, rec->id.sbx, rec->id.gen, rec->id.att, secret,
+		                       err);
+		if (rc < 0)
+			ns_sandbox_stop(&ex->sb, &e2);
+	} else {
+		cfg.sbx_id = rec->id.sbx;
+		cfg.gen = rec->id.gen;
+		cfg.att = rec->id.att;
+		cfg.secret = secret;
+		exec_cfg(m, &cfg, dir, rec->slot);
+		/* The guest and its bridge come up side by side: the bridge
+		 * needs only the init's final identity (after exec), not its
+		 * listener. */
+		rc = ns_sandbox_launch(&cfg, &ex->sb, err);
+		if (cfg.use_netns) {
+			/* Used up either way: the sandbox holds it now, or it
+			 * is dropped with the failed start. */
+			close(m->spare_netns);
+			m->spare_netns = -1;
+			spare_kick(m);
+		}
 	}
-	if (m->clean_mntns >= 0) {
-		cfg.use_mntns = true;
-		cfg.mntns_fd = m->clean_mntns;
-	}
-	/* The guest and its bridge come up side by side: the bridge needs
-	 * only the init's final identity (after exec), not its listener. */
-	t = now_us();
-	rc = ns_sandbox_launch(&cfg, &ex->sb, err);
 	ex->launch_us = now_us() - t;
-	if (cfg.use_netns) {
-		/* Used up either way: the sandbox holds it now, or it is
-		 * dropped with the failed start. */
-		close(m->spare_netns);
-		m->spare_netns = -1;
-		spare_kick(m);
-	}
 	if (rc < 0)
 		goto fail;
 	t = now_us();
@@ -1208,7 +1323,11 @@ static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 	rec.id.gen = gen;
 	rec.id.att = (uint32_t)att;
 	rec.epoch = cur ? cur->epoch + 1 : 1;
-	rec.slot = cur ? cur->slot : records_free_slot(m->db);
+	/* A fresh sandbox takes the spare sandbox's slot (and so the spare);
+	 * any other slot must avoid it. */
+	rec.slot = cur ? cur->slot : m->spare_sb_on && snap == NULL ? m->spare_sb_slot :
+	           records_free_slot_except(m->db, m->spare_sb_on ? m->spare_sb_slot
+	                                                          : UINT32_MAX);
 	rec.state = REC_STARTING;
 	/* An older execution here is retired and stopped first (epoch bump). */
 	if (cur != NULL && retire_and_stop(m, cur, 0, err) < 0)
@@ -1502,7 +1621,7 @@ static int layer_restore(struct manager *m, const struct rec_exec *rec,
 	/* Nothing runs there (the caller retired and stopped it). */
 	if (remove_tree(dir) < 0)
 		return tt_err_sys(err, TT_ERR_IO, "removing the old layer of %s", rec->id.sbx);
-	spare_claim(m, dir);
+	spare_claim(m, dir, NULL); /* its filesystem, not its sandbox */
 	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
 		return tt_err_sys(err, TT_ERR_IO, "mkdir %s", dir);
 	if (layer_restore_into(m, rec, dir, ksbx, kgen, &st, err) < 0) {
@@ -2214,6 +2333,7 @@ static void shutdown_all(struct manager *m)
 	/* The spare's layer must not stay mounted after us (a stopped worker
 	 * leaks no loop device); one still being made is removed by
 	 * spare_after_work, which the loop runs before it ends. */
+	spare_sb_stop(m);
 	if (!m->spare_busy && remove_tree(m->spare_dir) < 0)
 		log_warn("removing %s: %s", m->spare_dir, strerror(errno));
 	m->spare_ready = false;

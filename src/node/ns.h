@@ -134,6 +134,9 @@ int ns_sandbox_launch(const struct ns_config *cfg, struct ns_sandbox *out,
 int ns_sandbox_assign(struct ns_sandbox *sb, const char *sbx_id, uint64_t gen,
                       uint32_t att, const uint8_t secret[NS_SECRET_LEN],
                       struct tt_err *err);
+/* ns_cgroup_sweep: removes empty sandbox cgroups whose name starts with
+ * prefix (a dead manager's spares); busy ones stay. */
+void ns_cgroup_sweep(const char *prefix);
 /* ns_sandbox_wait_ready: the second half: the init's "ready\n" within the
  * launch's deadline. -1: the sandbox is stopped (nothing left behind). */
 int ns_sandbox_wait_ready(struct ns_sandbox *sb, struct tt_err *err);

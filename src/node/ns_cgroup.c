@@ -2,6 +2,7 @@
  * controllers (what our workers mount); falls back to a v2 hierarchy that
  * has the memory and pids controllers. Every limit is verified written:
  * a sandbox without its limits is refused (fail closed). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -328,4 +329,34 @@ int ns_cgroup_rename(struct ns_sandbox *sb, const char *name, struct tt_err *err
 	else if (cg_rename_one(sb->cgroup_pids, name, err) < 0)
 		return -1;
 	return cg_rename_one(sb->cgroup_cpu, name, err);
+}
+
+/* ns_cgroup_sweep: removes the empty cgroups named prefix* under every
+ * tether parent (leftovers of a manager that died with a spare); a busy
+ * one (another manager's live spare) stays. */
+void ns_cgroup_sweep(const char *prefix)
+{
+	static const char *const roots[] = { CG_ROOT "/memory/tether", CG_ROOT "/pids/tether",
+	                                     CG_ROOT "/cpu/tether", CG_ROOT "/tether",
+	                                     CG_ROOT "/unified/tether" };
+	size_t plen = strlen(prefix);
+
+	for (size_t i = 0; i < sizeof roots / sizeof roots[0]; i++) {
+		DIR *d = opendir(roots[i]);
+		struct dirent *de;
+
+		if (d == NULL)
+			continue;
+		while ((de = readdir(d)) != NULL) {
+			char path[PATH_MAX];
+
+			if (strncmp(de->d_name, prefix, plen) != 0 ||
+			    snprintf(path, sizeof path, "%s/%s", roots[i], de->d_name) >=
+			    (int)sizeof path)
+				continue;
+			/* Privileged: an empty cgroup of ours. */
+			(void)rmdir(path);
+		}
+		closedir(d);
+	}
 }

@@ -480,17 +480,24 @@ const struct rec_exec *records_at(const struct records *db, size_t i)
 	return i < db->n ? &db->execs[i] : NULL;
 }
 
-/* records_free_slot: lowest unused slot (linear: RECORDS_MAX bounds it). */
-uint32_t records_free_slot(const struct records *db)
+/* records_free_slot_except: lowest slot unused and not except (linear:
+ * RECORDS_MAX bounds it). */
+uint32_t records_free_slot_except(const struct records *db, uint32_t except)
 {
 	for (uint32_t s = 0;; s++) {
-		bool used = false;
+		bool used = s == except;
 
 		for (size_t i = 0; i < db->n && !used; i++)
 			used = db->execs[i].slot == s;
 		if (!used)
 			return s;
 	}
+}
+
+/* records_free_slot: lowest unused slot. */
+uint32_t records_free_slot(const struct records *db)
+{
+	return records_free_slot_except(db, UINT32_MAX);
 }
 
 /* records_keys_replace: rewrites the keys table in one transaction. */

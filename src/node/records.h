@@ -74,6 +74,9 @@ size_t records_count(const struct records *db);
 const struct rec_exec *records_at(const struct records *db, size_t i);
 /* records_free_slot: the lowest slot no record uses. */
 uint32_t records_free_slot(const struct records *db);
+/* records_free_slot_except: likewise, never except (a slot held outside the
+ * records: a spare sandbox's; UINT32_MAX = none). */
+uint32_t records_free_slot_except(const struct records *db, uint32_t except);
 
 /* records_keys_replace: replaces the whole key ring. */
 int records_keys_replace(struct records *db, const struct tt_keyring *kr,

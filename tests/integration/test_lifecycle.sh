@@ -145,6 +145,9 @@ MGR3=$(pgrep -f -o "tetherd manager --state $STATE/workers/w3")
 # The manager keeps one bridge started ahead for the next create.
 spares() { ps -eo comm=,args= | awk -v m="--manager-pid $MGR3 " '$1 == "bridge-spare" && index($0, m)' | wc -l; }
 [ "$(spares)" = 1 ] && ok "w3's manager keeps one spare bridge" || notok "one spare bridge" "$(ps -eo pid,comm,args | grep "manager-pid $MGR3 ")"
+# ... and one spare sandbox (cgroups "spare<manager pid>-g<n>" until assigned).
+spare_procs() { cat /sys/fs/cgroup/pids/tether/spare"$MGR3"-g*/cgroup.procs /sys/fs/cgroup/tether/spare"$MGR3"-g*/cgroup.procs 2>/dev/null | wc -l; }
+[ "$(spare_procs)" = 1 ] && ok "... and one spare sandbox, its agent alone in it" || notok "one spare sandbox" "$(spare_procs) processes"
 curl -s -o /dev/null -X POST -H "Authorization: Bearer $KEY" "$CP/v1/sandboxes/$K/pause?wait=0"
 killed=0
 for _ in $(seq 1 1000); do
@@ -158,6 +161,8 @@ done
 # Its spare bridge sees its assignment pipe end and exits by itself.
 for _ in $(seq 1 50); do [ "$(spares)" = 0 ] && break; sleep 0.1; done
 [ "$(spares)" = 0 ] && ok "the dead manager's spare bridge exited by itself" || notok "spare bridge after its manager's death" "$(ps -eo pid,comm,args | grep "manager-pid $MGR3 ")"
+for _ in $(seq 1 50); do [ "$(spare_procs)" = 0 ] && break; sleep 0.1; done
+[ "$(spare_procs)" = 0 ] && ok "... and its spare sandbox ended (the agent read EOF)" || notok "spare sandbox after its manager's death" "$(spare_procs) processes"
 for _ in $(seq 1 100); do kill -0 "$W3_PID" 2>/dev/null || break; sleep 0.1; done
 [ ! -e "$STATE/snapshots/$K/2.meta" ] && ok "the partial snapshot was never published" || notok "partial never published" "$(ls "$STATE/snapshots/$K")"
 # w3 comes back: its manager kills (and thaws) the frozen leftovers, hears

@@ -39,6 +39,13 @@
 #include "wire_json.h"
 
 #define SBX "sbx_abcdefghijklmnopqrstuvwxyz"
+/* Fresh sandboxes (never installed before): the spare test's. */
+#define SBX2 "sbx_bcdefghijklmnopqrstuvwxyza"
+#define SBX3 "sbx_cdefghijklmnopqrstuvwxyzab"
+
+/* The sandbox the helpers below (mint, exec_req, install, status lookups)
+ * name: SBX but in test_spare_bridge. */
+static const char *the_sbx = SBX;
 
 static char state_dir[64], sock_path[96];
 static pid_t mgr_pid;
@@ -149,7 +156,7 @@ static char *mint(const uint8_t *key, uint64_t gen, const char *wrk, uint32_t op
 	c.iat = tt_now();
 	c.exp = c.iat + TT_CAP_LIFETIME;
 	c.aud = TT_AUD_NODE;
-	snprintf(c.id.sbx, sizeof(c.id.sbx), "%s", SBX);
+	snprintf(c.id.sbx, sizeof(c.id.sbx), "%s", the_sbx);
 	c.id.gen = gen;
 	snprintf(c.id.wrk, sizeof(c.id.wrk), "%s", wrk);
 	snprintf(c.id.sst, sizeof(c.id.sst), "ns");
@@ -176,7 +183,7 @@ static char *mint(const uint8_t *key, uint64_t gen, const char *wrk, uint32_t op
 /* exec_req: {"token","sbx","op":"exec","cmd":["sh","-c",script]}. */
 static json_t *exec_req(const char *token, const char *script)
 {
-	return json_pack("{s:s,s:s,s:s,s:[s,s,s]}", "token", token, "sbx", SBX, "op",
+	return json_pack("{s:s,s:s,s:s,s:[s,s,s]}", "token", token, "sbx", the_sbx, "op",
 	                 "exec", "cmd", "sh", "-c", script);
 }
 
@@ -202,7 +209,7 @@ static bool feed(json_t *update)
 static json_t *install(uint64_t rev, uint64_t gen, const char *wrk)
 {
 	return json_pack("{s:I,s:s,s:s,s:s,s:I,s:s,s:s,s:i}", "rev", (json_int_t)rev,
-	                 "kind", "install", "worker", wrk, "sandbox", SBX, "generation",
+	                 "kind", "install", "worker", wrk, "sandbox", the_sbx, "generation",
 	                 (json_int_t)gen, "substrate", "ns", "pod", "", "activation", 1);
 }
 
@@ -743,7 +750,7 @@ static pid_t manager_bridge_pid(void)
 	assert_non_null(a.result);
 	list = json_object_get(a.result, "executions");
 	json_array_foreach(list, i, ex)
-		if (strcmp(json_string_value(json_object_get(ex, "sandbox")), SBX) == 0)
+		if (strcmp(json_string_value(json_object_get(ex, "sandbox")), the_sbx) == 0)
 			found = (pid_t)json_integer_value(json_object_get(ex, "bridge_pid"));
 	answer_free(&a);
 	assert_true(found > 0);
@@ -762,6 +769,23 @@ static pid_t manager_bridge_pid(void)
 	return found;
 }
 
+/* manager_init_pid: the init of SBX as the manager's status names it. */
+static pid_t manager_init_pid(void)
+{
+	struct answer a;
+	json_t *ex;
+	pid_t found = 0;
+	size_t i;
+
+	call(json_pack("{s:s}", "op", "status"), &a);
+	assert_non_null(a.result);
+	json_array_foreach(json_object_get(a.result, "executions"), i, ex)
+		if (strcmp(json_string_value(json_object_get(ex, "sandbox")), the_sbx) == 0)
+			found = (pid_t)json_integer_value(json_object_get(ex, "init_pid"));
+	answer_free(&a);
+	return found;
+}
+
 /* exec_state: the state of SBX in the manager's status ("" if absent). */
 static void exec_state(char *out, size_t cap)
 {
@@ -775,7 +799,7 @@ static void exec_state(char *out, size_t cap)
 	out[0] = '\0';
 	list = json_object_get(a.result, "executions");
 	json_array_foreach(list, i, ex)
-		if (strcmp(json_string_value(json_object_get(ex, "sandbox")), SBX) == 0)
+		if (strcmp(json_string_value(json_object_get(ex, "sandbox")), the_sbx) == 0)
 			snprintf(out, cap, "%s", json_string_value(json_object_get(ex, "state")));
 	answer_free(&a);
 }
@@ -975,10 +999,48 @@ static void test_bridge_impostor(void **state)
 	free(tok10);
 }
 
+static pid_t manager_child_pid(const char *comm, const char *arg);
+
+/* cmdline_has: /proc/<pid>/cmdline holds the word arg. */
+static bool cmdline_has(const char *pid, const char *arg)
+{
+	char path[300], buf[1024];
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%s/cmdline", pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	for (ssize_t i = 0; i < n; i += (ssize_t)strlen(buf + i) + 1)
+		if (strcmp(buf + i, arg) == 0)
+			return true;
+	return false;
+}
+
 /* manager_spare_pid: the manager's spare bridge (comm "bridge-spare", a
  * child of the manager), waited for up to 5 s: it is refilled right after
  * each install. 0 if none came. */
 static pid_t manager_spare_pid(void)
+{
+	return manager_child_pid("(bridge-spare)", NULL);
+}
+
+/* manager_spare_sandbox_pid: the init of the manager's spare sandbox (its
+ * agent waiting, comm "guest-spare"), waited for like manager_spare_pid. */
+static pid_t manager_spare_sandbox_pid(void)
+{
+	return manager_child_pid("(guest-spare)", "--assign-fd");
+}
+
+/* manager_child_pid: a child of the manager whose stat holds comm and,
+ * unless NULL, whose command line holds arg; waited for up to 5 s. */
+static pid_t manager_child_pid(const char *comm, const char *arg)
 {
 	for (int tries = 0; tries < 500; tries++) {
 		DIR *d = opendir("/proc");
@@ -1000,8 +1062,9 @@ static pid_t manager_spare_pid(void)
 				line[0] = '\0';
 			fclose(f);
 			close_paren = strrchr(line, ')');
-			if (close_paren != NULL && strstr(line, "(bridge-spare)") != NULL &&
-			    sscanf(close_paren + 1, " %*c %d", &ppid) == 1 && ppid == (int)mgr_pid)
+			if (close_paren != NULL && strstr(line, comm) != NULL &&
+			    sscanf(close_paren + 1, " %*c %d", &ppid) == 1 && ppid == (int)mgr_pid &&
+			    (arg == NULL || cmdline_has(e->d_name, arg)))
 				found = (pid_t)atoi(e->d_name);
 		}
 		closedir(d);
@@ -1012,31 +1075,39 @@ static pid_t manager_spare_pid(void)
 	return 0;
 }
 
-/* test_spare_bridge: the manager starts each execution's bridge ahead (a
- * spare, waiting for its assignment). The install takes the spare (the
- * sandbox's bridge is that very process) and a new spare is started; a
- * spare killed from outside while it waits is noticed at the next
- * install, which starts a new bridge and serves as before. */
+/* test_spare_bridge: the manager starts each execution's sandbox and
+ * bridge ahead (spares, waiting for their assignment). The install takes
+ * both (the execution's init and bridge are those very processes) and new
+ * spares are started; spares killed from outside while they wait are
+ * noticed at the next install, which starts its own and serves as before. */
 static void test_spare_bridge(void **state)
 {
-	char *tok13 = mint(sk, 13, "w1", TT_OP_EXEC);
-	char *tok14 = mint(sk, 14, "w1", TT_OP_EXEC);
+	char *tok13, *tok14;
 	struct answer a;
-	pid_t spare, spare2;
+	pid_t spare, spare2, sandbox, sandbox2;
 	int st;
 
 	(void)state;
+	the_sbx = SBX2; /* fresh: a spare sandbox serves only new sandboxes */
+	tok13 = mint(sk, 13, "w1", TT_OP_EXEC);
 	spare = manager_spare_pid();
 	assert_true(spare > 0);
+	sandbox = manager_spare_sandbox_pid();
+	assert_true(sandbox > 0);
 	assert_true(feed(install(13, 13, "w1")));
 	assert_int_equal(manager_bridge_pid(), spare);
+	assert_int_equal(manager_init_pid(), sandbox);
 	call(exec_req(tok13, "echo gen13"), &a);
 	expect_decision(&a, "allow", "ok");
 	assert_string_equal(a.out, "gen13\n");
 	answer_free(&a);
 	spare2 = manager_spare_pid();
 	assert_true(spare2 > 0 && spare2 != spare);
-	/* Killed while waiting: a zombie of the manager's until it looks. */
+	sandbox2 = manager_spare_sandbox_pid();
+	assert_true(sandbox2 > 0 && sandbox2 != sandbox);
+	/* Both killed while waiting: the bridge a zombie of the manager's
+	 * until it looks; the sandbox noticed at the claim. */
+	assert_int_equal(kill(sandbox2, SIGKILL), 0);
 	assert_int_equal(kill(spare2, SIGKILL), 0);
 	for (int i = 0; i < 500; i++) {
 		char path[64], line[256] = "";
@@ -1051,6 +1122,8 @@ static void test_spare_bridge(void **state)
 			break;
 		usleep(10000);
 	}
+	the_sbx = SBX3;
+	tok14 = mint(sk, 14, "w1", TT_OP_EXEC);
 	assert_true(feed(install(14, 14, "w1")));
 	assert_true(manager_bridge_pid() != spare2);
 	call(exec_req(tok14, "echo gen14"), &a);
@@ -1059,9 +1132,14 @@ static void test_spare_bridge(void **state)
 	answer_free(&a);
 	if (!mgr_log_has("exited while waiting; starting a new one"))
 		fail_msg("manager log does not say the spare bridge was replaced");
-	/* Reaped, and a fresh spare waits again. */
+	if (!mgr_log_has("the spare sandbox (init pid"))
+		fail_msg("manager log does not say the spare sandbox was gone");
+	assert_true(manager_init_pid() != sandbox2);
+	/* Reaped, and fresh spares wait again. */
 	assert_int_equal(kill(spare2, 0), -1);
 	assert_true(manager_spare_pid() > 0);
+	assert_true(manager_spare_sandbox_pid() > 0);
+	the_sbx = SBX;
 	free(tok13);
 	free(tok14);
 }

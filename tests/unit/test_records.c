@@ -141,6 +141,7 @@ static void test_retire_delete_slots(void **state)
 	assert_int_equal(records_applied_rev(db), 4);
 	assert_int_equal(records_delete(db, SBX_A, 5, &err), 0);
 	assert_int_equal(records_free_slot(db), 0);
+	assert_int_equal(records_free_slot_except(db, 0), 2); /* 1 is B's */
 	db = reopen(db);
 	assert_null(records_get(db, SBX_A));
 	assert_non_null(records_get(db, SBX_B));

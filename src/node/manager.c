@@ -2168,6 +2168,20 @@ static void kill_verified(pid_t pid, unsigned long long start)
 	close(fd);
 }
 
+/* cgroups_release: removes the cgroups of r's execution, found dead or
+ * just killed after a restart (waits briefly for its tasks to go). */
+static void cgroups_release(const struct rec_exec *r)
+{
+	struct ns_sandbox gone;
+	struct tt_err err = { 0 };
+
+	ns_sandbox_init(&gone);
+	ns_cgroup_find(r->id.sbx, r->id.gen, &gone);
+	if (ns_sandbox_stop(&gone, &err) < 0)
+		log_warn("cgroups of %s generation %" PRIu64 ": %s", r->id.sbx, r->id.gen,
+		         err.msg);
+}
+
 /* bridge_adopt: takes over the bridge of an execution our predecessor
  * started (guest/hello.h, "Adoption"): it must be the recorded bridge
  * (verify_peer against the identity pinned in recover), challenge us, and
@@ -2246,6 +2260,7 @@ static void recover(struct manager *m)
 			kill_verified(r->init_pid, r->init_start);
 			/* A pause cut short by our death left it frozen. */
 			ns_freezer_release(r->id.sbx, r->id.gen);
+			cgroups_release(r);
 			/* Our mounts outlive us (we share the host's mount
 			 * namespace): a layer nothing runs on is unmounted. */
 			layer_unmount_of(m, r->id.sbx);
@@ -2264,6 +2279,8 @@ static void recover(struct manager *m)
 		ns_sandbox_init(&ex->sb);
 		ex->sb.init_pid = r->init_pid;
 		ex->sb.init_start_time = r->init_start;
+		/* Its cgroups, so that stopping it later removes them. */
+		ns_cgroup_find(r->id.sbx, r->id.gen, &ex->sb);
 		ex->sb.pidfd = pidfd_open_raw(r->init_pid);
 		sandbox_dir(m, r->id.sbx, dir, sizeof(dir));
 		snprintf(ex->sb.guest_socket, sizeof(ex->sb.guest_socket), "%s/run/guest.sock", dir);
@@ -2290,6 +2307,7 @@ static void recover(struct manager *m)
 			kill_verified(r->bridge_pid, r->bridge_start);
 			kill_verified(r->init_pid, r->init_start);
 			ns_freezer_release(r->id.sbx, r->id.gen);
+			cgroups_release(r);
 			mark_state(m, r->id.sbx, REC_LOST);
 			layer_unmount_of(m, r->id.sbx);
 			continue;

@@ -134,6 +134,10 @@ int ns_sandbox_launch(const struct ns_config *cfg, struct ns_sandbox *out,
 int ns_sandbox_assign(struct ns_sandbox *sb, const char *sbx_id, uint64_t gen,
                       uint32_t att, const uint8_t secret[NS_SECRET_LEN],
                       struct tt_err *err);
+/* ns_cgroup_find: fills sb's cgroup paths with those of "<sbx_id>-g<gen>"
+ * that exist (an execution adopted or found lost after a restart), so
+ * ns_sandbox_stop removes them. */
+void ns_cgroup_find(const char *sbx_id, uint64_t gen, struct ns_sandbox *sb);
 /* ns_cgroup_sweep: removes empty sandbox cgroups whose name starts with
  * prefix (a dead manager's spares); busy ones stay. */
 void ns_cgroup_sweep(const char *prefix);

@@ -360,3 +360,28 @@ void ns_cgroup_sweep(const char *prefix)
 		closedir(d);
 	}
 }
+
+/* ns_cgroup_find: see ns.h. */
+void ns_cgroup_find(const char *sbx_id, uint64_t gen, struct ns_sandbox *sb)
+{
+	char name[128];
+	const char *v2 = NULL;
+
+	snprintf(name, sizeof name, "%s-g%" PRIu64, sbx_id, gen);
+	sb->cgroup_memory[0] = sb->cgroup_pids[0] = sb->cgroup_cpu[0] = '\0';
+	if (cg_has(CG_ROOT "/memory/cgroup.procs") && cg_has(CG_ROOT "/pids/cgroup.procs")) {
+		if (cg_path(sb->cgroup_memory, CG_ROOT "/memory", name, NULL) < 0 ||
+		    !cg_has(sb->cgroup_memory))
+			sb->cgroup_memory[0] = '\0';
+		if (cg_path(sb->cgroup_pids, CG_ROOT "/pids", name, NULL) < 0 ||
+		    !cg_has(sb->cgroup_pids))
+			sb->cgroup_pids[0] = '\0';
+		if (cg_path(sb->cgroup_cpu, CG_ROOT "/cpu", name, NULL) < 0 ||
+		    !cg_has(sb->cgroup_cpu))
+			sb->cgroup_cpu[0] = '\0';
+	} else if ((v2 = cg_v2_root()) != NULL) {
+		if (cg_path(sb->cgroup_memory, v2, name, NULL) < 0 || !cg_has(sb->cgroup_memory))
+			sb->cgroup_memory[0] = '\0';
+		memcpy(sb->cgroup_pids, sb->cgroup_memory, PATH_MAX);
+	}
+}

@@ -34,6 +34,8 @@ stop_w3() {
 at_exit stop_w3
 
 start_up() { cluster_up 2; }
+# cg_gone NAME: no cgroup of that name is left, v1 or v2.
+cg_gone() { ! ls -d /sys/fs/cgroup/*/tether/"$1" /sys/fs/cgroup/tether/"$1" >/dev/null 2>&1; }
 start_w3() {
 	mkdir -p "$STATE/workers/w3"
 	"$ROOT/build/tetherd" node --id w3 --listen 127.0.0.1:$((BASE + 13)) --cp "$CP" \
@@ -176,6 +178,7 @@ done
 [ "$(info "$K" 'd["state"]')" = failed ] && ok "the cut pause leaves the sandbox failed (not paused)" || notok "state after the cut pause" "$(LC info "$K" --json)"
 [ ! -e "/sys/fs/cgroup/freezer/tether/$K-g2" ] && ok "the restarted manager released the frozen execution" ||
 	notok "frozen leftovers released" "$(cat "/sys/fs/cgroup/freezer/tether/$K-g2/cgroup.procs")"
+cg_gone "$K-g2" && ok "... and removed its cgroups" || notok "cgroups of the cut execution" "$(ls -d /sys/fs/cgroup/*/tether/"$K-g2" /sys/fs/cgroup/tether/"$K-g2" 2>/dev/null)"
 if LC resume "$K" --worker w2 >"$WORK/e" 2>&1 && [ "$(info "$K" 'd["generation"], d["worker"], d["resumed_from"] if "resumed_from" in d else 1')" = "(3, 'w2', 1)" ]; then
 	ok "resumable from its last complete snapshot (generation 1) as generation 3"
 else notok "resume after the cut pause" "$(cat "$WORK/e"; LC info "$K" --json)"; fi
@@ -209,6 +212,7 @@ else notok "sandbox after a manager restart" "before [$pid_before] after [$out]"
 grep -q "bridge for $A generation 1 adopted by manager pid" "$WORK/w3.log" &&
 	ok "... its bridge was adopted by the new manager" || notok "adoption logged" "$(grep -i adopt "$WORK/w3.log" | tail -3)"
 stop_w3
+cg_gone "$A-g1" && ok "... and stopping it removed its cgroups" || notok "cgroups of the adopted execution" "$(ls -d /sys/fs/cgroup/*/tether/"$A-g1" /sys/fs/cgroup/tether/"$A-g1" 2>/dev/null)"
 
 # ---- progress and a control-plane restart between migrations ------------------------------
 T exec "$S" -- sh -c 'head -c 300000000 /dev/zero >/home/large' >/dev/null 2>&1

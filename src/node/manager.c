@@ -192,6 +192,20 @@ struct manager {
 	bool spare_sb_on;
 	uint32_t spare_sb_slot;
 	uint64_t spare_sb_serial;
+	/* Its launch runs on a libuv worker thread (~3 ms that would block
+	 * our loop): spare_sb_busy from queueing until the result is taken
+	 * (spare_sb_take, on the loop: by the after-work callback, or by a
+	 * create that cannot wait for it); the thread fills spare_sb_new and
+	 * signals spare_sb_cv under spare_sb_mu. */
+	bool spare_sb_busy, spare_sb_done, spare_sb_taken;
+	uv_work_t spare_sb_work;
+	uv_mutex_t spare_sb_mu;
+	uv_cond_t spare_sb_cv;
+	struct ns_config spare_sb_cfg;
+	char spare_sb_id[32];
+	struct ns_sandbox spare_sb_new;
+	int spare_sb_rc;
+	struct tt_err spare_sb_err;
 };
 
 static void exec_stop(struct manager *m, struct mgr_exec *ex);
@@ -802,6 +816,7 @@ static int bridge_pin(struct mgr_exec *ex, const char *bin, struct tt_err *err)
 
 static void spare_kick(struct manager *m);
 static void spare_sb_launch(struct manager *m);
+static void spare_sb_take(struct manager *m);
 
 /* bridge_take: a bridge for one execution: the spare started ahead (its
  * spawn and library loading off the create path) or, without one, a new
@@ -829,6 +844,10 @@ static int bridge_take(struct manager *m, struct mgr_exec *ex, const char *dir,
 	*bp = m->spare_bridge;
 	m->spare_bridge = (struct bridge_proc){ .pid = 0, .pidfd = -1, .assign_fd = -1,
 	                                        .ready_fd = -1 };
+	if (uv_mutex_init(&m->spare_sb_mu) != 0 || uv_cond_init(&m->spare_sb_cv) != 0) {
+		log_error("%s", "cannot make a mutex");
+		return 1;
+	}
 	if (bp->pid > 0) {
 		spare_kick(m);
 		/* Not one that died waiting (killed from outside), nor one
@@ -1023,38 +1042,83 @@ static void spare_sb_stop(struct manager *m)
 	m->spare_sb_on = false;
 }
 
-/* spare_sb_launch: a sandbox into the ready spare tree, waiting for its
- * execution (~3 ms here, between creates instead of on one). It takes the
- * spare netns and reserves the lowest free slot. */
-static void spare_sb_launch(struct manager *m)
+/* spare_sb_work_cb: the launch (worker thread: touches only spare_sb_new,
+ * spare_sb_rc/err and the spare tree, whose claims wait for it). */
+static void spare_sb_work_cb(uv_work_t *w)
 {
-	struct ns_config cfg = { 0 };
+	struct manager *m = w->data;
 	struct tt_err err = { 0 };
-	char id[32];
-	uint32_t slot;
-	int rc;
+	int rc = ns_sandbox_launch(&m->spare_sb_cfg, &m->spare_sb_new, &err);
 
-	if (m->spare_sb_on || !m->spare_ready || m->spare_busy || m->stopping ||
-	    m->spare_netns < 0)
+	uv_mutex_lock(&m->spare_sb_mu);
+	m->spare_sb_rc = rc;
+	m->spare_sb_err = err;
+	m->spare_sb_done = true;
+	uv_cond_signal(&m->spare_sb_cv);
+	uv_mutex_unlock(&m->spare_sb_mu);
+}
+
+/* spare_sb_take: back on the loop, the launch's result (waiting for it if
+ * it is still running: a create needs the spare tree): the spare sandbox
+ * is up, or the failure logged. */
+static void spare_sb_take(struct manager *m)
+{
+	if (!m->spare_sb_busy || m->spare_sb_taken)
 		return;
-	slot = records_free_slot(m->db);
-	snprintf(id, sizeof(id), "spare%d", (int)getpid());
-	cfg.sbx_id = id;
-	cfg.gen = ++m->spare_sb_serial;
-	cfg.att = 1;
-	cfg.assign_later = true;
-	exec_cfg(m, &cfg, m->spare_dir, slot);
-	rc = ns_sandbox_launch(&cfg, &m->spare_sb, &err);
+	uv_mutex_lock(&m->spare_sb_mu);
+	while (!m->spare_sb_done)
+		uv_cond_wait(&m->spare_sb_cv, &m->spare_sb_mu);
+	uv_mutex_unlock(&m->spare_sb_mu);
+	m->spare_sb_taken = true;
 	close(m->spare_netns); /* used up either way */
 	m->spare_netns = -1;
 	spare_kick(m);
-	if (rc < 0) {
-		log_warn("spare sandbox: %s (creates launch their own)", err.msg);
-		ns_sandbox_init(&m->spare_sb);
+	if (m->spare_sb_rc < 0) {
+		log_warn("spare sandbox: %s (creates launch their own)", m->spare_sb_err.msg);
 		return;
 	}
+	m->spare_sb = m->spare_sb_new;
 	m->spare_sb_on = true;
-	m->spare_sb_slot = slot;
+	if (m->stopping)
+		spare_sb_stop(m);
+}
+
+/* spare_sb_after_cb: the launch is done (or was cancelled at stop). */
+static void spare_sb_after_cb(uv_work_t *w, int status)
+{
+	struct manager *m = w->data;
+
+	if (status == UV_ECANCELED) { /* never ran: nothing was launched */
+		m->spare_sb_rc = -1;
+		tt_err_set(&m->spare_sb_err, TT_ERR_SYS, "launch cancelled");
+		m->spare_sb_done = true;
+	}
+	spare_sb_take(m);
+	m->spare_sb_busy = false;
+	spare_kick(m);
+}
+
+/* spare_sb_launch: a sandbox into the ready spare tree, waiting for its
+ * execution (~3 ms, between creates instead of on one, on a worker
+ * thread). It takes the spare netns and reserves the lowest free slot. */
+static void spare_sb_launch(struct manager *m)
+{
+	if (m->spare_sb_on || m->spare_sb_busy || !m->spare_ready || m->spare_busy ||
+	    m->stopping || m->spare_netns < 0)
+		return;
+	m->spare_sb_slot = records_free_slot(m->db);
+	snprintf(m->spare_sb_id, sizeof(m->spare_sb_id), "spare%d", (int)getpid());
+	memset(&m->spare_sb_cfg, 0, sizeof(m->spare_sb_cfg));
+	m->spare_sb_cfg.sbx_id = m->spare_sb_id;
+	m->spare_sb_cfg.gen = ++m->spare_sb_serial;
+	m->spare_sb_cfg.att = 1;
+	m->spare_sb_cfg.assign_later = true;
+	exec_cfg(m, &m->spare_sb_cfg, m->spare_dir, m->spare_sb_slot);
+	ns_sandbox_init(&m->spare_sb_new);
+	m->spare_sb_done = m->spare_sb_taken = false;
+	m->spare_sb_work.data = m;
+	if (uv_queue_work(m->loop, &m->spare_sb_work, spare_sb_work_cb, spare_sb_after_cb) == 0)
+		m->spare_sb_busy = true;
 }
 
 /* spare_claim: renames the spare tree to dir if dir does not exist yet (a
@@ -1065,8 +1129,12 @@ static void spare_sb_launch(struct manager *m)
  * stopped first. Returns whether *sb got it. */
 static bool spare_claim(struct manager *m, const char *dir, struct ns_sandbox *sb)
 {
-	struct pollfd pf = { .fd = m->spare_sb.pidfd, .events = POLLIN };
+	struct pollfd pf;
 
+	/* A launch into the tree still running: its result first (the
+	 * wait is what is left of ~3 ms, once in a while). */
+	spare_sb_take(m);
+	pf = (struct pollfd){ .fd = m->spare_sb.pidfd, .events = POLLIN };
 	if (!m->spare_ready || m->spare_busy || m->stopping) {
 		if (!m->stopping && access(dir, F_OK) < 0)
 			log_info("no spare ready for %s: its layer is made on the create path",
@@ -1325,6 +1393,7 @@ static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 	rec.epoch = cur ? cur->epoch + 1 : 1;
 	/* A fresh sandbox takes the spare sandbox's slot (and so the spare);
 	 * any other slot must avoid it. */
+	spare_sb_take(m); /* a launch still running: its slot is decided */
 	rec.slot = cur ? cur->slot : m->spare_sb_on && snap == NULL ? m->spare_sb_slot :
 	           records_free_slot_except(m->db, m->spare_sb_on ? m->spare_sb_slot
 	                                                          : UINT32_MAX);
@@ -2351,6 +2420,7 @@ static void shutdown_all(struct manager *m)
 	/* The spare's layer must not stay mounted after us (a stopped worker
 	 * leaks no loop device); one still being made is removed by
 	 * spare_after_work, which the loop runs before it ends. */
+	spare_sb_take(m); /* a launch still running ends first */
 	spare_sb_stop(m);
 	if (!m->spare_busy && remove_tree(m->spare_dir) < 0)
 		log_warn("removing %s: %s", m->spare_dir, strerror(errno));

@@ -40,3 +40,28 @@ int fsutil_write_all(int fd, const void *buf, size_t len)
 	}
 	return 0;
 }
+
+/* fsutil_read_to_eof: see fsutil.h; one byte past cap tells "too big"
+ * from "exactly cap". */
+ssize_t fsutil_read_to_eof(int fd, void *buf, size_t cap)
+{
+	size_t got = 0;
+
+	for (;;) {
+		char extra;
+		ssize_t n = got < cap ? read(fd, (char *)buf + got, cap - got)
+		                      : read(fd, &extra, 1);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -1;
+		if (n == 0)
+			return (ssize_t)got;
+		if (got == cap) {
+			errno = EFBIG;
+			return -1;
+		}
+		got += (size_t)n;
+	}
+}

@@ -6,6 +6,7 @@
 
 #include <linux/openat2.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 /* fsutil_openat2: openat2(dirfd, rel, how), retried on EAGAIN / EINTR (a
  * bounded number of times); the fd, or -1 with errno. */
@@ -13,5 +14,10 @@ int fsutil_openat2(int dirfd, const char *rel, const struct open_how *how);
 /* fsutil_write_all: all len bytes to fd, EINTR retried; 0, or -1 with
  * errno (EIO when the kernel accepted nothing). */
 int fsutil_write_all(int fd, const void *buf, size_t len);
+/* fsutil_read_to_eof: everything fd holds until EOF (a pipe its writer
+ * filled and closed), at most cap bytes, EINTR retried; the byte count,
+ * or -1 with errno (EFBIG when more than cap bytes came). Blocks until
+ * EOF. */
+ssize_t fsutil_read_to_eof(int fd, void *buf, size_t cap);
 
 #endif

@@ -9,6 +9,7 @@
 #include <sodium.h>
 
 #include "bridge/args.h"
+#include "fsutil.h"
 
 /* bridge_args_init: see args.h. */
 void bridge_args_init(struct bridge_args *a)
@@ -157,30 +158,16 @@ out:
 int bridge_assignment_read(int fd, struct bridge_args *a,
                            uint8_t secret[HELLO_SECRET_LEN], struct tt_err *err)
 {
-	static uint8_t buf[BRIDGE_ASSIGN_MAX + 1];
-	size_t got = 0;
-	int rc = -1;
+	static uint8_t buf[BRIDGE_ASSIGN_MAX];
+	ssize_t got = fsutil_read_to_eof(fd, buf, sizeof(buf));
+	int rc;
 
-	for (;;) {
-		ssize_t r = read(fd, buf + got, sizeof(buf) - got);
-
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0) {
-			tt_err_sys(err, TT_ERR_IO, "reading the assignment");
-			goto out;
-		}
-		if (r == 0)
-			break;
-		got += (size_t)r;
-		if (got == sizeof(buf)) {
-			tt_err_set(err, TT_ERR_TOO_LARGE, "assignment over %d bytes",
-			           BRIDGE_ASSIGN_MAX);
-			goto out;
-		}
-	}
-	rc = got == 0 ? 1 : bridge_assignment_parse(buf, got, a, secret, err);
-out:
+	if (got < 0)
+		rc = errno == EFBIG ? tt_err_set(err, TT_ERR_TOO_LARGE, "assignment over %d bytes",
+		                                 BRIDGE_ASSIGN_MAX)
+		                    : tt_err_sys(err, TT_ERR_IO, "reading the assignment");
+	else
+		rc = got == 0 ? 1 : bridge_assignment_parse(buf, (size_t)got, a, secret, err);
 	sodium_memzero(buf, sizeof(buf));
 	close(fd);
 	return rc;

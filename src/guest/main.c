@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "cleanup.h"
+#include "fsutil.h"
 #include "guest/guest.h"
 #include "guest/hello.h"
 #include "log.h"
@@ -187,27 +188,18 @@ static int assignment_read(struct guest_opts *o, uint8_t secret[HELLO_SECRET_LEN
 {
 	static char buf[GUEST_ASSIGN_MAX + 1];
 	const char *word[3];
-	size_t got = 0, at = HELLO_SECRET_LEN;
+	ssize_t n = fsutil_read_to_eof(o->assign_fd, buf, GUEST_ASSIGN_MAX);
+	size_t got = n > 0 ? (size_t)n : 0, at = HELLO_SECRET_LEN;
 	uint64_t v;
 	int rc = -1;
 
-	for (;;) {
-		ssize_t n = read(o->assign_fd, buf + got, sizeof(buf) - 1 - got);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			tt_err_sys(err, TT_ERR_IO, "reading the assignment");
-			goto out;
-		}
-		if (n == 0)
-			break;
-		got += (size_t)n;
-		if (got == sizeof(buf) - 1) {
+	if (n < 0) {
+		if (errno == EFBIG)
 			tt_err_set(err, TT_ERR_TOO_LARGE, "assignment over %d bytes",
 			           GUEST_ASSIGN_MAX);
-			goto out;
-		}
+		else
+			tt_err_sys(err, TT_ERR_IO, "reading the assignment");
+		goto out;
 	}
 	if (got == 0) {
 		rc = 1;

@@ -518,6 +518,17 @@ out:
 	return ok;
 }
 
+/* fx_spare: a fixture for a spare: the real agent at real, assigned later. */
+static struct fixture *fx_spare(const char *real)
+{
+	struct fixture *fx = fx_new("spare", "");
+
+	fx->cfg.init_argv = NULL;
+	fx->cfg.guest_bin = real;
+	fx->cfg.assign_later = true;
+	return fx;
+}
+
 /* A spare: the sandbox is built and the agent exec'd before its execution
  * is known; it does not listen until assigned. The assignment renames its
  * cgroups and hands the agent its identity and secret: it then answers the
@@ -535,10 +546,7 @@ static void test_spare_assign(void **state)
 	assert_true(sodium_init() >= 0);
 	randombytes_buf(secret, sizeof secret);
 
-	struct fixture *fx = fx_new("spare", "");
-	fx->cfg.init_argv = NULL;
-	fx->cfg.guest_bin = real;
-	fx->cfg.assign_later = true;
+	struct fixture *fx = fx_spare(real);
 	if (ns_sandbox_launch(&fx->cfg, &fx->sb, &err) < 0)
 		fail_msg("launch: %s", err.msg);
 	snprintf(old_mem, sizeof old_mem, "%s", fx->sb.cgroup_memory);
@@ -557,10 +565,7 @@ static void test_spare_assign(void **state)
 	fx_free(fx);
 
 	/* Never assigned: EOF ends the agent, PID 1, and the sandbox. */
-	fx = fx_new("spare", "");
-	fx->cfg.init_argv = NULL;
-	fx->cfg.guest_bin = real;
-	fx->cfg.assign_later = true;
+	fx = fx_spare(real);
 	assert_int_equal(ns_sandbox_launch(&fx->cfg, &fx->sb, &err), 0);
 	close(fx->sb.assign_fd);
 	fx->sb.assign_fd = -1;
@@ -568,10 +573,7 @@ static void test_spare_assign(void **state)
 	fx_free(fx);
 
 	/* Garbage instead of an assignment: refused, the sandbox ends. */
-	fx = fx_new("spare", "");
-	fx->cfg.init_argv = NULL;
-	fx->cfg.guest_bin = real;
-	fx->cfg.assign_later = true;
+	fx = fx_spare(real);
 	assert_int_equal(ns_sandbox_launch(&fx->cfg, &fx->sb, &err), 0);
 	assert_int_equal(write(fx->sb.assign_fd, "short", 5), 5);
 	close(fx->sb.assign_fd);

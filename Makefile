@@ -97,6 +97,10 @@ build-fuzz/fuzz_config: fuzz/fuzz_config.c src/client/config.c $(LIB_SRC)
 build-fuzz/fuzz_assign: fuzz/fuzz_assign.c src/bridge/args.c $(LIB_SRC)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+# A spare agent's assignment parser lives with the agent.
+build-fuzz/fuzz_guest_assign: fuzz/fuzz_guest_assign.c src/guest/assign.c $(LIB_SRC)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
 fuzzers: $(patsubst fuzz/%.c,build-fuzz/%,$(FUZZ_SRC))
 
 unit: all

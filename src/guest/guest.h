@@ -24,8 +24,23 @@
 #define GUEST_PATH_MAX 4096
 #define GUEST_LIST_MAX 10000
 #define GUEST_IDLE_TIMEOUT_DEFAULT_S 600
-/* A spare agent's assignment (main.c): secret, id, generation, activation. */
+/* A spare agent's assignment (main.c, assign.c): the 32-byte secret, then
+ * the sandbox id, generation and activation as NUL-terminated words. */
 #define GUEST_ASSIGN_MAX 256
+
+struct guest_assignment {
+	char sbx[65];        /* 1-64 chars of [A-Za-z0-9_-] */
+	uint64_t gen;        /* >= 1 */
+	uint32_t att;
+	uint8_t secret[32];
+};
+
+/* guest_assignment_parse: buf[0..len) as an assignment into out; 0, or -1
+ * (err says why; out unspecified). Fuzzed: fuzz/fuzz_guest_assign.c. */
+int guest_assignment_parse(const uint8_t *buf, size_t len, struct guest_assignment *out,
+                           struct tt_err *err);
+/* guest_parse_u64: strict decimal at most max; 0 or -1. */
+int guest_parse_u64(const char *s, uint64_t max, uint64_t *out);
 
 /* Per-process settings, fixed at start-up. */
 struct guest_ctx {

@@ -64,22 +64,6 @@ static int usage(FILE *out)
 	return out == stderr ? 1 : 0;
 }
 
-/* parse_u64: strict decimal; 0 or -1. */
-static int parse_u64(const char *s, uint64_t max, uint64_t *out)
-{
-	char *end;
-	unsigned long long v;
-
-	if (s[0] < '0' || s[0] > '9')
-		return -1;
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno != 0 || *end != '\0' || v > max)
-		return -1;
-	*out = v;
-	return 0;
-}
-
 /* opts_parse: fills o from argv; -1 after printing a one-line error. */
 static int opts_parse(int argc, char **argv, struct guest_opts *o)
 {
@@ -107,33 +91,33 @@ static int opts_parse(int argc, char **argv, struct guest_opts *o)
 		case 's': o->sbx = optarg; break;
 		case 'r': o->root = optarg; break;
 		case 'g':
-			if (parse_u64(optarg, INT64_MAX, &o->gen) < 0)
+			if (guest_parse_u64(optarg, INT64_MAX, &o->gen) < 0)
 				goto bad;
 			o->have_gen = 1;
 			break;
 		case 'a':
-			if (parse_u64(optarg, UINT32_MAX, &v) < 0)
+			if (guest_parse_u64(optarg, UINT32_MAX, &v) < 0)
 				goto bad;
 			o->att = (uint32_t)v;
 			o->have_att = 1;
 			break;
 		case 'f':
-			if (parse_u64(optarg, INT32_MAX, &v) < 0)
+			if (guest_parse_u64(optarg, INT32_MAX, &v) < 0)
 				goto bad;
 			o->ready_fd = (int)v;
 			break;
 		case 'S':
-			if (parse_u64(optarg, INT32_MAX, &v) < 0)
+			if (guest_parse_u64(optarg, INT32_MAX, &v) < 0)
 				goto bad;
 			o->secret_fd = (int)v;
 			break;
 		case 'A':
-			if (parse_u64(optarg, INT32_MAX, &v) < 0)
+			if (guest_parse_u64(optarg, INT32_MAX, &v) < 0)
 				goto bad;
 			o->assign_fd = (int)v;
 			break;
 		case 'i':
-			if (parse_u64(optarg, 86400, &v) < 0 || v == 0)
+			if (guest_parse_u64(optarg, 86400, &v) < 0 || v == 0)
 				goto bad;
 			o->idle_timeout_s = (unsigned)v;
 			break;
@@ -165,70 +149,34 @@ bad:
 	return -1;
 }
 
-/* guest_id_ok: a sandbox id as the substrate names things with it: 1-64
- * chars of [A-Za-z0-9_-]. */
-static bool guest_id_ok(const char *s)
-{
-	size_t n = strlen(s);
-
-	if (n == 0 || n > 64)
-		return false;
-	for (size_t i = 0; i < n; i++)
-		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
-		      (s[i] >= '0' && s[i] <= '9') || s[i] == '_' || s[i] == '-'))
-			return false;
-	return true;
-}
-
 /* assignment_read: the spare's assignment (see the top) from fd into
- * secret and o (sbx points into a static buffer). 1: EOF before any byte;
+ * secret and o (o->sbx points to a static copy). 1: EOF before any byte;
  * 0: assigned; -1: unreadable or malformed (err says why). Closes fd. */
 static int assignment_read(struct guest_opts *o, uint8_t secret[HELLO_SECRET_LEN],
                            struct tt_err *err)
 {
-	static char buf[GUEST_ASSIGN_MAX + 1];
-	const char *word[3];
-	ssize_t n = fsutil_read_to_eof(o->assign_fd, buf, GUEST_ASSIGN_MAX);
-	size_t got = n > 0 ? (size_t)n : 0, at = HELLO_SECRET_LEN;
-	uint64_t v;
-	int rc = -1;
+	static uint8_t buf[GUEST_ASSIGN_MAX];
+	static struct guest_assignment a;
+	ssize_t n = fsutil_read_to_eof(o->assign_fd, buf, sizeof(buf));
+	int rc;
 
-	if (n < 0) {
-		if (errno == EFBIG)
-			tt_err_set(err, TT_ERR_TOO_LARGE, "assignment over %d bytes",
-			           GUEST_ASSIGN_MAX);
-		else
-			tt_err_sys(err, TT_ERR_IO, "reading the assignment");
-		goto out;
-	}
-	if (got == 0) {
+	if (n < 0)
+		rc = errno == EFBIG ? tt_err_set(err, TT_ERR_TOO_LARGE, "assignment over %d "
+		                                 "bytes", GUEST_ASSIGN_MAX)
+		                    : tt_err_sys(err, TT_ERR_IO, "reading the assignment");
+	else if (n == 0)
 		rc = 1;
-		goto out;
+	else
+		rc = guest_assignment_parse(buf, (size_t)n, &a, err);
+	if (rc == 0) {
+		o->sbx = a.sbx;
+		o->gen = a.gen;
+		o->att = a.att;
+		o->have_gen = o->have_att = 1;
+		memcpy(secret, a.secret, HELLO_SECRET_LEN);
 	}
-	buf[got] = '\0';
-	for (int i = 0; i < 3; i++) {
-		if (at >= got) {
-			tt_err_set(err, TT_ERR_MALFORMED, "assignment of %zu bytes is truncated", got);
-			goto out;
-		}
-		word[i] = buf + at;
-		at += strlen(word[i]) + 1;
-	}
-	if (at != got || buf[got - 1] != '\0' || !guest_id_ok(word[0]) ||
-	    parse_u64(word[1], INT64_MAX, &o->gen) < 0 || o->gen == 0 ||
-	    parse_u64(word[2], UINT32_MAX, &v) < 0) {
-		tt_err_set(err, TT_ERR_MALFORMED, "assignment: bad sandbox id, generation "
-		           "or activation");
-		goto out;
-	}
-	o->att = (uint32_t)v;
-	o->sbx = word[0];
-	o->have_gen = o->have_att = 1;
-	memcpy(secret, buf, HELLO_SECRET_LEN);
-	rc = 0;
-out:
-	/* The secret's copy goes; the words stay (o->sbx points there). */
-	sodium_memzero(buf, HELLO_SECRET_LEN);
+	sodium_memzero(buf, sizeof(buf));
+	sodium_memzero(a.secret, sizeof(a.secret));
 	close(o->assign_fd);
 	o->assign_fd = -1;
 	return rc;

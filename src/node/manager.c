@@ -178,6 +178,9 @@ struct manager {
 	 * thread), so it always has this run's size. */
 	char layer_tmpl[PATH_MAX];
 	bool tmpl_ready;           /* written by the worker thread, read by it */
+	bool tmpl_usable;          /* tmpl_ready as the loop may rely on it: set
+	                            * after a spare_work that had it (the file
+	                            * is only read from then on) */
 	/* tether-bridge, and one started ahead, waiting for the next
 	 * execution (pid 0: none): its spawn, exec and library loading
 	 * (~1.5 ms) are off the create path. It exits by itself if we die
@@ -955,6 +958,7 @@ static void spare_after_work(uv_work_t *w, int status)
 	struct manager *m = w->data;
 
 	m->spare_busy = false;
+	m->tmpl_usable = m->tmpl_ready; /* the work is done: no race */
 	if (status == 0 && m->spare_rc == 0 && !m->stopping) {
 		m->spare_ready = true;
 		spare_kick(m); /* its sandbox next */
@@ -1016,9 +1020,11 @@ static void exec_cfg(struct manager *m, struct ns_config *cfg, const char *dir,
 	 * sandbox's (and never host root). */
 	cfg->uid_base = MGR_UID_BASE + MGR_UID_COUNT * slot;
 	cfg->uid_count = MGR_UID_COUNT;
-	/* The layer's cap: the spare's filesystem, or one made now. */
+	/* The layer's cap: the spare's filesystem, or one made now (copied
+	 * from the template once there is one). */
 	cfg->layer_bytes = m->layer_bytes;
 	cfg->layer_inodes = m->layer_inodes;
+	cfg->layer_template = m->tmpl_usable ? m->layer_tmpl : NULL;
 	if (m->spare_netns >= 0) {
 		cfg->use_netns = true;
 		cfg->netns_fd = m->spare_netns;
@@ -1623,7 +1629,8 @@ static int layer_restore_into(struct manager *m, const struct rec_exec *rec,
 	char layer[PATH_MAX];
 	int rc;
 
-	if (ns_layer_ensure(dir, m->layer_bytes, m->layer_inodes, err) < 0)
+	if (ns_layer_ensure(dir, m->tmpl_usable ? m->layer_tmpl : NULL, m->layer_bytes,
+	                    m->layer_inodes, err) < 0)
 		return -1;
 	snprintf(layer, sizeof(layer), "%.4000s/layer", dir);
 	ldfd = open(layer, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);

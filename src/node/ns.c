@@ -451,7 +451,8 @@ static int ns_prepare_dirs(const struct ns_config *cfg, struct ns_plan *p,
 	if (ns_mkdir_root(d, err) < 0 || ns_path(layer, d, "layer", err) < 0 ||
 	    ns_mkdir_root(layer, err) < 0 ||
 	    (cfg->layer_bytes > 0 &&
-	     ns_layer_ensure(d, cfg->layer_bytes, cfg->layer_inodes, err) < 0) ||
+	     ns_layer_ensure(d, cfg->layer_template, cfg->layer_bytes, cfg->layer_inodes,
+	                     err) < 0) ||
 	    ns_path(p->root, d, "root", err) < 0 ||
 	    ns_mkdir_root(p->root, err) < 0 ||
 	    ns_path(p->layer_home, layer, "home", err) < 0 ||

@@ -86,6 +86,9 @@ struct ns_config {
 	 * after ns_sandbox_stop: the caller unmounts it (ns_layer_umount). */
 	uint64_t layer_bytes;
 	uint64_t layer_inodes;
+	/* A formatted layer image (ns_layer_template) that a fresh layer is
+	 * copied from, or NULL (mkfs with layer_bytes, layer_inodes). */
+	const char *layer_template;
 	/* A spare (guest only, secret NULL): the guest waits for its identity
 	 * and secret (ns_sandbox_assign); until then sbx_id and gen name only
 	 * the cgroups. Everything else (uid range, layer, namespaces, seccomp)
@@ -171,8 +174,9 @@ int ns_layer_template(const char *tmpl, uint64_t bytes, uint64_t inodes, struct 
 int ns_layer_make_from(const char *dir, const char *tmpl, struct tt_err *err);
 /* ns_layer_ensure: <dir>/layer mounted: already, from the existing image
  * (refused while that image is still attached to a loop device), or made
- * with ns_layer_make. */
-int ns_layer_ensure(const char *dir, uint64_t bytes, uint64_t inodes, struct tt_err *err);
+ * with ns_layer_make_from(tmpl) or, tmpl NULL, ns_layer_make. */
+int ns_layer_ensure(const char *dir, const char *tmpl, uint64_t bytes, uint64_t inodes,
+                    struct tt_err *err);
 /* ns_layer_mounted: a filesystem is mounted on <dir>/layer. */
 bool ns_layer_mounted(const char *dir);
 /* ns_layer_umount: unmounts <dir>/layer if mounted (lazily when busy; see

@@ -427,8 +427,10 @@ int ns_layer_template(const char *tmpl, uint64_t bytes, uint64_t inodes, struct 
 }
 
 /* ns_layer_ensure: mounted already, or the existing image mounted, or a
- * fresh one made. */
-int ns_layer_ensure(const char *dir, uint64_t bytes, uint64_t inodes, struct tt_err *err)
+ * fresh one made (copied from tmpl when given: ~1 ms instead of mkfs's
+ * ~7 ms, when no spare was ready). */
+int ns_layer_ensure(const char *dir, const char *tmpl, uint64_t bytes, uint64_t inodes,
+                    struct tt_err *err)
 {
 	char img[PATH_MAX], mnt[PATH_MAX];
 	struct stat st;
@@ -440,7 +442,8 @@ int ns_layer_ensure(const char *dir, uint64_t bytes, uint64_t inodes, struct tt_
 	if (lstat(img, &st) < 0) {
 		if (errno != ENOENT)
 			return tt_err_sys(err, TT_ERR_IO, "layer: stat %s", img);
-		return ns_layer_make(dir, bytes, inodes, err);
+		return tmpl != NULL ? ns_layer_make_from(dir, tmpl, err)
+		                    : ns_layer_make(dir, bytes, inodes, err);
 	}
 	if (!S_ISREG(st.st_mode))
 		return tt_err_set(err, TT_ERR_INVALID, "layer: %s is not a file", img);

@@ -703,7 +703,7 @@ static void test_layer_cap(void **state)
 	assert_int_equal(ns_layer_umount(fx->dir, &err), 0);
 	assert_false(ns_layer_mounted(fx->dir));
 	expect(fx, "append", ""); /* the bare mount point */
-	assert_int_equal(ns_layer_ensure(fx->dir, 16u << 20, 256, &err), 0);
+	assert_int_equal(ns_layer_ensure(fx->dir, NULL, 16u << 20, 256, &err), 0);
 	assert_true(ns_layer_mounted(fx->dir));
 	expect(fx, "append", "more");
 	/* Removed: unmounted, image gone, loop device freed (autoclear). */
@@ -779,6 +779,19 @@ static void test_layer_template(void **state)
 	fclose(fp);
 	snprintf(f, sizeof f, "%s/layer/workspace/only-a", b);
 	assert_int_equal(access(f, F_OK), -1);
+	/* ns_layer_ensure with the template (a start with no spare ready):
+	 * the copy's geometry, not the mkfs parameters also given. */
+	char c[96];
+	struct statvfs vc;
+	snprintf(c, sizeof c, "%s/c", base);
+	assert_int_equal(mkdir(c, 0700), 0);
+	if (ns_layer_ensure(c, tmpl, 64u << 20, 4096, &err) < 0)
+		fail_msg("ns_layer_ensure: %s", err.msg);
+	snprintf(f, sizeof f, "%s/layer/workspace", c);
+	assert_int_equal(statvfs(f, &vc), 0);
+	assert_int_equal(vc.f_files, va.f_files);
+	assert_int_equal(vc.f_blocks, va.f_blocks);
+	assert_int_equal(ns_layer_remove(c, &err), 0);
 	assert_int_equal(ns_layer_remove(a, &err), 0);
 	assert_int_equal(ns_layer_remove(b, &err), 0);
 	for (int i = 0; i < 100 && loop_of(base); i++)

@@ -69,6 +69,16 @@ workdir() {
 	TT_BODY=$WORK/out
 	TT_HDRS=$WORK/hdrs
 }
+# cluster_setup NAME: what a test that runs its own cluster starts with:
+# WORK (workdir NAME), a scratch HOME, a free port BASE, the cluster's
+# STATE dir and its control-plane URL CP.
+cluster_setup() {
+	workdir "$1"
+	scratch_home
+	BASE=$(port_base)
+	STATE=$WORK/state
+	CP=http://127.0.0.1:$BASE
+}
 # scratch_home: HOME inside WORK, no inherited client settings.
 scratch_home() {
 	export HOME=$WORK/home

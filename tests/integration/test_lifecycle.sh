@@ -11,11 +11,7 @@
 # proxies them (the CLI works against either: same API).
 set -u
 . "$(dirname "$0")/lib.sh"
-workdir tether-lc
-scratch_home
-BASE=$(port_base)
-STATE=$WORK/state
-CP=http://127.0.0.1:$BASE
+cluster_setup tether-lc
 TT_DETAIL_LINES=12
 W3_PID=
 

@@ -12,11 +12,7 @@
 # sandbox with its files. Prints TAP.
 set -u
 . "$(dirname "$0")/lib.sh"
-workdir tether-quota
-scratch_home
-BASE=$(port_base)
-STATE=$WORK/state
-CP=http://127.0.0.1:$BASE
+cluster_setup tether-quota
 TT_DETAIL_LINES=12
 W3_PID=
 MIB=$((1 << 20))

@@ -8,11 +8,7 @@
 # (stale request -> success). Prints TAP; everything started is stopped.
 set -u
 . "$(dirname "$0")/lib.sh"
-workdir tether-recovery
-scratch_home
-BASE=$(port_base)
-STATE=$WORK/state
-CP=http://127.0.0.1:$BASE
+cluster_setup tether-recovery
 EDGE=http://127.0.0.1:$((BASE + 1))
 EDGE2=http://127.0.0.1:$((BASE + 6))
 PROXY_PORT=$((BASE + 5))
@@ -175,7 +171,10 @@ PROXY_PID=$!
 	>"$WORK/edge2.log" 2>&1 &
 EDGE2_PID=$!
 edge2_up() { curl -sf "$EDGE2/healthz" >/dev/null && curl -s -o /dev/null "http://127.0.0.1:$PROXY_PORT/x"; }
-wait_until 100 edge2_up
+# Its failure to come up (a port taken meanwhile) is said, with why.
+if wait_until 100 edge2_up; then ok "a second edge, its cp behind a recording proxy, is up"
+else notok "a second edge, its cp behind a recording proxy, is up" \
+	"$(tail -n 3 "$WORK/edge2.log" "$WORK/proxy.err" 2>&1)"; fi
 
 SM=$(call POST "$EDGE/v1/sandboxes" '{"worker":"w1"}' >/dev/null; jget 'd["id"]' <"$WORK/r")
 echo misroute >"$WORK/mode"

@@ -9,11 +9,7 @@
 # with 4403 and the command never runs (the honest one does). Prints TAP.
 set -u
 . "$(dirname "$0")/lib.sh"
-workdir tether-stream
-scratch_home
-BASE=$(port_base)
-STATE=$WORK/state
-CP=http://127.0.0.1:$BASE
+cluster_setup tether-stream
 EDGE=http://127.0.0.1:$((BASE + 1))
 T=$ROOT/build/tether
 

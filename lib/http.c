@@ -665,6 +665,15 @@ void httpc_free(struct httpc *c)
 	uv_close((uv_handle_t *)&c->timer, httpc_timer_closed);
 }
 
+/* http_easy_direct: "" is curl's explicit "no proxy", which also keeps it
+ * from reading the proxy variables. */
+void http_easy_direct(CURL *easy)
+{
+	curl_easy_setopt(easy, CURLOPT_PROXY, "");
+	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+}
+
 /* httpc_start: queues easy; curl's timer callback kicks it off. Every
  * connection the easy creates closes its socket through
  * httpc_close_socket, so the watcher goes before the fd does. */

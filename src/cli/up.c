@@ -28,6 +28,7 @@
 #include "cli/cli.h"
 #include "cli/verbs.h"
 #include "client/tether.h"
+#include "http.h"
 
 #define UP_MAX_WORKERS 16
 #define UP_MAX_CHILDREN (UP_MAX_WORKERS + 2)
@@ -269,7 +270,7 @@ static long probe(const char *url, const char *key, char **body)
 	curl_easy_setopt(e, CURLOPT_URL, url);
 	curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
 	curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 2000L);
-	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+	http_easy_direct(e);
 	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, sink_cb);
 	curl_easy_setopt(e, CURLOPT_WRITEDATA, body);
 	if (curl_easy_perform(e) == CURLE_OK)

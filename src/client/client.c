@@ -9,6 +9,8 @@
  * repeated, and the error says whether the call may have run. */
 #include "client/tether.h"
 
+#include <stdbool.h>
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +18,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
 #include <poll.h>
 
 #include <curl/curl.h>
@@ -32,7 +35,27 @@ struct tether {
 	CURL *easy;                              /* owned */
 	char auth[TETHER_KEY_MAX + 32];          /* "Authorization: Bearer …" */
 	uint64_t generation;                     /* X-Tether-Generation of the last answer */
+	bool direct;                             /* loopback edge: no proxy */
 };
+
+/* url_is_loopback: the URL names localhost, 127.0.0.0/8 or ::1. A local
+ * cluster is never reached through a proxy from the environment: libcurl
+ * and libwebsockets would both send the API key to it. */
+static bool url_is_loopback(const char *url)
+{
+	CURLU *u = curl_url();
+	char *host = NULL;
+	struct in_addr a4;
+	bool yes = false;
+
+	if (u != NULL && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+	    curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK)
+		yes = strcasecmp(host, "localhost") == 0 || strcmp(host, "[::1]") == 0 ||
+		      (inet_pton(AF_INET, host, &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127);
+	curl_free(host);
+	curl_url_cleanup(u);
+	return yes;
+}
 
 /* tether_new: a client for cfg. */
 struct tether *tether_new(const struct tether_config *cfg, struct tt_err *err)
@@ -53,6 +76,7 @@ struct tether *tether_new(const struct tether_config *cfg, struct tt_err *err)
 		return NULL;
 	}
 	t->cfg = *cfg;
+	t->direct = url_is_loopback(cfg->url);
 	snprintf(t->auth, sizeof(t->auth), "Authorization: Bearer %s", cfg->api_key);
 	t->easy = curl_easy_init();
 	if (t->easy == NULL) {
@@ -288,6 +312,8 @@ static long tether_request_once(struct tether *t, const struct tether_call *c,
 		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)0);
 	}
 	curl_easy_setopt(e, CURLOPT_URL, url);
+	if (t->direct)
+		curl_easy_setopt(e, CURLOPT_PROXY, ""); /* "": none, env ignored */
 	curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
 	if (is_get)
 		curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
@@ -896,6 +922,10 @@ int tether_exec_stream(struct tether *t, const char *id, char *const argv[],
 	info.protocols = protocols;
 	info.user = &x;
 	info.options = strcmp(prot, "https") == 0 ? LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT : 0;
+	/* lws reads http_proxy when it has none given: "" (rejected, so
+	 * none is set) keeps a loopback edge direct */
+	if (t->direct)
+		info.http_proxy_address = "";
 	x.ctx = lws_create_context(&info);
 	if (x.ctx == NULL) {
 		tt_err_set(err, TT_ERR_SYS, "cannot create the WebSocket client");

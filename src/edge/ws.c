@@ -362,8 +362,7 @@ static void ews_cap_fetch(struct edgews *x)
 	if (c == NULL)
 		goto fail;
 	edge_cap_request(c, ews_env.cp_url, x->sbx, x->auth, &x->hdrs);
-	curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+	http_easy_direct(c);
 	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
 	curl_easy_setopt(c, CURLOPT_TIMEOUT, 30L);
 	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, ews_cap_write);

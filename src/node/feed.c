@@ -11,6 +11,7 @@
 #include <sodium.h>
 
 #include "cleanup.h"
+#include "http.h"
 #include "log.h"
 #include "node/mgrconn.h"
 #include "node/node.h"
@@ -118,12 +119,11 @@ static int feed_http(struct node_feed *f, const char *url, json_t *body,
 	f->resp_over = false;
 	curl_easy_setopt(easy, CURLOPT_URL, url);
 	curl_easy_setopt(easy, CURLOPT_HTTPHEADER, f->hdrs);
-	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+	http_easy_direct(easy);
 	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, timeout_ms);
 	curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, 3000L);
 	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, feed_write);
 	curl_easy_setopt(easy, CURLOPT_WRITEDATA, f);
-	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
 	if (enc != NULL)
 		curl_easy_setopt(easy, CURLOPT_COPYPOSTFIELDS, enc);
 	if (httpc_start(f->n->httpc, easy, feed_on_http_done, f, &err) < 0) {
@@ -251,10 +251,9 @@ static void feed_progress(struct node_feed *f, json_t *frame)
 	snprintf(url, sizeof(url), "%s/v1/feed/progress", n->cp_url);
 	curl_easy_setopt(easy, CURLOPT_URL, url);
 	curl_easy_setopt(easy, CURLOPT_HTTPHEADER, p->hdrs);
-	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+	http_easy_direct(easy);
 	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, 3000L);
 	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, prog_discard);
-	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
 	curl_easy_setopt(easy, CURLOPT_COPYPOSTFIELDS, enc);
 	n->progress_inflight = true;
 	n->progress_last_ms = uv_now(n->loop);

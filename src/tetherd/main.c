@@ -3,6 +3,7 @@
  * written; a role that is absent says so instead of failing to link. The
  * host bridge is not a role: it is its own lean binary, tether-bridge. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tetherd/roles.h"
@@ -44,8 +45,22 @@ static int usage(FILE *out)
 	return out == stderr ? 1 : 0;
 }
 
+/* proxies_drop: the daemons reach only the addresses they were given.
+ * libcurl and libwebsockets both honour http_proxy and friends, even for
+ * 127.0.0.1, and would hand capabilities, node tokens and API keys to
+ * whatever a shell that started the cluster happened to export. */
+static void proxies_drop(void)
+{
+	static const char *const vars[] = { "http_proxy", "HTTP_PROXY", "https_proxy",
+		                            "HTTPS_PROXY", "all_proxy", "ALL_PROXY" };
+
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
+		unsetenv(vars[i]);
+}
+
 int main(int argc, char **argv)
 {
+	proxies_drop();
 	if (argc < 2)
 		return usage(stderr);
 	if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)

@@ -539,6 +539,18 @@ static char *copy_bytes(json_t *s, size_t *len)
 	return out;
 }
 
+/* cmd_fill: argv as the strings of the JSON array cmd (NULL: out of
+ * memory, reported); 0 or -1 with err. */
+static int cmd_fill(json_t *cmd, char *const argv[], struct tt_err *err)
+{
+	if (cmd == NULL)
+		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+	for (size_t i = 0; argv[i]; i++)
+		if (json_array_append_new(cmd, json_string(argv[i])) < 0)
+			return tt_err_set(err, TT_ERR_INVALID, "argument %zu is not UTF-8", i);
+	return 0;
+}
+
 /* tether_exec: POST /v1/sandboxes/ID/exec {"cmd":argv}. */
 int tether_exec(struct tether *t, const char *id, char *const argv[],
                 struct tether_exec_result *res, struct tt_err *err)
@@ -551,13 +563,8 @@ int tether_exec(struct tether *t, const char *id, char *const argv[],
 	int rc = -1;
 
 	memset(res, 0, sizeof(*res));
-	if (p == NULL || cmd == NULL)
+	if (p == NULL || cmd_fill(cmd, argv, err) < 0)
 		goto out;
-	for (size_t i = 0; argv[i]; i++)
-		if (json_array_append_new(cmd, json_string(argv[i])) < 0) {
-			tt_err_set(err, TT_ERR_INVALID, "argument %zu is not UTF-8", i);
-			goto out;
-		}
 	body = json_pack("{s:O}", "cmd", cmd);
 	if (body == NULL) {
 		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
@@ -895,13 +902,8 @@ int tether_exec_stream(struct tether *t, const char *id, char *const argv[],
 	x.err = err;
 	x.exit_code = -1;
 	x.auth = t->auth + strlen("Authorization: ");
-	if (p == NULL || cmd == NULL)
+	if (p == NULL || cmd_fill(cmd, argv, err) < 0)
 		goto out;
-	for (size_t i = 0; argv[i]; i++)
-		if (json_array_append_new(cmd, json_string(argv[i])) < 0) {
-			tt_err_set(err, TT_ERR_INVALID, "argument %zu is not UTF-8", i);
-			goto out;
-		}
 	start = json_pack("{s:O,s:b}", "cmd", cmd, "stdin", s->stdin_fd >= 0);
 	x.start = start ? json_dumps(start, JSON_COMPACT) : NULL;
 	if (x.start == NULL) {

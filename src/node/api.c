@@ -1074,6 +1074,22 @@ static int stream_done(struct lws *wsi, struct api_pss *pss, struct api_op *op)
 	return extra || lws_http_transaction_completed(wsi) ? -1 : 0;
 }
 
+/* download_headers: a file download's status line and headers, finalized,
+ * at *p (advanced); 0 or -1 when they do not fit before end. */
+static int download_headers(struct lws *wsi, uint64_t content_len, uint8_t **p,
+                            uint8_t *end)
+{
+	if (lws_add_http_header_status(wsi, 200 | LWSAHH_FLAG_NO_SERVER_NAME, p, end) ||
+	    lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CONTENT_TYPE,
+	            (const uint8_t *)"application/octet-stream", 24, p, end) ||
+	    lws_add_http_header_content_length(wsi, content_len, p, end) ||
+	    lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CACHE_CONTROL,
+	            (const uint8_t *)"no-store", 8, p, end) ||
+	    lws_finalize_http_header(wsi, p, end))
+		return -1;
+	return 0;
+}
+
 /* stream_write_whole: a small read already complete (RESULT confirmed it):
  * headers and the whole body in one lws_write, as small replies go, instead
  * of a headers write, a writeable round trip and a body write. */
@@ -1087,13 +1103,7 @@ static int stream_write_whole(struct lws *wsi, struct api_pss *pss, struct api_o
 		return -1;
 	start = p = buf + LWS_PRE;
 	end = start + head_room;
-	if (lws_add_http_header_status(wsi, 200 | LWSAHH_FLAG_NO_SERVER_NAME, &p, end) ||
-	    lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CONTENT_TYPE,
-	            (const uint8_t *)"application/octet-stream", 24, &p, end) ||
-	    lws_add_http_header_content_length(wsi, op->content_len, &p, end) ||
-	    lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CACHE_CONTROL,
-	            (const uint8_t *)"no-store", 8, &p, end) ||
-	    lws_finalize_http_header(wsi, &p, end))
+	if (download_headers(wsi, op->content_len, &p, end) < 0)
 		return -1;
 	while (op->q_head != NULL) {
 		struct api_chunk *c = op->q_head;
@@ -1133,13 +1143,9 @@ static int stream_write(struct lws *wsi, struct api_pss *pss, struct api_op *op)
 		uint8_t hb[LWS_PRE + 512], *start = hb + LWS_PRE, *p = start,
 		        *end = hb + sizeof(hb);
 
-		if (lws_add_http_header_status(wsi, 200 | LWSAHH_FLAG_NO_SERVER_NAME, &p, end) ||
-		    lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CONTENT_TYPE,
-		            (const uint8_t *)"application/octet-stream", 24, &p, end) ||
-		    lws_add_http_header_content_length(wsi, op->content_len, &p, end) ||
-		    lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CACHE_CONTROL,
-		            (const uint8_t *)"no-store", 8, &p, end) ||
-		    lws_finalize_write_http_header(wsi, start, &p, end))
+		if (download_headers(wsi, op->content_len, &p, end) < 0 ||
+		    lws_write(wsi, start, (size_t)(p - start), LWS_WRITE_HTTP_HEADERS) !=
+		            (int)(p - start))
 			return -1;
 		op->headers_sent = true;
 		if (op->q_head != NULL || op->stream_end)

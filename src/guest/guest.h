@@ -94,6 +94,8 @@ int path_open_parent(const struct guest_ctx *g, const char *path,
 
 /* exec_run: the exec operation; 0 or -1 as above. */
 int exec_run(const struct guest_ctx *g, int conn, json_t *req);
+/* guest_drop_ptrace: see exec.c; a connection handler calls it first. */
+void guest_drop_ptrace(void);
 /* fs_* : the file operations; 0 or -1 as above. */
 int fs_read(const struct guest_ctx *g, int conn, json_t *req);
 int fs_write(const struct guest_ctx *g, int conn, json_t *req);

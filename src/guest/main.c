@@ -245,6 +245,7 @@ static void handler_spawn(const struct guest_ctx *g, int conn, int lfd, int sfd)
 	signal(SIGCHLD, SIG_DFL);
 	sigemptyset(&all);
 	sigprocmask(SIG_SETMASK, &all, NULL);
+	guest_drop_ptrace(); /* inherited by every command it starts */
 	guest_serve(g, conn);
 	close(conn);
 	_exit(0);

@@ -348,6 +348,8 @@ static void expect_error(const struct op_out *o, const char *code)
 static void test_exec_basic(void **state)
 {
 	struct op_out o;
+	char script[64];
+	int fd;
 
 	(void)state;
 	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"sh\",\"-c\",\"echo hi; echo err >&2; exit 3\"]}");
@@ -372,6 +374,19 @@ static void test_exec_basic(void **state)
 	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"no-such-command-tt\"]}");
 	expect_result(&o);
 	assert_int_equal(jint(&o, "exit_code"), 127);
+	op_free(&o);
+	/* A script without #! is what posix_spawn refuses (ENOEXEC) and
+	 * execvp hands to sh: the agent's spawn keeps execvp's behaviour. */
+	snprintf(script, sizeof(script), "/tmp/tt-noshebang-%d", (int)getpid());
+	fd = open(script, O_WRONLY | O_CREAT | O_TRUNC, 0700);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, "echo from-script $1\n", 20), 20);
+	close(fd);
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"%s\",\"arg\"]}", script);
+	unlink(script);
+	expect_result(&o);
+	assert_string_equal(o.out, "from-script arg\n");
+	assert_int_equal(jint(&o, "exit_code"), 0);
 	op_free(&o);
 }
 

@@ -364,6 +364,20 @@ static void test_secret_unreadable(void **state)
 	assert_non_null(a.result);
 	assert_string_equal(a.out, "checked\n");
 	answer_free(&a);
+	/* The command's own capability sets: CAP_SYS_PTRACE (bit 19) is gone
+	 * from the effective and bounding sets, CAP_DAC_OVERRIDE (bit 1), a
+	 * capability root in the sandbox's user namespace keeps, is not. */
+	call(exec_req(tok, "sed -n 's/^Cap\\(Eff\\|Bnd\\):[[:space:]]*/\\1 /p' /proc/self/status"),
+	     &a);
+	expect_decision(&a, "allow", "ok");
+	{
+		unsigned long long eff = 0, bnd = 0;
+
+		assert_int_equal(sscanf(a.out, "Eff %llx\nBnd %llx", &eff, &bnd), 2);
+		assert_true((eff & (1ull << 19)) == 0 && (bnd & (1ull << 19)) == 0);
+		assert_true((eff & (1ull << 1)) != 0 && (bnd & (1ull << 1)) != 0);
+	}
+	answer_free(&a);
 	free(tok);
 }
 

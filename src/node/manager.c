@@ -847,10 +847,6 @@ static int bridge_take(struct manager *m, struct mgr_exec *ex, const char *dir,
 	*bp = m->spare_bridge;
 	m->spare_bridge = (struct bridge_proc){ .pid = 0, .pidfd = -1, .assign_fd = -1,
 	                                        .ready_fd = -1 };
-	if (uv_mutex_init(&m->spare_sb_mu) != 0 || uv_cond_init(&m->spare_sb_cv) != 0) {
-		log_error("%s", "cannot make a mutex");
-		return 1;
-	}
 	if (bp->pid > 0) {
 		spare_kick(m);
 		/* Not one that died waiting (killed from outside), nor one
@@ -1182,6 +1178,11 @@ static void spare_init(struct manager *m)
 	/* Cgroups of spare sandboxes whose manager died (they ended with
 	 * it: their agent read EOF); ours are named after our pid. */
 	ns_cgroup_sweep("spare");
+	/* Once, before any launch can use them (glibc's cannot fail). */
+	if (uv_mutex_init(&m->spare_sb_mu) != 0 || uv_cond_init(&m->spare_sb_cv) != 0) {
+		log_warn("%s", "no spare sandboxes: cannot make their mutex");
+		return;
+	}
 	uv_timer_init(m->loop, &m->spare_timer);
 	m->spare_timer.data = m;
 	m->spare_on = true;

@@ -2,7 +2,9 @@
  *
  * Starts `tether up --workers 2` on a scratch state directory, then measures
  * in one run:
- *   - create latency (p50, p99 of 100 creates through the edge);
+ *   - create latency (p50, p99 of 100 creates through the edge), and of
+ *     bursts: BURST creates at once, each from its own thread and client
+ *     (what parallel agents do), placed by the cp over both workers;
  *   - exec `true` and a 4 KiB file read through the full path
  *     (libtether -> edge -> node-api -> sbx-manager -> bridge -> guest);
  *   - the same two operations sent straight to a guest agent's socket, two
@@ -26,6 +28,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -41,6 +44,8 @@
 
 #define EXTRA_HOPS 4 /* edge, node-api, sbx-manager, bridge */
 #define CREATES 100
+#define BURST 8         /* creates at once */
+#define BURST_ROUNDS 3
 #define ROUNDS 5
 #define EXEC_ITERS 100 /* per round */
 #define READ_ITERS 400 /* per round */
@@ -49,6 +54,69 @@
 #define DIRECT_UID_BASE 4000000000u
 
 static struct bench_cluster cluster = { .name = "bench_path" };
+
+/* One create of a burst: its own client, its latency and id. */
+struct burst_one {
+	struct tether *t;
+	double ms;
+	char id[64];
+};
+
+/* burst_create: the thread body; ms < 0 on failure (reported). */
+static void *burst_create(void *arg)
+{
+	struct burst_one *b = arg;
+	struct tt_err err = { 0 };
+	double t0 = bench_now_us();
+	json_t *s = tether_create(b->t, NULL, &err);
+
+	b->ms = s != NULL ? (bench_now_us() - t0) / 1000.0 : -1;
+	if (s == NULL)
+		fprintf(stderr, "bench_path: burst create: %s\n", err.msg);
+	else
+		snprintf(b->id, sizeof(b->id), "%s", json_string_value(json_object_get(s, "id")));
+	json_decref(s);
+	return NULL;
+}
+
+/* bench_burst: BURST_ROUNDS bursts of BURST concurrent creates, each
+ * burst after the spares had time to refill; the median and the slowest
+ * create over all of them. */
+static int bench_burst(struct tether *t, const struct tether_config *cfg)
+{
+	static struct burst_one b[BURST];
+	double all[BURST * BURST_ROUNDS];
+	pthread_t th[BURST];
+	struct tt_err err = { 0 };
+	int n = 0, rc = 0;
+
+	for (int i = 0; i < BURST && rc == 0; i++)
+		if ((b[i].t = tether_new(cfg, &err)) == NULL)
+			rc = -1;
+	for (int r = 0; r < BURST_ROUNDS && rc == 0; r++) {
+		sleep(1); /* the spares refill */
+		for (int i = 0; i < BURST; i++)
+			pthread_create(&th[i], NULL, burst_create, &b[i]);
+		for (int i = 0; i < BURST; i++) {
+			pthread_join(th[i], NULL);
+			if (b[i].ms < 0)
+				rc = -1;
+			else
+				all[n++] = b[i].ms;
+		}
+		for (int i = 0; i < BURST; i++)
+			if (b[i].id[0] != '\0' && tether_rm(t, b[i].id, &err) == 0)
+				b[i].id[0] = '\0';
+	}
+	for (int i = 0; i < BURST; i++)
+		tether_free(b[i].t);
+	if (rc < 0)
+		return -1;
+	qsort(all, (size_t)n, sizeof(all[0]), bench_cmp_double);
+	printf("create burst      p50 %7.2f ms  max %7.2f ms  (%d at once from %d clients, %d rounds)\n",
+	       bench_percentile(all, (size_t)n, 50), all[n - 1], BURST, BURST, BURST_ROUNDS);
+	return 0;
+}
 
 /* bench_creates: p50/p99 of CREATES creates; removes them afterwards. */
 static int bench_creates(struct tether *t)
@@ -320,11 +388,11 @@ int main(void)
 	cluster.port_base = 27000 + (int)(getpid() % 500) * 20;
 	t = bench_cluster_start(&cluster) < 0 ? NULL :
 	    bench_cluster_client(&cluster, &cfg);
-	sodium_memzero(&cfg, sizeof(cfg));
-	if (t == NULL)
-		goto out;
-	if (bench_creates(t) < 0)
+	if (t == NULL || bench_creates(t) < 0 || bench_burst(t, &cfg) < 0) {
+		sodium_memzero(&cfg, sizeof(cfg));
 		goto out_client;
+	}
+	sodium_memzero(&cfg, sizeof(cfg));
 	s = tether_create(t, "w1", &err);
 	if (s == NULL) {
 		fprintf(stderr, "bench_path: create: %s\n", err.msg);
@@ -364,7 +432,6 @@ int main(void)
 out_client:
 	direct_teardown(&direct);
 	tether_free(t);
-out:
 	bench_cluster_stop(&cluster);
 	return rc;
 }

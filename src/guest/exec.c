@@ -195,8 +195,10 @@ static void exec_child(char **argv, char **envp, int in, int out, int errfd,
 }
 
 /* exec_resolve: execvp's search of argv0 along the PATH of envp: the
- * first executable regular file, into out. 0, or -1 when none is (the
- * fork path then reports exactly what execvp says). */
+ * first executable regular file, into out. 0, or -1 when none is, or when
+ * the search meets a relative or empty PATH element before a match: those
+ * name directories under the command's cwd, which execvp searches after
+ * the chdir; the fork path then does exactly what execvp does. */
 static int exec_resolve(const char *argv0, char **envp, char *out, size_t cap)
 {
 	const char *path = NULL;
@@ -211,9 +213,18 @@ static int exec_resolve(const char *argv0, char **envp, char *out, size_t cap)
 		const char *colon = strchr(path, ':');
 		size_t dlen = colon != NULL ? (size_t)(colon - path) : strlen(path);
 
-		if (dlen > 0 && snprintf(out, cap, "%.*s/%s", (int)dlen, path, argv0) < (int)cap &&
-		    access(out, X_OK) == 0 && stat(out, &st) == 0 && S_ISREG(st.st_mode))
-			return 0;
+		if (dlen == 0 || path[0] != '/')
+			return -1;
+		if (snprintf(out, cap, "%.*s/%s", (int)dlen, path, argv0) >= (int)cap)
+			return -1;
+		if (access(out, X_OK) == 0) {
+			if (stat(out, &st) == 0 && S_ISREG(st.st_mode))
+				return 0;
+			/* a directory: execve says EACCES, execvp goes on */
+		} else if (errno != EACCES && errno != ENOENT && errno != ENOTDIR &&
+		           errno != ESTALE && errno != ENODEV && errno != ETIMEDOUT) {
+			return -1; /* where execvp stops (e.g. ELOOP) */
+		}
 		path = colon != NULL ? colon + 1 : NULL;
 	}
 	return -1;

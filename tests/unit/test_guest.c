@@ -409,6 +409,16 @@ static void test_exec_stdin(void **state)
 	op_free(&o);
 }
 
+/* script_put: an executable file at path holding text. */
+static void script_put(const char *path, const char *text)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0755);
+
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+	close(fd);
+}
+
 static void test_exec_env_cwd(void **state)
 {
 	char expect[1024];
@@ -436,6 +446,23 @@ static void test_exec_env_cwd(void **state)
 	op_free(&o);
 	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"pwd\"],\"cwd\":\"/missing\"}");
 	expect_error(&o, "not_found");
+	op_free(&o);
+	/* A relative PATH element names a directory under the command's cwd,
+	 * as execvp reads it: sub/bin/tt-which wins over the absolute
+	 * directory after it (PATH=bin:<root>/abs, cwd /sub). */
+	assert_int_equal(mkdir(rpath("/sub/bin"), 0755), 0);
+	assert_int_equal(mkdir(rpath("/abs"), 0755), 0);
+	script_put(rpath("/sub/bin/tt-which"), "#!/bin/sh\necho relative\n");
+	script_put(rpath("/abs/tt-which"), "#!/bin/sh\necho absolute\n");
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"tt-which\"],\"env\":{\"PATH\":\"bin:%s/abs\"},"
+	        "\"cwd\":\"/sub\"}", root_dir);
+	expect_result(&o);
+	assert_string_equal(o.out, "relative\n");
+	op_free(&o);
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"tt-which\"],\"env\":{\"PATH\":\"/nonexistent:%s/abs\"}}",
+	    root_dir);
+	expect_result(&o);
+	assert_string_equal(o.out, "absolute\n");
 	op_free(&o);
 }
 

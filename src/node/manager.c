@@ -56,6 +56,8 @@
 #define MGR_UID_BASE 1000000u
 #define MGR_UID_COUNT 65536u
 #define MGR_BRIDGE_READY_MS 5000
+#define MGR_SPARE_BACKOFF_MIN_MS 250   /* first wait after a failed spare */
+#define MGR_SPARE_BACKOFF_MAX_MS 10000
 /* Idle connections kept per bridge, and for how long. */
 #define MGR_POOL_IDLE_MAX 4
 #define MGR_POOL_IDLE_MS 30000
@@ -157,6 +159,13 @@ struct manager {
 	 * part of the sandbox's clone), or -1. */
 	int spare_netns;
 	bool spare_on;             /* spare_timer initialized */
+	/* After a spare failed to come up, refills wait this long (doubling
+	 * up to MGR_SPARE_BACKOFF_MAX_MS; 0 after a success) instead of
+	 * retrying at once: a launch that keeps failing (pids or user
+	 * namespace limits, a guest binary missing mid-upgrade) would
+	 * otherwise spin, making a network namespace each time. */
+	int64_t spare_backoff_ms;
+	int64_t spare_retry_at;    /* now_ms() before which no refill runs */
 	uv_timer_t spare_timer;
 	/* The spare's layer filesystem (mkfs + mount, ~8 ms) is made on a
 	 * libuv worker thread: spare_busy while spare_work is queued; its
@@ -818,6 +827,7 @@ static int bridge_pin(struct mgr_exec *ex, const char *bin, struct tt_err *err)
 }
 
 static void spare_kick(struct manager *m);
+static void spare_failed(struct manager *m);
 static void spare_sb_launch(struct manager *m);
 static void spare_sb_take(struct manager *m);
 
@@ -965,6 +975,8 @@ static void spare_after_work(uv_work_t *w, int status)
 		                                                   : m->spare_err.msg);
 	if (remove_tree(m->spare_dir) < 0)
 		log_warn("removing %s: %s", m->spare_dir, strerror(errno));
+	spare_failed(m);
+	spare_kick(m);
 }
 
 /* spare_refill_cb: makes whatever spare is missing (loop idle time). */
@@ -982,8 +994,10 @@ static void spare_refill_cb(uv_timer_t *t)
 			m->spare_busy = true;
 	}
 	if (m->spare_bridge.pid == 0 && m->bridge_bin[0] &&
-	    bridgectl_spawn(m->bridge_bin, &m->spare_bridge, &err) < 0)
+	    bridgectl_spawn(m->bridge_bin, &m->spare_bridge, &err) < 0) {
 		log_warn("spare bridge: %s", err.msg); /* creates spawn their own */
+		spare_failed(m);
+	}
 	if (m->spare_netns < 0 && !m->spare_sb_on) {
 		m->spare_netns = ns_netns_make(&stuck, &err);
 		if (stuck) {
@@ -992,16 +1006,38 @@ static void spare_refill_cb(uv_timer_t *t)
 			return;
 		} else if (m->spare_netns < 0) {
 			log_warn("spare network namespace: %s", err.msg);
+			spare_failed(m);
+			spare_kick(m);
+			return;
 		}
 	}
 	spare_sb_launch(m);
 }
 
-/* spare_kick: schedules a refill right after the current loop iteration. */
+/* spare_kick: schedules a refill right after the current loop iteration,
+ * or once a failure's backoff is over. */
 static void spare_kick(struct manager *m)
 {
+	int64_t wait = m->spare_retry_at - now_ms();
+
 	if (m->spare_on && !m->stopping)
-		uv_timer_start(&m->spare_timer, spare_refill_cb, 0, 0);
+		uv_timer_start(&m->spare_timer, spare_refill_cb, wait > 0 ? (uint64_t)wait : 0, 0);
+}
+
+/* spare_failed: a spare did not come up: the next refills back off. */
+static void spare_failed(struct manager *m)
+{
+	m->spare_backoff_ms = m->spare_backoff_ms == 0 ? MGR_SPARE_BACKOFF_MIN_MS :
+	                      m->spare_backoff_ms * 2 > MGR_SPARE_BACKOFF_MAX_MS ?
+	                      MGR_SPARE_BACKOFF_MAX_MS : m->spare_backoff_ms * 2;
+	m->spare_retry_at = now_ms() + m->spare_backoff_ms;
+}
+
+/* spare_succeeded: a spare came up: refills run at once again. */
+static void spare_succeeded(struct manager *m)
+{
+	m->spare_backoff_ms = 0;
+	m->spare_retry_at = 0;
 }
 
 /* exec_cfg: what every sandbox of ours shares: the agent, the uid range
@@ -1074,11 +1110,14 @@ static void spare_sb_take(struct manager *m)
 	m->spare_sb_taken = true;
 	close(m->spare_netns); /* used up either way */
 	m->spare_netns = -1;
-	spare_kick(m);
 	if (m->spare_sb_rc < 0) {
 		log_warn("spare sandbox: %s (creates launch their own)", m->spare_sb_err.msg);
+		spare_failed(m);
+		spare_kick(m);
 		return;
 	}
+	spare_succeeded(m);
+	spare_kick(m);
 	m->spare_sb = m->spare_sb_new;
 	m->spare_sb_on = true;
 	if (m->stopping)

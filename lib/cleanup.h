@@ -4,6 +4,7 @@
 #ifndef TT_CLEANUP_H
 #define TT_CLEANUP_H
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -14,8 +15,15 @@ static inline void tt_closep(int *fd)
 		close(*fd);
 }
 
-#define _cleanup_free_  __attribute__((cleanup(tt_freep)))
-#define _cleanup_close_ __attribute__((cleanup(tt_closep)))
+static inline void tt_fclosep(FILE **f)
+{
+	if (*f != NULL)
+		fclose(*f);
+}
+
+#define _cleanup_free_   __attribute__((cleanup(tt_freep)))
+#define _cleanup_close_  __attribute__((cleanup(tt_closep)))
+#define _cleanup_fclose_ __attribute__((cleanup(tt_fclosep)))
 
 /* tt_steal_ptr: returns *pp and clears it, so cleanup no longer frees it. */
 #define tt_steal_ptr(pp) ({ __typeof__(*(pp)) tt_s_ = *(pp); *(pp) = NULL; tt_s_; })

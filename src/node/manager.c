@@ -2284,8 +2284,10 @@ static void kill_verified(pid_t pid, unsigned long long start)
 	close(fd);
 }
 
-/* cgroups_release: removes the cgroups of r's execution, found dead or
- * just killed after a restart (waits briefly for its tasks to go). */
+/* cgroups_release: kills whatever still runs in the cgroups of r's
+ * execution, found dead or not adopted after a restart, then removes
+ * them. The record may not name its init: a manager killed between
+ * starting a sandbox and recording its pids left STARTING with pid 0. */
 static void cgroups_release(const struct rec_exec *r)
 {
 	struct ns_sandbox gone;
@@ -2293,6 +2295,9 @@ static void cgroups_release(const struct rec_exec *r)
 
 	ns_sandbox_init(&gone);
 	ns_cgroup_find(r->id.sbx, r->id.gen, &gone);
+	if (ns_cgroup_kill(&gone, &err) < 0)
+		log_warn("killing what runs in %s generation %" PRIu64 ": %s", r->id.sbx,
+		         r->id.gen, err.msg);
 	if (ns_sandbox_stop(&gone, &err) < 0)
 		log_warn("cgroups of %s generation %" PRIu64 ": %s", r->id.sbx, r->id.gen,
 		         err.msg);

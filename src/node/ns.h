@@ -141,6 +141,12 @@ int ns_sandbox_assign(struct ns_sandbox *sb, const char *sbx_id, uint64_t gen,
  * that exist (an execution adopted or found lost after a restart), so
  * ns_sandbox_stop removes them. */
 void ns_cgroup_find(const char *sbx_id, uint64_t gen, struct ns_sandbox *sb);
+/* ns_cgroup_kill: SIGKILLs every process in sb's pids cgroup (v2: its
+ * one cgroup) until it is empty, for a sandbox whose init is not known
+ * (e.g. a manager killed between starting it and recording its pid). Each
+ * pid is held by a pidfd and checked to be in the cgroup before the
+ * signal, so a recycled pid is never hit. 0, or -1 with err. */
+int ns_cgroup_kill(const struct ns_sandbox *sb, struct tt_err *err);
 /* ns_cgroup_sweep: removes empty sandbox cgroups whose name starts with
  * prefix (a dead manager's spares); busy ones stay. */
 void ns_cgroup_sweep(const char *prefix);

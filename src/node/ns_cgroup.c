@@ -7,8 +7,11 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -329,6 +332,75 @@ int ns_cgroup_rename(struct ns_sandbox *sb, const char *name, struct tt_err *err
 	else if (cg_rename_one(sb->cgroup_pids, name, err) < 0)
 		return -1;
 	return cg_rename_one(sb->cgroup_cpu, name, err);
+}
+
+/* cg_holds: whether pid's /proc/<pid>/cgroup places it in the cgroup
+ * rel ("/tether/<name>") of hierarchy ctl ("pids" for v1, "" for v2). */
+static bool cg_holds(pid_t pid, const char *ctl, const char *rel)
+{
+	char path[64], want[PATH_MAX + 16], line[PATH_MAX + 64];
+	_cleanup_fclose_ FILE *f = NULL;
+	bool yes = false;
+
+	snprintf(path, sizeof path, "/proc/%d/cgroup", (int)pid);
+	/* "<id>:pids:/tether/<name>" (v1) or "0::/tether/<name>" (v2): the
+	 * line from its first ':' on */
+	snprintf(want, sizeof want, ":%s:%s\n", ctl, rel);
+	f = fopen(path, "re");
+	while (f != NULL && !yes && fgets(line, sizeof line, f) != NULL) {
+		const char *colon = strchr(line, ':');
+
+		yes = colon != NULL && strcmp(colon, want) == 0 && (ctl[0] || line[0] == '0');
+	}
+	return yes;
+}
+
+/* ns_cgroup_kill: see ns.h. */
+int ns_cgroup_kill(const struct ns_sandbox *sb, struct tt_err *err)
+{
+	const char *dir = sb->cgroup_pids[0] ? sb->cgroup_pids : sb->cgroup_memory;
+	const char *v2 = cg_v2_root(), *ctl, *rel;
+	char procs[PATH_MAX + 16];
+
+	if (!dir[0])
+		return 0;
+	if (strncmp(dir, CG_ROOT "/pids/", strlen(CG_ROOT "/pids/")) == 0) {
+		ctl = "pids";
+		rel = dir + strlen(CG_ROOT "/pids");
+	} else if (v2 != NULL && strncmp(dir, v2, strlen(v2)) == 0 && dir[strlen(v2)] == '/') {
+		ctl = "";
+		rel = dir + strlen(v2);
+	} else {
+		return tt_err_set(err, TT_ERR_INVALID, "cgroup %s: unknown hierarchy", dir);
+	}
+	snprintf(procs, sizeof procs, "%s/cgroup.procs", dir);
+	/* Rounds until it is empty: a task may fork while we read (bounded
+	 * by its pids limit), and SIGKILL'd ones leave it a little later. */
+	for (int round = 0; round < 200; round++) {
+		_cleanup_fclose_ FILE *f = fopen(procs, "re");
+		int pid, seen = 0;
+
+		if (f == NULL)
+			return errno == ENOENT ? 0 : tt_err_sys(err, TT_ERR_SYS, "cgroup: %s", procs);
+		while (fscanf(f, "%d", &pid) == 1) {
+			int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+
+			seen++;
+			if (pidfd < 0)
+				continue; /* gone already */
+			/* Privileged: SIGKILL to a process of this sandbox only.
+			 * The pidfd holds the process the pid named when it was
+			 * opened; still in the cgroup then, it is not a recycled
+			 * pid of someone else's. */
+			if (cg_holds(pid, ctl, rel))
+				(void)syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
+			close(pidfd);
+		}
+		if (seen == 0)
+			return 0;
+		nanosleep(&(struct timespec){ .tv_nsec = 10 * 1000 * 1000 }, NULL);
+	}
+	return tt_err_set(err, TT_ERR_SYS, "cgroup %s: tasks still there after 2 s", dir);
 }
 
 /* ns_cgroup_sweep: removes the empty cgroups named prefix* under every

@@ -210,6 +210,36 @@ grep -q "bridge for $A generation 1 adopted by manager pid" "$WORK/w3.log" &&
 stop_w3
 cg_gone "$A-g1" && ok "... and stopping it removed its cgroups" || notok "cgroups of the adopted execution" "$(ls -d /sys/fs/cgroup/*/tether/"$A-g1" /sys/fs/cgroup/tether/"$A-g1" 2>/dev/null)"
 
+# ---- a manager killed between starting a sandbox and recording it -------------------
+# Its record says STARTING with no pids (what the window between the two
+# writes of a create leaves): the successor cannot adopt what it cannot
+# name, and finds the sandbox by its cgroups and kills it rather than
+# leave it running out of reach in a uid range a later create may reuse.
+start_w3 >/dev/null
+B=$(T create --worker w3 2>"$WORK/e")
+T exec "$B" -- sh -c 'sleep 1000 >/dev/null 2>&1 &' >/dev/null 2>&1
+b_procs=$(cat /sys/fs/cgroup/pids/tether/"$B"-g1/cgroup.procs 2>/dev/null | tr '\n' ' ')
+MGR3=$(pgrep -f -o "tetherd manager --state $STATE/workers/w3")
+kill -KILL "$MGR3"
+for _ in $(seq 1 100); do kill -0 "$W3_PID" 2>/dev/null || break; sleep 0.1; done
+W3_PID=
+python3 - "$STATE/workers/w3/runtime.db" "$B" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+db.execute("UPDATE executions SET state='starting', init_pid=0, init_start=0,"
+           " bridge_pid=0, bridge_start=0, adopt_key=NULL WHERE sbx=?", (sys.argv[2],))
+db.commit()
+PY
+start_w3 >/dev/null
+b_alive() { for p in $b_procs; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
+for _ in $(seq 1 100); do b_alive || break; sleep 0.1; done
+if [ -n "$b_procs" ] && ! b_alive && cg_gone "$B-g1"; then
+	ok "a sandbox whose record lost its pids is killed through its cgroups on restart"
+else notok "sandbox with a pid-less record after a restart" "procs before [$b_procs] alive: $(for p in $b_procs; do kill -0 $p 2>/dev/null && echo $p; done)"; fi
+grep -q "execution $B generation 1 lost across restart" "$WORK/w3.log" &&
+	ok "... and recorded lost" || notok "lost recorded" "$(grep "$B" "$WORK/w3.log" | tail -3)"
+stop_w3
+
 # ---- progress and a control-plane restart between migrations ------------------------------
 T exec "$S" -- sh -c 'head -c 300000000 /dev/zero >/home/large' >/dev/null 2>&1
 if LC pause "$S" >"$WORK/p.out" 2>"$WORK/p.err" && grep -qE '^snapshot [0-9.]+ MiB / [0-9.]+ MiB$' "$WORK/p.err"; then

@@ -353,6 +353,65 @@ static void test_stop_kills_all(void **state)
 	fx_free(fx);
 }
 
+/* test_cgroup_kill: a sandbox known only by its cgroups (its init pid
+ * lost, as after a manager killed between starting it and recording it)
+ * is killed whole through them; a host process outside stays. */
+static void test_cgroup_kill(void **state)
+{
+	(void)state;
+	struct fixture *fx = fx_new("sbx_cgkill",
+	        "sleep 300 & sleep 300 &\n"
+	        "echo ready >&3\n"
+	        "exec sleep 300\n");
+	struct ns_sandbox lost;
+	struct tt_err err = { 0 };
+	char path[PATH_MAX + 32];
+	pid_t pids[16], outsider;
+	int n = 0, st;
+
+	fx_start(fx);
+	snprintf(path, sizeof path, "%s/cgroup.procs", fx->sb.cgroup_pids);
+	for (int tries = 0; tries < 100 && n < 3; tries++) {
+		FILE *f = fopen(path, "r");
+		assert_non_null(f);
+		n = 0;
+		while (n < 16 && fscanf(f, "%d", &pids[n]) == 1)
+			n++;
+		fclose(f);
+		if (n < 3)
+			usleep(10000);
+	}
+	assert_int_equal(n, 3);
+	outsider = fork();
+	assert_true(outsider >= 0);
+	if (outsider == 0) {
+		pause();
+		_exit(0);
+	}
+	ns_sandbox_init(&lost);
+	ns_cgroup_find("sbx_cgkill", fx->cfg.gen, &lost);
+	assert_string_equal(lost.cgroup_pids, fx->sb.cgroup_pids);
+	assert_int_equal(lost.init_pid, 0);
+	assert_int_equal(ns_cgroup_kill(&lost, &err), 0);
+	/* The init (our child) died of SIGKILL, and the pid namespace with it. */
+	assert_int_equal(waitpid(fx->sb.init_pid, &st, 0), fx->sb.init_pid);
+	assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+	for (int i = 0; i < n; i++)
+		for (int tries = 0; tries < 100 && kill(pids[i], 0) == 0; tries++)
+			usleep(10000);
+	for (int i = 0; i < n; i++)
+		assert_int_equal(kill(pids[i], 0), -1);
+	assert_int_equal(kill(outsider, 0), 0);
+	kill(outsider, SIGKILL);
+	waitpid(outsider, NULL, 0);
+	/* Nothing left to kill: the cgroups go. */
+	fx->sb.init_pid = 0;
+	assert_int_equal(ns_cgroup_kill(&lost, &err), 0);
+	assert_int_equal(ns_sandbox_stop(&lost, &err), 0);
+	assert_int_equal(access(fx->sb.cgroup_pids, F_OK), -1);
+	fx_free(fx);
+}
+
 /* start_fails: start must fail with msg in the error, leaving no cgroup
  * and no child. */
 static void start_fails(struct fixture *fx, const char *msg)
@@ -810,6 +869,7 @@ int main(void)
 		cmocka_unit_test(test_memory_limit),
 		cmocka_unit_test(test_pids_limit),
 		cmocka_unit_test(test_stop_kills_all),
+		cmocka_unit_test(test_cgroup_kill),
 		cmocka_unit_test(test_start_failures),
 		cmocka_unit_test(test_real_guest),
 		cmocka_unit_test(test_spare_assign),

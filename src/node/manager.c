@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -2647,6 +2648,34 @@ static int lifeline_start(struct manager *m, struct tt_err *err)
 }
 
 /* manager_main: the sbx-manager role. */
+/* state_lock: one manager per state directory, held until we exit. A
+ * second one would find every execution's bridge pinned to the first,
+ * fail to adopt them and stop them all, then take over the socket. The
+ * lock file's descriptor is close-on-exec, so no sandbox or bridge keeps
+ * it past its exec. 0, or -1 (reported). */
+static int state_lock(const char *state_dir)
+{
+	char path[PATH_MAX];
+	int fd;
+
+	if (snprintf(path, sizeof(path), "%s/manager.lock", state_dir) >= (int)sizeof(path)) {
+		log_error("state directory path too long");
+		return -1;
+	}
+	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0) {
+		log_error("cannot open %s: %s", path, strerror(errno));
+		return -1;
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		log_error("%s: another sbx-manager runs on this state directory (%s)", path,
+		          strerror(errno));
+		close(fd);
+		return -1;
+	}
+	return 0; /* fd stays open (and locked) for our lifetime */
+}
+
 int manager_main(int argc, char **argv)
 {
 	static struct manager mgr; /* large; one per process */
@@ -2680,6 +2709,8 @@ int manager_main(int argc, char **argv)
 		log_error("cannot create %s: %s", path, strerror(errno));
 		return 1;
 	}
+	if (state_lock(m->state_dir) < 0)
+		return 1;
 	if (snprintf(path, sizeof(path), "%s/runtime.db", m->state_dir) >=
 	    (int)sizeof(path)) {
 		log_error("state directory path too long");

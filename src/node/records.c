@@ -1,9 +1,12 @@
 /* sbx-manager runtime store on SQLite (see records.h). */
 #include "node/records.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "timefmt.h"
 
@@ -298,6 +301,24 @@ static int load_meta(struct records *db, struct tt_err *err)
 
 /* records_open: opens the file with WAL + synchronous=FULL, creates the
  * schema, loads the mirror. */
+/* records_private: path exists as a regular file of mode 0600 (made so
+ * if missing, narrowed if wider). */
+static int records_private(const char *path, struct tt_err *err)
+{
+	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	struct stat st;
+	int rc = 0;
+
+	if (fd < 0)
+		return tt_err_sys(err, TT_ERR_IO, "runtime.db: open %s", path);
+	if (fstat(fd, &st) < 0 || ((st.st_mode & 077) != 0 && fchmod(fd, st.st_mode & 0700) < 0))
+		rc = tt_err_sys(err, TT_ERR_IO, "runtime.db: making %s private", path);
+	else if (!S_ISREG(st.st_mode))
+		rc = tt_err_set(err, TT_ERR_IO, "runtime.db: %s is not a regular file", path);
+	close(fd);
+	return rc;
+}
+
 int records_open(const char *path, struct records **out, struct tt_err *err)
 {
 	struct records *db = calloc(1, sizeof(*db));
@@ -305,6 +326,12 @@ int records_open(const char *path, struct records **out, struct tt_err *err)
 	*out = NULL;
 	if (db == NULL)
 		return tt_err_set(err, TT_ERR_NOMEM, "runtime.db: out of memory");
+	/* It holds adoption keys: 0600 whatever the umask or the state dir's
+	 * mode (SQLite gives its -wal and -shm files the database's mode). */
+	if (records_private(path, err) < 0) {
+		free(db);
+		return -1;
+	}
 	if (sqlite3_open_v2(path, &db->db,
 	                    SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
 	                        SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {

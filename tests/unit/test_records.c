@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -265,6 +266,40 @@ static void test_bad_file(void **state)
 	assert_true(strlen(err.msg) > 0);
 }
 
+/* test_private_file: the store holds adoption keys: created 0600 whatever
+ * the umask, a wider existing one narrowed, its WAL file likewise. */
+static void test_private_file(void **state)
+{
+	struct tt_err err = { 0 };
+	struct records *db = NULL;
+	char wal[160];
+	struct stat st;
+	mode_t old = umask(022);
+
+	(void)state;
+	assert_int_equal(records_open(path, &db, &err), 0);
+	assert_int_equal(records_set_applied_rev(db, 1, &err), 0);
+	assert_int_equal(stat(path, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0600);
+	snprintf(wal, sizeof(wal), "%s-wal", path);
+	assert_int_equal(stat(wal, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0600);
+	records_close(db);
+	unlink(wal);
+	assert_int_equal(chmod(path, 0644), 0);
+	assert_int_equal(records_open(path, &db, &err), 0);
+	assert_int_equal(stat(path, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0600);
+	records_close(db);
+	/* Not a regular file: refused. */
+	unlink(path);
+	assert_int_equal(mkfifo(path, 0600), 0);
+	assert_int_equal(records_open(path, &db, &err), -1);
+	assert_null(db);
+	unlink(path);
+	umask(old);
+}
+
 /* test_adopt_key_and_v1: the adoption key round-trips (and is absent when
  * not set); a schema-1 store (before adoption keys) opens, migrated in
  * place: its executions load without a key and keep every other field,
@@ -337,6 +372,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_keys, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_crash_safety, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_file, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_private_file, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_adopt_key_and_v1, setup, teardown),
 	};
 

@@ -83,7 +83,8 @@ struct mgr_exec {
 	/* Idle bridge connections, each verified when opened; freed at stop. */
 	struct uvutil_pool *pool;
 	uv_poll_t init_poll, bridge_poll;
-	int polls_open;
+	bool init_poll_on, bridge_poll_on; /* initialised, not yet closed */
+	int polls_open;                    /* closes still to come back */
 	bool stopping;
 	/* Set before exec_stop when the layer is deleted right after (a
 	 * published pause): stop deletes it (no write-back) instead of
@@ -658,6 +659,23 @@ static void exec_poll_close_cb(uv_handle_t *h)
 		free(ex);
 }
 
+/* exec_free: frees ex once libuv is done with the poll handles that were
+ * initialised (at once when none was): freeing it under a handle still
+ * on the loop's closing list would be a use after free. */
+static void exec_free(struct mgr_exec *ex)
+{
+	ex->polls_open = (int)ex->init_poll_on + (int)ex->bridge_poll_on;
+	if (ex->polls_open == 0) {
+		free(ex);
+		return;
+	}
+	if (ex->init_poll_on)
+		uv_close((uv_handle_t *)&ex->init_poll, exec_poll_close_cb);
+	if (ex->bridge_poll_on)
+		uv_close((uv_handle_t *)&ex->bridge_poll, exec_poll_close_cb);
+	ex->init_poll_on = ex->bridge_poll_on = false;
+}
+
 /* cancel_leases: every stream opened under sbx's current epoch stops now
  * and its opener is told to refresh the route (SPEC §6). */
 static void cancel_leases(struct manager *m, const char *sbx)
@@ -728,10 +746,10 @@ static void exec_stop(struct manager *m, struct mgr_exec *ex)
 			*pp = ex->next;
 			break;
 		}
-	if (ex->polls_open > 0) {
+	if (ex->bridge_poll_on)
 		uv_poll_stop(&ex->bridge_poll);
+	if (ex->init_poll_on)
 		uv_poll_stop(&ex->init_poll);
-	}
 	bridge_kill(ex);
 	if (ns_sandbox_stop(&ex->sb, &err) < 0)
 		log_warn("stopping sandbox %s: %s", ex->sbx, err.msg);
@@ -750,12 +768,7 @@ static void exec_stop(struct manager *m, struct mgr_exec *ex)
 	if (ex->bridge_pidfd >= 0)
 		close(ex->bridge_pidfd);
 	ex->bridge_pidfd = -1;
-	if (ex->polls_open == 0) {
-		free(ex);
-		return;
-	}
-	uv_close((uv_handle_t *)&ex->init_poll, exec_poll_close_cb);
-	uv_close((uv_handle_t *)&ex->bridge_poll, exec_poll_close_cb);
+	exec_free(ex);
 }
 
 /* mark_state: persists a new state for sbx (best effort, logged). */
@@ -795,13 +808,10 @@ static int exec_watch(struct manager *m, struct mgr_exec *ex, struct tt_err *err
 	ex->bridge_poll.data = ex;
 	if (uv_poll_init(m->loop, &ex->init_poll, ex->sb.pidfd) < 0)
 		return tt_err_set(err, TT_ERR_SYS, "cannot watch the sandbox init");
-	if (uv_poll_init(m->loop, &ex->bridge_poll, ex->bridge_pidfd) < 0) {
-		ex->polls_open = 1;
-		uv_close((uv_handle_t *)&ex->init_poll, NULL);
-		ex->polls_open = 0;
+	ex->init_poll_on = true; /* closed by exec_free, even on failure */
+	if (uv_poll_init(m->loop, &ex->bridge_poll, ex->bridge_pidfd) < 0)
 		return tt_err_set(err, TT_ERR_SYS, "cannot watch the bridge");
-	}
-	ex->polls_open = 2;
+	ex->bridge_poll_on = true;
 	uv_poll_start(&ex->init_poll, UV_READABLE, exec_died_cb);
 	uv_poll_start(&ex->bridge_poll, UV_READABLE, exec_died_cb);
 	ex->next = m->execs;
@@ -1473,7 +1483,6 @@ static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 	 * record with its pids is committed. */
 	t_put2 = now_us();
 	if (records_put(m->db, &rec, rev, err) < 0 || exec_watch(m, ex, err) < 0) {
-		ex->polls_open = 0;
 		exec_stop(m, ex);
 		return -1;
 	}
@@ -2417,14 +2426,16 @@ static void recover(struct manager *m)
 		if (ex->sb.pidfd < 0 || !pinned ||
 		    !proc_matches(r->init_pid, r->init_start) ||
 		    bridge_adopt(m, ex, r, &err) < 0 || exec_watch(m, ex, &err) < 0) {
+			int init_fd = ex->sb.pidfd, bridge_fd = ex->bridge_pidfd;
+
 			log_warn("execution %s generation %" PRIu64 " not adopted%s%s: stopping it",
 			         r->id.sbx, r->id.gen, err.msg[0] ? ": " : "", err.msg);
-			if (ex->sb.pidfd >= 0)
-				close(ex->sb.pidfd);
-			if (ex->bridge_pidfd >= 0)
-				close(ex->bridge_pidfd);
 			uvutil_pool_free(ex->pool);
-			free(ex);
+			exec_free(ex); /* its polls leave epoll while their fds are open */
+			if (init_fd >= 0)
+				close(init_fd);
+			if (bridge_fd >= 0)
+				close(bridge_fd);
 			/* Alive but out of our reach: not left running. */
 			kill_verified(r->bridge_pid, r->bridge_start);
 			kill_verified(r->init_pid, r->init_start);

@@ -522,3 +522,14 @@ int verify_peer(int fd, const struct proc_identity *expected, struct tt_err *err
 {
 	return verify_peer_pidfd(fd, expected, NULL, err);
 }
+
+/* procid_runs_file: see procid.h. */
+bool procid_runs_file(pid_t pid, const char *path)
+{
+	char exe[64];
+	struct stat sp, se;
+
+	snprintf(exe, sizeof(exe), "/proc/%d/exe", (int)pid);
+	return pid > 0 && stat(path, &sp) == 0 && stat(exe, &se) == 0 &&
+	       sp.st_dev == se.st_dev && sp.st_ino == se.st_ino;
+}

@@ -55,6 +55,10 @@ const char *proc_identity_diff(const struct proc_identity *expected,
 /* procid_pidfd_alive: 1 if the pidfd's process has not exited (a zombie
  * counts as exited), 0 if it has, -1 on error. */
 int procid_pidfd_alive(int pidfd, struct tt_err *err);
+/* procid_runs_file: pid's executable is the file at path as it is now
+ * (same dev and inode): false once path was replaced (an upgrade), or
+ * when either cannot be read. */
+bool procid_runs_file(pid_t pid, const char *path);
 
 /* procid_pin: opens a pidfd for pid, reads its identity and rechecks that
  * the pidfd's process is alive and its start time unchanged, so *out is the

@@ -19,6 +19,7 @@
 #include <sodium.h>
 
 #include "node/bridgectl.h"
+#include "procid.h"
 
 extern char **environ;
 
@@ -243,12 +244,7 @@ bool bridgectl_alive(const struct bridge_proc *bp)
  * unreaped child, so the pid cannot name another process. */
 bool bridgectl_runs(const struct bridge_proc *bp, const char *bin)
 {
-	char exe[64];
-	struct stat sb, se;
-
-	snprintf(exe, sizeof(exe), "/proc/%d/exe", (int)bp->pid);
-	return bp->pid > 0 && stat(bin, &sb) == 0 && stat(exe, &se) == 0 &&
-	       sb.st_dev == se.st_dev && sb.st_ino == se.st_ino;
+	return procid_runs_file(bp->pid, bin);
 }
 
 /* bridgectl_discard: SIGKILL (through the pidfd: no pid-reuse race) and

@@ -1114,6 +1114,16 @@ static void spare_sb_take(struct manager *m)
 {
 	if (!m->spare_sb_busy || m->spare_sb_taken)
 		return;
+	/* Not started yet (every pool thread busy, e.g. with snapshots):
+	 * cancelled rather than waited for with the loop blocked; the
+	 * create makes its own. spare_sb_after_cb still runs (ECANCELED). */
+	if (uv_cancel((uv_req_t *)&m->spare_sb_work) == 0) {
+		m->spare_sb_taken = true;
+		close(m->spare_netns); /* the launch would have used it */
+		m->spare_netns = -1;
+		log_info("%s", "spare sandbox launch had not started: cancelled");
+		return;
+	}
 	uv_mutex_lock(&m->spare_sb_mu);
 	while (!m->spare_sb_done)
 		uv_cond_wait(&m->spare_sb_cv, &m->spare_sb_mu);
@@ -1145,7 +1155,7 @@ static void spare_sb_after_cb(uv_work_t *w, int status)
 		tt_err_set(&m->spare_sb_err, TT_ERR_SYS, "launch cancelled");
 		m->spare_sb_done = true;
 	}
-	spare_sb_take(m);
+	spare_sb_take(m); /* a no-op after a cancel: spare_sb_take did it */
 	m->spare_sb_busy = false;
 	spare_kick(m);
 }
@@ -1195,10 +1205,14 @@ static bool spare_claim(struct manager *m, const char *dir, struct ns_sandbox *s
 	}
 	if (access(dir, F_OK) == 0)
 		return false; /* dir is there already: the spare stays */
-	if (m->spare_sb_on && (sb == NULL || poll(&pf, 1, 0) != 0)) {
+	if (m->spare_sb_on && (sb == NULL || poll(&pf, 1, 0) != 0 ||
+	                       !procid_runs_file(m->spare_sb.init_pid, m->guest_bin))) {
+		/* Dead, or an agent from before an upgrade of tether-guest
+		 * (a create must get the current one, as bridges do). */
 		if (sb != NULL)
-			log_warn("the spare sandbox (init pid %d) exited while waiting",
-			         (int)m->spare_sb.init_pid);
+			log_warn("the spare sandbox (init pid %d) %s", (int)m->spare_sb.init_pid,
+			         poll(&pf, 1, 0) != 0 ? "exited while waiting"
+			                              : "runs a replaced tether-guest: not used");
 		spare_sb_stop(m);
 	}
 	if (renameat2(AT_FDCWD, m->spare_dir, AT_FDCWD, dir, RENAME_NOREPLACE) < 0) {
@@ -1269,7 +1283,13 @@ static struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec
 	 * and any re-activation draws a new one. */
 	uint8_t secret[NS_SECRET_LEN];
 
+	/* A spare launch in flight: its result first, so that the checks
+	 * below see whether a spare holds rec's slot. */
+	spare_sb_take(m);
 	if (ex == NULL) {
+		/* The record keeps its slot: a spare in it would share it. */
+		if (m->spare_sb_on && m->spare_sb_slot == rec->slot)
+			spare_sb_stop(m);
 		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 		return NULL;
 	}

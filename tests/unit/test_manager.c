@@ -42,12 +42,16 @@
 /* Fresh sandboxes (never installed before): the spare test's. */
 #define SBX2 "sbx_bcdefghijklmnopqrstuvwxyza"
 #define SBX3 "sbx_cdefghijklmnopqrstuvwxyzab"
+#define SBX4 "sbx_defghijklmnopqrstuvwxyzabc"
 
 /* The sandbox the helpers below (mint, exec_req, install, status lookups)
  * name: SBX but in test_spare_bridge. */
 static const char *the_sbx = SBX;
 
 static char state_dir[64], sock_path[96];
+/* The manager's --guest-bin: a copy, so a test can replace it (as an
+ * upgrade does) without touching the build. */
+static char guest_dir[64], guest_copy[96];
 static pid_t mgr_pid;
 static uint8_t sk[PASETO_SK_BYTES], pk[PASETO_PK_BYTES];
 static uint8_t forged_sk[PASETO_SK_BYTES];
@@ -235,8 +239,7 @@ static void start_manager(void)
 	assert_true(mgr_pid >= 0);
 	if (mgr_pid == 0) {
 		const char *bin = getenv("TETHERD_BIN") ? getenv("TETHERD_BIN") : "build/tetherd";
-		const char *guest = getenv("TETHER_GUEST_BIN") ? getenv("TETHER_GUEST_BIN")
-		                                               : "build/tether-guest";
+		const char *guest = guest_copy;
 		char guest_abs[PATH_MAX];
 
 		char snaps[128];
@@ -277,6 +280,19 @@ static void stop_manager(void)
 	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+/* guest_install: (re)places guest_copy with a copy of the built agent:
+ * a new file (new inode), renamed over the old one, as an upgrade does. */
+static int guest_install(void)
+{
+	const char *src = getenv("TETHER_GUEST_BIN") ? getenv("TETHER_GUEST_BIN")
+	                                            : "build/tether-guest";
+	char cmd[512];
+
+	snprintf(cmd, sizeof(cmd), "install -m 0755 %s %s.new && mv -f %s.new %s", src,
+	         guest_copy, guest_copy, guest_copy);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
 /* group_setup: state dir, keys, manager. */
 static int group_setup(void **state)
 {
@@ -289,6 +305,12 @@ static int group_setup(void **state)
 	if (mkdtemp(state_dir) == NULL)
 		return -1;
 	snprintf(sock_path, sizeof(sock_path), "%s/manager.sock", state_dir);
+	snprintf(guest_dir, sizeof(guest_dir), "/tmp/tt-mgr-guest.XXXXXX");
+	if (mkdtemp(guest_dir) == NULL || chmod(guest_dir, 0755) < 0)
+		return -1;
+	snprintf(guest_copy, sizeof(guest_copy), "%s/tether-guest", guest_dir);
+	if (guest_install() < 0)
+		return -1;
 	crypto_sign_keypair(pk, sk);
 	crypto_sign_keypair(other_pk, forged_sk);
 	paserk_k4_pid(pk, kid);
@@ -298,7 +320,7 @@ static int group_setup(void **state)
 /* group_teardown: the manager stops its sandboxes; remove the state. */
 static int group_teardown(void **state)
 {
-	char cmd[128];
+	char cmd[256];
 
 	(void)state;
 	if (mgr_pid > 0) {
@@ -307,7 +329,7 @@ static int group_teardown(void **state)
 	}
 	sodium_memzero(sk, sizeof(sk));
 	sodium_memzero(forged_sk, sizeof(forged_sk));
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", state_dir);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s %s", state_dir, guest_dir);
 	return system(cmd) == 0 ? 0 : -1;
 }
 
@@ -1096,9 +1118,9 @@ static pid_t manager_child_pid(const char *comm, const char *arg)
  * noticed at the next install, which starts its own and serves as before. */
 static void test_spare_bridge(void **state)
 {
-	char *tok13, *tok14;
+	char *tok13, *tok14, *tok15;
 	struct answer a;
-	pid_t spare, spare2, sandbox, sandbox2;
+	pid_t spare, spare2, sandbox, sandbox2, sandbox3;
 	int st;
 
 	(void)state;
@@ -1152,10 +1174,25 @@ static void test_spare_bridge(void **state)
 	/* Reaped, and fresh spares wait again. */
 	assert_int_equal(kill(spare2, 0), -1);
 	assert_true(manager_spare_pid() > 0);
-	assert_true(manager_spare_sandbox_pid() > 0);
+	sandbox3 = manager_spare_sandbox_pid();
+	assert_true(sandbox3 > 0);
+	/* tether-guest replaced (an upgrade) while a spare agent waits: the
+	 * next create does not get the old agent. */
+	assert_int_equal(guest_install(), 0);
+	the_sbx = SBX4;
+	tok15 = mint(sk, 15, "w1", TT_OP_EXEC);
+	assert_true(feed(install(15, 15, "w1")));
+	assert_true(manager_init_pid() != sandbox3);
+	call(exec_req(tok15, "echo gen15"), &a);
+	expect_decision(&a, "allow", "ok");
+	assert_string_equal(a.out, "gen15\n");
+	answer_free(&a);
+	if (!mgr_log_has("runs a replaced tether-guest: not used"))
+		fail_msg("manager log does not say the old spare agent was dropped");
 	the_sbx = SBX;
 	free(tok13);
 	free(tok14);
+	free(tok15);
 }
 
 int main(void)

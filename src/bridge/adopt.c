@@ -68,6 +68,7 @@ static void adopt_judge(struct adopt *a, const struct wire_frame *f)
 	uint8_t got[HELLO_PROOF_LEN], want[HELLO_PROOF_LEN];
 	struct tt_err err = { 0 };
 	json_t *o = f->type == WIRE_HELLO ? wire_frame_json(f, &err) : NULL;
+	uv_os_fd_t fd = -1;
 	char msg[200];
 	bool good;
 
@@ -87,7 +88,8 @@ static void adopt_judge(struct adopt *a, const struct wire_frame *f)
 		return;
 	}
 	msg[0] = '\0';
-	if (a->spec.accept(a->spec.data, a->peer, msg, sizeof(msg)) < 0) {
+	if (uv_fileno((uv_handle_t *)a->conn, &fd) < 0 ||
+	    a->spec.accept(a->spec.data, fd, a->peer, msg, sizeof(msg)) < 0) {
 		adopt_end(a, "adopt_refused", msg);
 		return;
 	}

@@ -548,7 +548,7 @@ static struct bconn *bconn_new(void)
 
 /* adopt_accept: a valid adoption proof from peer: if the pinned manager is
  * still gone, pin peer (pidfd + recheck, our uid) as the manager. */
-static int adopt_accept(void *data, pid_t peer, char *msg, size_t cap)
+static int adopt_accept(void *data, int conn_fd, pid_t peer, char *msg, size_t cap)
 {
 	struct bridge *b = data;
 	struct proc_identity id;
@@ -560,8 +560,14 @@ static int adopt_accept(void *data, pid_t peer, char *msg, size_t cap)
 		         (int)b->mgr_id.pid);
 		return -1;
 	}
-	if (procid_pin(peer, &id, &pidfd, &err) < 0) {
-		snprintf(msg, cap, "adoption: %.160s", err.msg);
+	/* The connection's own peer (SO_PEERPIDFD where the kernel has it,
+	 * else pidfd_open + start-time recheck): not whatever process holds
+	 * its pid by now. */
+	if (peer_identity(conn_fd, &id, &pidfd, NULL, &err) < 0 || id.pid != peer) {
+		if (pidfd >= 0)
+			close(pidfd);
+		snprintf(msg, cap, "adoption: %.160s",
+		         err.msg[0] ? err.msg : "the peer changed during the challenge");
 		return -1;
 	}
 	if (id.uid != geteuid()) {

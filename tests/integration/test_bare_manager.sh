@@ -24,11 +24,11 @@ install -m 0644 "$ROOT/build/tether-guest" "$WORK/guest"
 	--guest-bin "$WORK/guest" >"$WORK/mgr.log" 2>&1 &
 MGR_PID=$!
 sleep 3
-fails=$(grep -c "spare sandbox: .*Permission denied" "$WORK/mgr.log")
+attempts=$(grep -c "spare sandbox: .*Permission denied" "$WORK/mgr.log")
 cpu=$(awk '{print $14 + $15}' "/proc/$MGR_PID/stat" 2>/dev/null)
 hz=$(getconf CLK_TCK)
 expect "a spare that cannot start is retried a few times in 3 s, not in a loop" \
-	'[ "$fails" -ge 2 ] && [ "$fails" -le 6 ]' "$fails attempts; log: $(tail -n 3 "$WORK/mgr.log")"
+	'[ "$attempts" -ge 2 ] && [ "$attempts" -le 6 ]' "$attempts attempts; log: $(tail -n 3 "$WORK/mgr.log")"
 expect "the manager stays idle meanwhile (< 0.3 s of CPU in 3 s)" \
 	'[ -n "$cpu" ] && [ "$cpu" -lt $((hz * 3 / 10)) ]' "cpu ticks: $cpu (hz $hz)"
 

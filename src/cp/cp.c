@@ -1282,9 +1282,15 @@ static int cp_http_cb(struct lws *wsi, enum lws_callback_reasons reason,
 		return cp_complete(cp_of(wsi), s, wsi, 1);
 	case LWS_CALLBACK_HTTP_WRITEABLE:
 		return feed_writable(cp_of(wsi), s, wsi);
+	case LWS_CALLBACK_HTTP_DROP_PROTOCOL:
 	case LWS_CALLBACK_CLOSED_HTTP:
-		feed_closed(cp_of(wsi), s);
-		http_body_free(&s->body);
+		/* s is NULL when lws closes before a session existed (headers
+		 * past its buffer, from anyone, unauthenticated); both may
+		 * come for one session, so the release is idempotent. */
+		if (s != NULL) {
+			feed_closed(cp_of(wsi), s);
+			http_body_free(&s->body);
+		}
 		return 0;
 	default:
 		break;

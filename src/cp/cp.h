@@ -2,6 +2,7 @@
 #ifndef TT_CP_H
 #define TT_CP_H
 
+#include <limits.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -23,10 +24,14 @@
 
 /* Client side of the signer process (src/cp/signer.c). Requests are
  * synchronous on the socketpair: a signature costs tens of microseconds,
- * and a receive timeout bounds a stuck signer. */
+ * and a receive timeout bounds a stuck signer. A signer that died or
+ * stopped answering is replaced at the next request, provided the new
+ * one holds the same key (kid), the one the workers know. */
 struct cp_signer {
 	int fd;
 	pid_t pid;
+	char key_path[PATH_MAX];
+	char kid[PASERK_K4_PID_LEN + 1];   /* "" until the first public */
 };
 
 /* cp_signer_spawn: starts "tetherd signer --key key_path" with the

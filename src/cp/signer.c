@@ -326,6 +326,9 @@ int cp_signer_spawn(const char *key_path, struct cp_signer *s,
 
 	s->fd = -1;
 	s->pid = -1;
+	if (key_path != s->key_path &&
+	    snprintf(s->key_path, sizeof(s->key_path), "%s", key_path) >= (int)sizeof(s->key_path))
+		return tt_err_set(err, TT_ERR_INVALID, "signer key path too long");
 	if (cp_signer_self(exe, sizeof(exe), err) < 0)
 		return -1;
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
@@ -351,6 +354,36 @@ int cp_signer_spawn(const char *key_path, struct cp_signer *s,
 	return 0;
 }
 
+static json_t *cp_signer_call1(struct cp_signer *s, json_t *req, struct tt_err *err);
+
+/* signer_restart: the signer died or stopped answering (its stream was
+ * dropped): the old process is killed (a stuck one) and reaped, a new one
+ * started on the same key file, and kept only if it holds the key the
+ * workers were given. */
+static int signer_restart(struct cp_signer *s, struct tt_err *err)
+{
+	char pub[PASERK_K4_PUBLIC_LEN + 1], kid[PASERK_K4_PID_LEN + 1];
+
+	if (s->pid > 0) {
+		kill(s->pid, SIGKILL);
+		waitpid(s->pid, NULL, 0);
+		s->pid = -1;
+	}
+	if (s->key_path[0] == '\0')
+		return tt_err_set(err, TT_ERR_TRANSPORT, "signer is not running");
+	log_warn("%s", "the signer died or stopped answering: starting it again");
+	if (cp_signer_spawn(s->key_path, s, err) < 0)
+		return -1;
+	if (cp_signer_public(s, pub, kid, err) < 0 || strcmp(kid, s->kid) != 0) {
+		if (err->code == TT_OK)
+			tt_err_set(err, TT_ERR_VERIFY, "the restarted signer holds another key (%s)",
+			           kid);
+		cp_signer_stop(s);
+		return -1;
+	}
+	return 0;
+}
+
 /* cp_signer_call1: one request, one RESULT (new reference) or NULL + err. */
 static json_t *cp_signer_call1(struct cp_signer *s, json_t *req,
                                struct tt_err *err)
@@ -364,13 +397,12 @@ static json_t *cp_signer_call1(struct cp_signer *s, json_t *req,
 		tt_err_set(err, TT_ERR_TRANSPORT, "signer is not running");
 		return NULL;
 	}
-	if (wire_send_json(s->fd, WIRE_REQUEST, req, err) < 0)
-		return NULL;
-	rc = wire_recv(s->fd, &f, buf, sizeof(buf), err);
+	rc = wire_send_json(s->fd, WIRE_REQUEST, req, err) < 0 ? -1 :
+	     wire_recv(s->fd, &f, buf, sizeof(buf), err);
 	if (rc <= 0) {
 		if (rc == 0)
 			tt_err_set(err, TT_ERR_TRANSPORT, "signer went away");
-		/* the stream may be out of step now: do not reuse it */
+		/* gone, stuck, or the stream out of step: not used again */
 		close(s->fd);
 		s->fd = -1;
 		return NULL;
@@ -400,7 +432,18 @@ static json_t *cp_signer_call(struct cp_signer *s, json_t *req,
 		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 		return NULL;
 	}
+	/* A dropped stream (signer dead, or stuck past the timeout): one
+	 * more try on a new signer. A refusal is an answer: not retried. */
+	if (s->fd < 0 && s->kid[0] != '\0' && signer_restart(s, err) < 0) {
+		json_decref(req);
+		return NULL;
+	}
 	res = cp_signer_call1(s, req, err);
+	if (res == NULL && s->fd < 0 && s->kid[0] != '\0') {
+		tt_err_clear(err);
+		if (signer_restart(s, err) == 0)
+			res = cp_signer_call1(s, req, err);
+	}
 	json_decref(req);
 	return res;
 }
@@ -445,6 +488,8 @@ int cp_signer_public(struct cp_signer *s, char pub[PASERK_K4_PUBLIC_LEN + 1],
 	else {
 		memcpy(pub, p, PASERK_K4_PUBLIC_LEN + 1);
 		memcpy(kid, k, PASERK_K4_PID_LEN + 1);
+		if (s->kid[0] == '\0') /* the key the workers are given */
+			memcpy(s->kid, k, PASERK_K4_PID_LEN + 1);
 	}
 	json_decref(res);
 	return rc;

@@ -94,6 +94,36 @@ assert c['wrk']=='w1' and c['sst']=='ns' and c['att']==1 and c['ops']==['exec','
 assert c['iss']=='tether-cp' and c['pur']=='control' and len(c['jti'])>=16" "$PAYLOAD"
 okrc "$([ "$(status POST "/v1/sandboxes/$SBX/capabilities" "Bearer $KEY" '{"purpose":"port","port":8080,"proto":"http"}')" = 201 ]; echo $?)" \
 	"port capability minted"
+
+# The signer dies, or stops answering: the next capability comes from a
+# new signer on the same key (before: every later one failed with 503).
+signer_pid() { pgrep -P "$CP_PID" -f "tetherd signer"; }
+cap_ok() { [ "$(status POST "/v1/sandboxes/$SBX/capabilities" "Bearer $KEY" '{"purpose":"control","ops":["exec"]}')" = 201 ] &&
+	[ "$(python3 -c "import base64,json,sys; t=sys.argv[1].split('.'); print(json.loads(base64.urlsafe_b64decode(t[3]+'='*(-len(t[3])%4)))['kid'])" "$(jfield '["token"]')")" = "$KID" ]; }
+SIG1=$(signer_pid)
+kill -KILL "$SIG1"
+if cap_ok && [ -n "$(signer_pid)" ] && [ "$(signer_pid)" != "$SIG1" ]; then
+	ok "signer killed: the next capability is minted by a new signer, same kid"
+else notok "signer killed: the next capability is minted by a new signer, same kid" "$(cat "$TT_BODY"; tail -n 3 "$ST/cp.log")"; fi
+SIG2=$(signer_pid)
+kill -STOP "$SIG2"
+code=$(status POST "/v1/sandboxes/$SBX/capabilities" "Bearer $KEY" '{"purpose":"control","ops":["exec"]}')
+if [ "$code" = 201 ] && [ "$(signer_pid)" != "$SIG2" ] && ! kill -0 "$SIG2" 2>/dev/null; then
+	ok "signer stuck past its 5 s timeout: replaced (killed, reaped), the request still served"
+else notok "signer stuck past its 5 s timeout: replaced (killed, reaped), the request still served" "code $code; $(tail -n 3 "$ST/cp.log")"; fi
+cap_ok && ok "... and later capabilities are fine" || notok "capabilities after the signer was replaced" "$(cat "$TT_BODY")"
+# A signer restarted on another key (the file swapped) is refused: the
+# workers know only the published kid. The original file back: served.
+cp "$ST/signer.key" "$WORK/signer.key.orig"
+"$TETHERD" keygen "$ST/signer.key" --force >/dev/null 2>&1
+kill -KILL "$(signer_pid)"
+code=$(status POST "/v1/sandboxes/$SBX/capabilities" "Bearer $KEY" '{"purpose":"control","ops":["exec"]}')
+if [ "$code" = 503 ] && grep -q "restarted signer holds another key" "$ST/cp.log"; then
+	ok "a signer restarted on a different key is refused (503), no capability under it"
+else notok "a signer restarted on a different key is refused" "code $code; $(cat "$TT_BODY")"; fi
+cp "$WORK/signer.key.orig" "$ST/signer.key"
+cap_ok && ok "... the right key file back: capabilities are minted again" ||
+	notok "capabilities once the key file is back" "$(cat "$TT_BODY"; tail -n 3 "$ST/cp.log")"
 okrc "$([ "$(status POST "/v1/sandboxes/$SBX/capabilities" "Bearer $KEY" '{"purpose":"control","ops":["exec"],"iss":"x"}')" = 201 ]; echo $?)" \
 	"extra request fields cannot inject claims (still minted by the cp's rules)"
 okrc "$([ "$(status POST "/v1/sandboxes/$SBX/capabilities" "Bearer $KEY" '{"purpose":"control","ops":["root"]}')" = 400 ]; echo $?)" \

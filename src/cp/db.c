@@ -397,14 +397,16 @@ static int cpdb_feed_insert(struct cpdb *db, const char *kind,
 	return 0;
 }
 
-/* cpdb_commit: COMMIT, or ROLLBACK when rc < 0; passes rc through. */
+/* cpdb_commit: COMMIT, or ROLLBACK when rc < 0 or the COMMIT itself
+ * failed (e.g. SQLITE_FULL: the transaction may still be open, and every
+ * later BEGIN would fail); passes rc through. */
 static int cpdb_commit(struct cpdb *db, int rc, struct tt_err *err)
 {
-	if (rc < 0) {
+	if (rc >= 0 && cpdb_exec(db, "COMMIT", err) == 0)
+		return 0;
+	if (!sqlite3_get_autocommit(db->h))
 		sqlite3_exec(db->h, "ROLLBACK", NULL, NULL, NULL);
-		return -1;
-	}
-	return cpdb_exec(db, "COMMIT", err);
+	return -1;
 }
 
 /* cpdb_batch_begin: BEGIN IMMEDIATE for a group of plain updates. */

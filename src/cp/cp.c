@@ -983,10 +983,9 @@ static json_t *cp_ack_result(json_t *results, int64_t rev)
  * a snapshot -> paused, pause failed -> failed (+ retire). Lifecycle acks
  * count only for the operation pending now (op_rev). An update the worker
  * acknowledged without a result entry counts as ok. */
-static void cp_ack_apply(struct cp *cp, const char *worker, json_t *up,
-                         json_t *res)
+static int cp_ack_apply(struct cp *cp, const char *worker, json_t *up,
+                        json_t *res, struct tt_err *err)
 {
-	struct tt_err err = { 0 };
 	const char *kind = json_string_value(json_object_get(up, "kind"));
 	const char *sbx = json_string_value(json_object_get(up, "sandbox"));
 	json_t *okv = res ? json_object_get(res, "ok") : NULL;
@@ -998,18 +997,26 @@ static void cp_ack_apply(struct cp *cp, const char *worker, json_t *up,
 	                                                            "generation"));
 	struct cp_sandbox sb;
 
-	if (kind == NULL || sbx == NULL ||
-	    cpdb_sandbox_get(cp->db, sbx, &sb, &err) != 1 ||
-	    strcmp(sb.worker, worker) != 0)
-		return;
+	if (kind == NULL || sbx == NULL)
+		return 0;
+	switch (cpdb_sandbox_get(cp->db, sbx, &sb, err)) {
+	case 1:
+		break;
+	case 0:
+		return 0; /* gone since */
+	default:
+		return -1;
+	}
+	if (strcmp(sb.worker, worker) != 0)
+		return 0;
 	if (strcmp(kind, "install") == 0 && strcmp(sb.state, "starting") == 0 &&
 	    gen == sb.generation) {
 		if (!ok)
 			log_warn("sandbox %s: install failed on %s: %s", sbx, worker,
 			         emsg ? emsg : "?");
-		cpdb_sandbox_set_state(cp->db, sbx, ok ? "running" : "failed",
-		                       ok ? NULL : (emsg ? emsg : "install failed"),
-		                       &err);
+		return cpdb_sandbox_set_state(cp->db, sbx, ok ? "running" : "failed",
+		                              ok ? NULL : (emsg ? emsg : "install failed"),
+		                              err) < 0 ? -1 : 0;
 	} else if (strcmp(kind, "install") == 0 &&
 	           strcmp(sb.state, "resuming") == 0 && gen == sb.generation &&
 	           sb.op_rev == rev) {
@@ -1020,10 +1027,11 @@ static void cp_ack_apply(struct cp *cp, const char *worker, json_t *up,
 		cp_pause_acked(cp, &sb, ok, emsg, res);
 	} else if (strcmp(kind, "destroy") == 0 &&
 	           strcmp(sb.state, "deleting") == 0) {
-		cpdb_sandbox_set_state(cp->db, sbx, ok ? "deleted" : "deleting",
-		                       ok ? NULL : (emsg ? emsg : "destroy failed"),
-		                       &err);
+		return cpdb_sandbox_set_state(cp->db, sbx, ok ? "deleted" : "deleting",
+		                              ok ? NULL : (emsg ? emsg : "destroy failed"),
+		                              err) < 0 ? -1 : 0;
 	}
+	return 0;
 }
 
 /* cp_ack_plain: whether cp_ack_apply of up is at most one plain state
@@ -1090,15 +1098,21 @@ static int cp_ack(struct cp *cp, struct lws *wsi, json_t *body)
 		json_decref(ups);
 		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
 	}
+	rc = 0;
 	json_array_foreach(ups, i, up) {
 		int64_t r = json_integer_value(json_object_get(up, "rev"));
 
 		if (r > rev)
 			break;
-		cp_ack_apply(cp, worker, up, cp_ack_result(results, r));
+		/* An outcome that cannot be written: the ack is not taken
+		 * (acked_rev stays), so the worker sends it again; applying
+		 * is idempotent (each step checks the state it moves from). */
+		if ((rc = cp_ack_apply(cp, worker, up, cp_ack_result(results, r), &err)) < 0)
+			break;
 	}
 	json_decref(ups);
-	rc = cpdb_worker_acked_seen(cp->db, worker, rev, tt_now(), &err);
+	if (rc == 0)
+		rc = cpdb_worker_acked_seen(cp->db, worker, rev, tt_now(), &err);
 	if (batch)
 		rc = cpdb_batch_end(cp->db, rc, &err);
 	if (rc < 0)

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "wire.h"
+#include "wire_json.h"
 
 enum { SIDE_OPENER = 0, SIDE_FAR = 1 };
 
@@ -164,6 +165,13 @@ static json_t *error_json(const char *code, const char *message)
 	return json_pack("{s:s,s:s}", "error", code, "message", message);
 }
 
+/* closing_error_json: the same, for an ERROR the connection's end follows
+ * (see wire_error_closing): the receiver does not pool the connection. */
+static json_t *closing_error_json(const char *code, const char *message)
+{
+	return json_pack("{s:s,s:s,s:b}", "error", code, "message", message, "closing", 1);
+}
+
 /* relay_write_error: queues an ERROR frame. */
 int relay_write_error(uv_stream_t *s, const char *code, const char *message)
 {
@@ -213,7 +221,11 @@ void relay_close_after_writes(uv_stream_t *s)
  * out first. */
 void relay_error_close(uv_stream_t *s, const char *code, const char *message)
 {
-	relay_write_error(s, code, message);
+	json_t *o = closing_error_json(code, message);
+
+	if (o != NULL)
+		relay_write_json(s, WIRE_ERROR, o, NULL);
+	json_decref(o);
 	relay_close_after_writes(s);
 }
 
@@ -326,7 +338,7 @@ static void finish_with_error(struct relay *r, enum relay_end how,
 	snprintf(r->msg, sizeof(r->msg), "%s", message);
 	uv_read_stop(r->side[SIDE_OPENER].s);
 	uv_read_stop(r->side[SIDE_FAR].s);
-	o = error_json(code, message);
+	o = closing_error_json(code, message); /* the relay ends: both close */
 	if (o != NULL)
 		text = json_dumps(o, JSON_COMPACT);
 	json_decref(o);
@@ -363,6 +375,10 @@ static void handle_frame(struct relay *r, int src, const struct wire_frame *f)
 		return;
 	case WIRE_RESULT:
 	case WIRE_ERROR:
+		/* An ERROR its sender closes after: the operation ended
+		 * cleanly, the far connection did not. */
+		if (wire_error_closing(f))
+			r->far_dirty = true;
 		r->finishing = true;
 		uv_read_stop(r->side[SIDE_OPENER].s);
 		uv_read_stop(r->side[SIDE_FAR].s);

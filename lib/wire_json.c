@@ -80,3 +80,17 @@ int wire_send_error(int fd, const char *code, const char *fmt, ...)
 	json_decref(obj);
 	return rc;
 }
+
+/* wire_error_closing: see wire_json.h. */
+bool wire_error_closing(const struct wire_frame *f)
+{
+	json_t *o;
+	bool yes;
+
+	if (f->type != WIRE_ERROR)
+		return false;
+	o = json_loadb((const char *)f->payload, f->len, JSON_REJECT_DUPLICATES, NULL);
+	yes = json_is_true(json_object_get(o, "closing"));
+	json_decref(o);
+	return yes;
+}

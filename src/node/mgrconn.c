@@ -8,6 +8,7 @@
 #include "cleanup.h"
 #include "log.h"
 #include "metrics.h"
+#include "wire_json.h"
 
 #define MGRCONN_READ_CHUNK (64u * 1024u)
 
@@ -325,8 +326,11 @@ static void mgrconn_track(struct mgrconn *c, const struct wire_frame *f)
 		c->allowed = frame_is_allow(f);
 		return;
 	}
-	if (c->allowed && (f->type == WIRE_RESULT || f->type == WIRE_ERROR))
+	if (c->allowed && (f->type == WIRE_RESULT || f->type == WIRE_ERROR)) {
 		c->done = true;
+		if (wire_error_closing(f))
+			c->dirty = true; /* the manager closes after it: not pooled */
+	}
 }
 
 /* mgrconn_process: decodes buffered bytes into frames until they run out,

@@ -379,6 +379,37 @@ static void test_pool(void **state)
 		close(fd[i]);
 }
 
+/* test_keep_error_closing: an ERROR its sender closes after
+ * ({"closing":true}: a bridge that failed the operation, a manager
+ * aborting it) ends the operation cleanly for the opener, but the far
+ * connection is not handed back for reuse; a plain ERROR's is. */
+static void test_keep_error_closing(void **state)
+{
+	struct harness h;
+	uint8_t far[256];
+	size_t n;
+
+	(void)state;
+	h_init(&h);
+	n = frame_bytes(far, WIRE_ERROR,
+	                "{\"error\":\"transport\",\"message\":\"x\",\"closing\":true}");
+	assert_int_equal(write(h.b0, far, n), (ssize_t)n);
+	close(h.b0);
+	h_run(&h, "", 0);
+	assert_true(h.kept_seen);
+	assert_int_equal(h.how, RELAY_DONE);
+	assert_false(h.far_kept);
+	close(h.a0);
+
+	h_init(&h);
+	n = frame_bytes(far, WIRE_ERROR, "{\"error\":\"not_found\",\"message\":\"x\"}");
+	h_run(&h, (const char *)far, n);
+	assert_true(h.kept_seen);
+	assert_true(h.far_kept);
+	close(h.a0);
+	close(h.b0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -389,6 +420,7 @@ int main(void)
 		cmocka_unit_test(test_keep_far_gone),
 		cmocka_unit_test(test_next_request),
 		cmocka_unit_test(test_pool),
+		cmocka_unit_test(test_keep_error_closing),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

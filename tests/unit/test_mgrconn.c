@@ -103,6 +103,11 @@ static void srv_handle(int fd, struct srv_counts *cnt)
 		}
 		srv_send_json(fd, WIRE_DECISION, "{\"decision\":\"allow\"}");
 		wire_send(fd, WIRE_DATA_OUT, "hi", 2, &err);
+		if (strcmp(mode, "errclose") == 0) { /* as conn_fail, a relay abort */
+			srv_send_json(fd, WIRE_ERROR, "{\"error\":\"refresh_route\","
+			                              "\"message\":\"x\",\"closing\":true}");
+			_exit(0);
+		}
 		if (strcmp(mode, "error") == 0) {
 			srv_send_json(fd, WIRE_ERROR,
 			              "{\"error\":\"not_found\",\"message\":\"x\"}");
@@ -618,6 +623,21 @@ static void test_unreachable(void **state)
 	assert_int_equal(o.end_code, TT_ERR_IO);
 }
 
+/* test_error_closing: the manager answers Allow, then an ERROR it closes
+ * after: not pooled, so the next operation gets a connection that works
+ * (before, it took the closing one and failed with transport). */
+static void test_error_closing(void **state)
+{
+	struct fixture *fx = *state;
+	struct op o, o2;
+
+	run_op(fx, &o, "errclose");
+	assert_true(o.error);
+	assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), 0);
+	run_op(fx, &o2, "allow");
+	assert_true(o2.result);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -632,6 +652,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_concurrent_and_bound, fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_idle_timeout, fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_control_calls_not_pooled, fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_error_closing, fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_unreachable, fx_setup, fx_teardown),
 	};
 

@@ -517,6 +517,13 @@ static int cp_reply_refusal(struct lws *wsi, const struct cp_refusal *why)
 	return http_reply_error(wsi, why->status, why->code, "%s", why->msg);
 }
 
+/* cp_op_name: what a pending state waits for, for messages. */
+static const char *cp_op_name(const struct cp_sandbox *sb)
+{
+	return strcmp(sb->state, "pausing") == 0 ? "pause" :
+	       strcmp(sb->state, "starting") == 0 ? "create" : "resume";
+}
+
 /* cp_op_fail: the pending pause/install of sb cannot finish: CAS to failed
  * and retire that generation on its worker (it refuses the generation as
  * soon as it hears), then answer whoever waits. */
@@ -536,8 +543,7 @@ static void cp_op_fail(struct cp *cp, const struct cp_sandbox *sb,
 	if (rc == 0)
 		return; /* moved on meanwhile */
 	log_warn("sandbox %s: gen %llu %s failed on %s: %s; retire at rev %lld",
-	         sb->id, (unsigned long long)sb->generation,
-	         strcmp(sb->state, "pausing") == 0 ? "pause" : "resume",
+	         sb->id, (unsigned long long)sb->generation, cp_op_name(sb),
 	         sb->worker, why, (long long)rrev);
 	metrics_inc("tether_cp_lifecycle_failed_total", NULL);
 	feed_wake(cp, sb->worker);
@@ -550,6 +556,7 @@ static int cp_op_pending(const struct cp_sandbox *sb)
 	return strcmp(sb->state, "pausing") == 0 ||
 	       strcmp(sb->state, "resuming") == 0;
 }
+
 
 /* cp_op_expire: a parked caller's ack wait ran out. */
 void cp_op_expire(struct cp *cp, const char *sbx, int64_t rev)
@@ -574,7 +581,9 @@ static void cp_sweep_one(const struct cp_sandbox *sb, void *arg)
 	struct cp_sweep_list *l = arg;
 	struct cp_sandbox *nv;
 
-	if (!cp_op_pending(sb))
+	/* A create waits for its install's ack like a pause or resume
+	 * (before, one never acked stayed starting for good). */
+	if (!cp_op_pending(sb) && strcmp(sb->state, "starting") != 0)
 		return;
 	if (l->n == l->cap) {
 		nv = reallocarray(l->v, l->cap ? l->cap * 2 : 8, sizeof(*nv));
@@ -605,11 +614,13 @@ static void cp_sweep(uv_timer_t *t)
 		const struct cp_sandbox *sb = &l.v[i];
 		int known = cpdb_worker_get(cp->db, sb->worker, &w, &err) == 1;
 
+		/* a create's install went out when the row was made */
+		int64_t since = strcmp(sb->state, "starting") == 0 ? sb->created_at : sb->op_at;
+
 		if (!known || !cp_worker_up(cp, &w, now))
-			snprintf(why, sizeof(why), "worker %s went down during the "
-			         "%s", sb->worker, strcmp(sb->state, "pausing") == 0 ?
-			         "pause" : "resume");
-		else if (now - sb->op_at > CP_ACK_WAIT_SECS)
+			snprintf(why, sizeof(why), "worker %s went down during the %s",
+			         sb->worker, cp_op_name(sb));
+		else if (now - since > CP_ACK_WAIT_SECS)
 			snprintf(why, sizeof(why), "worker %s did not acknowledge "
 			         "within %d s", sb->worker, CP_ACK_WAIT_SECS);
 		else

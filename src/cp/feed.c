@@ -342,10 +342,17 @@ void feed_acked(struct cp *cp, const char *worker, int64_t rev)
 /* feed_settled: lifecycle waiters of sbx get their answer if done. */
 void feed_settled(struct cp *cp, const char *sbx)
 {
+	struct tt_err err = { 0 };
+	struct cp_sandbox sb;
+	/* A create's waiter too, once its sandbox left "starting" without
+	 * an ack (the sweep failed it): answered now, not at its timeout. */
+	bool create_over = cpdb_sandbox_get(cp->db, sbx, &sb, &err) == 1 &&
+	                   strcmp(sb.state, "starting") != 0;
+
 	for (struct cp_park *p = cp->parked; p != NULL; p = p->next) {
 		if (p->kind == PARK_ACK && p->reply == NULL &&
-		    p->what != CP_WAIT_CREATE && p->what != CP_WAIT_DELETE &&
-		    strcmp(p->sbx, sbx) == 0)
+		    (p->what != CP_WAIT_CREATE || create_over) &&
+		    p->what != CP_WAIT_DELETE && strcmp(p->sbx, sbx) == 0)
 			ack_answer(p);
 	}
 }

@@ -287,6 +287,21 @@ ack w2 "$IREV" "{\"rev\":$IREV,\"ok\":false,\"error\":\"boom\"}" >/dev/null; wai
 okrc "$([ "$(status POST "/v1/sandboxes/$T/resume" "Bearer $KEY" '{}')" = 409 ] && grep -q "no complete snapshot" "$ST/out"; echo $?)" \
 	"resume without any complete snapshot: 409"
 
+# --- the worker dies before acknowledging a create: failed + retire --------
+# (before, the sandbox stayed "starting" for good, counted as load, and a
+# late ack could still turn it running after the caller was told 503).
+go c3 POST /v1/sandboxes '{"worker":"w2"}'
+feed w2 1; C3=$(python3 -c "import json; print([u for u in json.load(open('$ST/feed.w2'))['updates'] if u['kind']=='install'][-1]['sandbox'])")
+dead w2
+t0=$(date +%s)
+waitgo
+check "a create whose worker dies before its ack: 503 as soon as it is failed (not after the 30 s ack wait)" \
+	test "$(cat "$ST/c3.code")" = 503 -a $(( $(date +%s) - t0 )) -lt 15
+check "a create whose worker dies before its ack: failed, and the cp says why" \
+	sh -c "test \"\$(echo '$(sbx "$C3")')\" = 'failed 1 w2' && grep -q 'w2 went down during the create' '$ST/cp.log'"
+alive w2; feed w2 0
+check "... its generation is retired on that worker" test "$(upd w2 retire "$C3" generation)" = 1
+
 check "cp log records the forced resume" grep -q "forced resume: retire gen 6 on w1" "$ST/cp.log"
 curl -sf "$U/metrics" >"$ST/metrics"
 check "metrics count forced resumes since the restart" grep -q '^tether_cp_forced_resumes_total 2$' "$ST/metrics"

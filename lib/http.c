@@ -368,6 +368,15 @@ void http_body_free(struct http_body *b)
 	b->len = 0;
 }
 
+/* http_body_unsized: Transfer-Encoding present, Content-Length absent. */
+bool http_body_unsized(struct lws *wsi)
+{
+	char v[64];
+
+	return http_header(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH, v, sizeof(v)) <= 0 &&
+	       lws_hdr_total_length(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING) > 0;
+}
+
 /* ---- client: libcurl multi on libuv ------------------------------------ */
 
 /* One in-flight transfer (owned by the httpc until done runs). */

@@ -68,6 +68,10 @@ int http_reply_error(struct lws *wsi, unsigned status, const char *code,
  * length, or -1 when absent or longer than cap - 1. */
 int http_header(struct lws *wsi, enum lws_token_indexes tok, char *buf,
                 size_t cap);
+/* http_body_unsized: a request body sent without Content-Length (chunked):
+ * the daemons take bodies only with their length announced, and answer
+ * 411 rather than read the request as bodiless. */
+bool http_body_unsized(struct lws *wsi);
 /* http_capability_token: the token of "Authorization: Capability <token>"
  * (printable ASCII, at most cap - 1 bytes) into tok; -1 when absent or
  * malformed. The header copy is zeroed on every path; never logged. */

@@ -1283,6 +1283,9 @@ static int cp_http_cb(struct lws *wsi, enum lws_callback_reasons reason,
 		s->caller[0] = '\0';
 		snprintf(s->path, sizeof(s->path), "%s", (const char *)in);
 		snprintf(s->method, sizeof(s->method), "%s", cp_method(wsi));
+		if (http_body_unsized(wsi))
+			return http_reply_error(wsi, 411, "length_required",
+			                        "request bodies need a Content-Length");
 		if (strcmp(s->method, "POST") == 0 || strcmp(s->method, "PUT") == 0) {
 			if (http_header(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH, cl,
 			                sizeof(cl)) > 0) {

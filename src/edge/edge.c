@@ -1034,6 +1034,11 @@ static int edge_http(struct lws *wsi, struct pss *pss, struct edge *e,
 	if (http_header(wsi, WSI_TOKEN_HTTP_CONTENT_TYPE, x->ctype_in,
 	                sizeof(x->ctype_in)) < 0)
 		x->ctype_in[0] = '\0';
+	if (http_body_unsized(wsi)) {
+		xreq_free(x);
+		return http_reply_error(wsi, 411, "length_required",
+		                        "request bodies need a Content-Length");
+	}
 	if (http_header(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH, clen, sizeof(clen)) > 0) {
 		char *end;
 		long long v = strtoll(clen, &end, 10);
@@ -1051,7 +1056,7 @@ static int edge_http(struct lws *wsi, struct pss *pss, struct edge *e,
 	}
 	if (x->streamed_in && x->in_length < 0) {
 		xreq_free(x);
-		return http_reply_error(wsi, 411, "bad_request",
+		return http_reply_error(wsi, 411, "length_required",
 		                        "file uploads need a Content-Length");
 	}
 	pss->x = x;

@@ -51,6 +51,12 @@ if [ "$out" = hi ] && [ $rc = 3 ] && [ "$(cat "$WORK/err")" = oops ]; then
 else notok "exec: stdout, stderr and exit status 3 propagate" "rc=$rc out=$out err=$(cat "$WORK/err")"; fi
 out=$("$T" exec "$S2" -- echo on-w2 2>&1)
 if [ "$out" = on-w2 ]; then ok "exec on the w2 sandbox"; else notok "exec on the w2 sandbox" "$out"; fi
+code=$(tcurl -o "$TT_BODY" -w '%{http_code}' -X POST "http://127.0.0.1:$((BASE + 1))/v1/sandboxes/$S1/exec" \
+	-H "Authorization: Bearer $(cluster_key)" -H 'Transfer-Encoding: chunked' \
+	-H 'Content-Type: application/json' --data-binary '{"cmd":["touch","/tmp/chunked"]}')
+out=$("$T" exec "$S1" -- sh -c 'test -e /tmp/chunked && echo ran || echo not-run' 2>&1)
+if [ "$code" = 411 ] && [ "$out" = not-run ]; then ok "edge: a chunked exec body gets 411 and runs nothing"
+else notok "edge: a chunked exec body gets 411 and runs nothing" "code $code out $out $(cat "$TT_BODY")"; fi
 
 # ---- cp ----------------------------------------------------------------------
 head -c $((3 * 1024 * 1024 + 17)) /dev/urandom >"$WORK/in.bin"

@@ -27,6 +27,11 @@ tcurl -o /dev/null "${U}/healthz" -H "X-Big: $big"
 tcurl -o /dev/null -X POST "${U}/v1/sandboxes" -H "X-Big: $big" -d '{}'
 check "the cp survives requests whose headers overflow its buffer" tcurl -f -o /dev/null "${U}/healthz"
 
+# A chunked body (no Content-Length) is refused, not read as no body.
+okrc "$([ "$(tcurl -o "$TT_BODY" -w '%{http_code}' -X POST "$U/v1/sandboxes" -H "Authorization: Bearer $(cat "$ST/admin.key")" \
+	-H 'Transfer-Encoding: chunked' -H 'Content-Type: application/json' --data-binary '{"worker":"w1"}')" = 411 ] &&
+	[ "$(jfield '["error"]')" = length_required ]; echo $?)" "a chunked request body: 411 length_required"
+
 # Authentication: refused without / with a wrong key, allowed with the key.
 okrc "$([ "$(status GET /v1/sandboxes '')" = 401 ]; echo $?)" "401 without an API key"
 okrc "$([ "$(status GET /v1/sandboxes 'Bearer ttk_wrong')" = 401 ]; echo $?)" "401 with a wrong API key"

@@ -80,15 +80,22 @@ static struct slot *slot_find(struct routes *r, const unsigned char *kh,
 }
 
 /* slot_evict_one: drops the oldest slot nobody is fetching for or waiting
- * on; a cache over its bound by busy slots just stays over until they
- * settle. */
+ * on, one that holds no route first: a failed fetch (a wrong API key:
+ * anyone can send those) leaves such a slot, and a flood of them must not
+ * push out the routes of real callers. A cache over its bound by busy
+ * slots just stays over until they settle. */
 static void slot_evict_one(struct routes *r)
 {
-	struct slot **victim = NULL;
+	struct slot **victim = NULL, **empty = NULL;
 
 	for (struct slot **pp = &r->slots; *pp; pp = &(*pp)->next)
-		if (!(*pp)->fetching && (*pp)->waiters == NULL)
+		if (!(*pp)->fetching && (*pp)->waiters == NULL) {
 			victim = pp;
+			if ((*pp)->route.token == NULL)
+				empty = pp;
+		}
+	if (empty != NULL)
+		victim = empty;
 	if (victim) {
 		struct slot *s = *victim;
 		*victim = s->next;

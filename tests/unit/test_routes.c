@@ -318,6 +318,33 @@ static void test_bounded(void **state)
 	routes_free(r);
 }
 
+/* test_failed_fetches_do_not_evict: a flood of fetches that fail (wrong
+ * API keys, from anyone) fills the cache with empty slots; they are
+ * evicted before a real caller's route, which stays usable. */
+static void test_failed_fetches_do_not_evict(void **state)
+{
+	struct routes *r = routes_new(4, MARGIN);
+	unsigned char kh[ROUTES_KEYHASH_LEN] = { 0 };
+	struct route_entry out;
+	struct route_ticket t;
+	struct req q;
+
+	(void)state;
+	req_init(&q);
+	install(r, KH, "real", 1, NOW, NOW + 120);
+	for (int i = 0; i < 100; i++) {
+		kh[0] = (unsigned char)(i + 1);
+		kh[1] = 0xbb; /* never KH */
+		assert_int_equal(routes_acquire(r, kh, SBX, NOW, &q.w, &out, &t), ROUTE_FETCH);
+		routes_abort(r, kh, SBX); /* the cp refused the key */
+		assert_true(routes_count(r) <= 4);
+	}
+	assert_int_equal(routes_acquire(r, KH, SBX, NOW, &q.w, &out, &t), ROUTE_USE);
+	assert_string_equal(out.token, "real");
+	route_entry_clear(&out);
+	routes_free(r);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -328,6 +355,7 @@ int main(void)
 		cmocka_unit_test(test_expiry_kept_across_refresh),
 		cmocka_unit_test(test_drop_sandbox_voids_inflight),
 		cmocka_unit_test(test_bounded),
+		cmocka_unit_test(test_failed_fetches_do_not_evict),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

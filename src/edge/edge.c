@@ -987,7 +987,7 @@ static int edge_http(struct lws *wsi, struct pss *pss, struct edge *e,
 	int rc;
 
 	if (m == NULL)
-		return http_reply_error(wsi, 405, "bad_request", "method not allowed");
+		return http_reply_error(wsi, 405, "method_not_allowed", "method not allowed");
 	if (strcmp(m, "GET") == 0 && strcmp(uri, "/healthz") == 0)
 		return http_reply(wsi, 200, "application/json", "{\"ok\":true}", 11);
 	if (strcmp(m, "GET") == 0 && strcmp(uri, "/metrics") == 0) {

@@ -890,7 +890,7 @@ static int api_on_http(struct lws *wsi, struct api_pss *pss, const char *uri)
 	}
 	if (r == R_OTHER)
 		return api_error_now(wsi, r, t0, bad_method ? 405 : 404,
-		                     bad_method ? "bad_request" : "not_found",
+		                     bad_method ? "method_not_allowed" : "not_found",
 		                     bad_method ? "method not allowed" : "no such endpoint",
 		                     has_body);
 	if (!sbx_id_valid(sbx))

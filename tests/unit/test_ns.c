@@ -309,6 +309,27 @@ static void test_pids_limit(void **state)
 	fx_free(fx);
 }
 
+/* cg_procs_wait: the pids in cgroup dir's cgroup.procs (at most 16), read
+ * until there are want of them (1 s); how many there were last. */
+static int cg_procs_wait(const char *dir, int want, pid_t pids[16])
+{
+	char path[PATH_MAX + 32];
+	int n = 0;
+
+	snprintf(path, sizeof path, "%s/cgroup.procs", dir);
+	for (int tries = 0; tries < 100 && n < want; tries++) {
+		FILE *f = fopen(path, "r");
+		assert_non_null(f);
+		n = 0;
+		while (n < 16 && fscanf(f, "%d", &pids[n]) == 1)
+			n++;
+		fclose(f);
+		if (n < want)
+			usleep(10000);
+	}
+	return n;
+}
+
 /* Stop kills every process of the sandbox and removes its cgroups; it is
  * idempotent. */
 static void test_stop_kills_all(void **state)
@@ -320,20 +341,8 @@ static void test_stop_kills_all(void **state)
 	        "exec sleep 300\n");
 	fx_start(fx);
 	/* The cgroup lists every sandbox process by host pid. */
-	char path[PATH_MAX + 32];
-	snprintf(path, sizeof path, "%s/cgroup.procs", fx->sb.cgroup_pids);
 	pid_t pids[16];
-	int n = 0;
-	for (int tries = 0; tries < 100 && n < 4; tries++) {
-		FILE *f = fopen(path, "r");
-		assert_non_null(f);
-		n = 0;
-		while (n < 16 && fscanf(f, "%d", &pids[n]) == 1)
-			n++;
-		fclose(f);
-		if (n < 4)
-			usleep(10000);
-	}
+	int n = cg_procs_wait(fx->sb.cgroup_pids, 4, pids);
 	assert_int_equal(n, 4);
 	for (int i = 0; i < n; i++)
 		assert_int_equal(kill(pids[i], 0), 0);
@@ -365,22 +374,11 @@ static void test_cgroup_kill(void **state)
 	        "exec sleep 300\n");
 	struct ns_sandbox lost;
 	struct tt_err err = { 0 };
-	char path[PATH_MAX + 32];
 	pid_t pids[16], outsider;
-	int n = 0, st;
+	int n, st;
 
 	fx_start(fx);
-	snprintf(path, sizeof path, "%s/cgroup.procs", fx->sb.cgroup_pids);
-	for (int tries = 0; tries < 100 && n < 3; tries++) {
-		FILE *f = fopen(path, "r");
-		assert_non_null(f);
-		n = 0;
-		while (n < 16 && fscanf(f, "%d", &pids[n]) == 1)
-			n++;
-		fclose(f);
-		if (n < 3)
-			usleep(10000);
-	}
+	n = cg_procs_wait(fx->sb.cgroup_pids, 3, pids);
 	assert_int_equal(n, 3);
 	outsider = fork();
 	assert_true(outsider >= 0);

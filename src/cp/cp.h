@@ -18,6 +18,7 @@
 
 #define CP_WORKER_UP_SECS 60  /* default --worker-timeout (s) */
 #define CP_ACK_WAIT_SECS 30   /* create/delete/pause/resume ack bound */
+#define CP_SIGNER_TIMEOUT_S 1 /* a signer silent this long is replaced */
 #define CP_SWEEP_MS 1000      /* lifecycle timeout / worker-down check */
 #define CP_FEED_WAIT_MAX 30   /* long-poll bound */
 #define CP_FEED_BATCH 256     /* updates per feed answer */

@@ -321,7 +321,9 @@ int cp_signer_spawn(const char *key_path, struct cp_signer *s,
 {
 	char exe[4096];
 	int sv[2];
-	struct timeval tv = { .tv_sec = 5 };
+	/* A signature takes tens of microseconds; a signer silent this long
+	 * is stuck, and the cp's loop waits for it meanwhile. */
+	struct timeval tv = { .tv_sec = CP_SIGNER_TIMEOUT_S };
 	pid_t pid;
 
 	s->fd = -1;

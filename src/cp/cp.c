@@ -569,6 +569,8 @@ void cp_op_expire(struct cp *cp, const char *sbx, int64_t rev)
 		cp_op_fail(cp, &sb, "worker did not acknowledge in time");
 }
 
+static void cp_migrate_continue(struct cp *cp, const char *sbx);
+
 /* What the sweep collects (it must not write while listing). */
 struct cp_sweep_list {
 	struct cp_sandbox *v;
@@ -583,7 +585,8 @@ static void cp_sweep_one(const struct cp_sandbox *sb, void *arg)
 
 	/* A create waits for its install's ack like a pause or resume
 	 * (before, one never acked stayed starting for good). */
-	if (!cp_op_pending(sb) && strcmp(sb->state, "starting") != 0)
+	if (!cp_op_pending(sb) && strcmp(sb->state, "starting") != 0 &&
+	    !(strcmp(sb->state, "paused") == 0 && sb->migrate_to[0] != '\0'))
 		return;
 	if (l->n == l->cap) {
 		nv = reallocarray(l->v, l->cap ? l->cap * 2 : 8, sizeof(*nv));
@@ -612,7 +615,14 @@ static void cp_sweep(uv_timer_t *t)
 	owned = l.v; /* owner of the collected copies */
 	for (size_t i = 0; i < l.n; i++) {
 		const struct cp_sandbox *sb = &l.v[i];
-		int known = cpdb_worker_get(cp->db, sb->worker, &w, &err) == 1;
+		int known;
+
+		if (strcmp(sb->state, "paused") == 0) {
+			/* a migrate whose resume a cp restart cut off */
+			cp_migrate_continue(cp, sb->id);
+			continue;
+		}
+		known = cpdb_worker_get(cp->db, sb->worker, &w, &err) == 1;
 
 		/* a create's install went out when the row was made */
 		int64_t since = strcmp(sb->state, "starting") == 0 ? sb->created_at : sb->op_at;
@@ -733,7 +743,8 @@ int cp_resume_begin(struct cp *cp, const struct cp_sandbox *sb,
 
 /* cp_pause_begin: state and worker checks, then the pause CAS. */
 static int cp_pause_begin(struct cp *cp, const struct cp_sandbox *sb,
-                          int64_t *rev, struct cp_refusal *why)
+                          const char *migrate_to, int64_t *rev,
+                          struct cp_refusal *why)
 {
 	struct tt_err err = { 0 };
 	struct cp_worker w;
@@ -749,7 +760,7 @@ static int cp_pause_begin(struct cp *cp, const struct cp_sandbox *sb,
 		return cp_refuse(why, 409, "conflict", "worker %s is down; use "
 		                 "resume --force to resume from the last complete "
 		                 "snapshot", sb->worker);
-	rc = cpdb_sandbox_pause(cp->db, sb, tt_now(), rev, &err);
+	rc = cpdb_sandbox_pause(cp->db, sb, migrate_to, tt_now(), rev, &err);
 	if (rc < 0)
 		return cp_refuse(why, 500, "internal", "%s", err.msg);
 	if (rc == 0)
@@ -773,7 +784,7 @@ static int cp_pause(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 
 	if (cp_query_int(wsi, "wait", 0, 1, 1, &wait) < 0)
 		return http_reply_error(wsi, 400, "bad_request", "wait must be 0 or 1");
-	if (cp_pause_begin(cp, sb, &rev, &why) < 0)
+	if (cp_pause_begin(cp, sb, NULL, &rev, &why) < 0)
 		return cp_reply_refusal(wsi, &why);
 	if (wait == 0) {
 		if (cpdb_sandbox_get(cp->db, sb->id, &now, &err) != 1)
@@ -839,7 +850,7 @@ static int cp_migrate(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	if (strcmp(worker, sb->worker) == 0)
 		return http_reply_error(wsi, 409, "conflict", "sandbox %s is "
 		                        "already on %s", sb->id, worker);
-	if (cp_pause_begin(cp, sb, &rev, &why) < 0)
+	if (cp_pause_begin(cp, sb, worker, &rev, &why) < 0)
 		return cp_reply_refusal(wsi, &why);
 	log_info("sandbox %s: migrate %s -> %s", sb->id, sb->worker, worker);
 	return feed_wait_ack(cp, s, wsi, &(struct cp_waitspec){
@@ -924,6 +935,32 @@ static int cp_snapshot_from_ack(const struct cp_sandbox *sb, json_t *res,
 	return 0;
 }
 
+/* cp_migrate_continue: a migrate's pause completed (sbx is paused with
+ * a target): the resume on the target begins now, from the pause's ack
+ * or the sweep, whether or not its caller still waits (a caller that
+ * left, or a cp restart in between, no longer strands it paused on the
+ * old worker). A resume that cannot begin leaves it paused, error set. */
+static void cp_migrate_continue(struct cp *cp, const char *sbx)
+{
+	struct tt_err err = { 0 };
+	struct cp_refusal why = { 0 };
+	struct cp_sandbox sb;
+	struct cp_resumed r;
+	char msg[CPDB_ERR_MAX];
+
+	if (cpdb_sandbox_get(cp->db, sbx, &sb, &err) != 1 ||
+	    strcmp(sb.state, "paused") != 0 || sb.migrate_to[0] == '\0')
+		return;
+	if (cp_resume_begin(cp, &sb, sb.migrate_to, 0, &r, &why) == 0)
+		return;
+	snprintf(msg, sizeof(msg), "paused, but not resumed on %s: %.160s", sb.migrate_to,
+	         why.msg);
+	log_warn("sandbox %s: migrate: %s", sb.id, msg);
+	if (cpdb_sandbox_migrate_clear(cp->db, sb.id, sb.generation, msg, &err) < 0)
+		log_error("sandbox %s: %s", sb.id, err.msg);
+	feed_settled(cp, sb.id);
+}
+
 /* cp_pause_acked: the worker's answer to our pending pause. Only a
  * complete snapshot (ok, key as asked, checksum) is recorded; anything
  * else fails the sandbox and retires the generation. */
@@ -955,6 +992,8 @@ static void cp_pause_acked(struct cp *cp, const struct cp_sandbox *sb,
 		log_info("sandbox %s: paused gen %llu, snapshot %s (%lld bytes)",
 		         sb->id, (unsigned long long)sb->generation, sn.key,
 		         (long long)sn.size);
+	if (rc == 1 && sb->migrate_to[0] != '\0')
+		cp_migrate_continue(cp, sb->id);
 }
 
 /* cp_install_acked: the worker's answer to a resume's install. */

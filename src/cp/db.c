@@ -48,6 +48,7 @@ static const struct {
 	{ "op_at", "op_at INTEGER NOT NULL DEFAULT 0" },
 	{ "progress_bytes", "progress_bytes INTEGER NOT NULL DEFAULT -1" },
 	{ "progress_total", "progress_total INTEGER NOT NULL DEFAULT -1" },
+	{ "migrate_to", "migrate_to TEXT NOT NULL DEFAULT ''" },
 };
 
 /* cpdb_fail: err from the connection's last error; returns -1. */
@@ -507,11 +508,12 @@ static void cpdb_sandbox_row(sqlite3_stmt *st, void *out)
 	s->op_at = sqlite3_column_int64(st, 10);
 	s->progress_bytes = sqlite3_column_int64(st, 11);
 	s->progress_total = sqlite3_column_int64(st, 12);
+	cpdb_text(st, 13, s->migrate_to, sizeof(s->migrate_to));
 }
 
 #define CPDB_SBX_COLS "id,state,generation,worker,substrate,pod,activation," \
                       "created_at,error,op_rev,op_at,progress_bytes," \
-                      "progress_total"
+                      "progress_total,migrate_to"
 
 /* cpdb_sandbox_get: one sandbox (deleted ones too: they keep their gen). */
 int cpdb_sandbox_get(struct cpdb *db, const char *id, struct cp_sandbox *out,
@@ -589,7 +591,8 @@ static int cpdb_retire_insert(struct cpdb *db, const char *id, uint64_t gen,
 
 /* cpdb_sandbox_pause: the pause CAS and its feed update, atomically. */
 int cpdb_sandbox_pause(struct cpdb *db, const struct cp_sandbox *s,
-                       int64_t now, int64_t *rev, struct tt_err *err)
+                       const char *migrate_to, int64_t now, int64_t *rev,
+                       struct tt_err *err)
 {
 	char key[CPDB_SNAPKEY_MAX];
 	json_t *body;
@@ -600,9 +603,10 @@ int cpdb_sandbox_pause(struct cpdb *db, const struct cp_sandbox *s,
 	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
 		return -1;
 	rc = cpdb_change(db, err, "update", "UPDATE sandboxes SET state='pausing',"
-	                 "error=NULL,op_at=?3,progress_bytes=-1,progress_total=-1"
-	                 " WHERE id=?1 AND state='running' AND generation=?2",
-	                 "tii", s->id, (int64_t)s->generation, now);
+	                 "error=NULL,op_at=?3,progress_bytes=-1,progress_total=-1,"
+	                 "migrate_to=?4 WHERE id=?1 AND state='running' AND generation=?2",
+	                 "tiit", s->id, (int64_t)s->generation, now,
+	                 migrate_to != NULL ? migrate_to : "");
 	if (rc <= 0) {
 		cpdb_commit(db, -1, err);
 		return rc;
@@ -618,6 +622,15 @@ int cpdb_sandbox_pause(struct cpdb *db, const struct cp_sandbox *s,
 	if (cpdb_commit(db, rc < 0 ? -1 : 0, err) < 0)
 		return -1;
 	return 1;
+}
+
+/* cpdb_sandbox_migrate_clear: see db.h. */
+int cpdb_sandbox_migrate_clear(struct cpdb *db, const char *id, uint64_t gen,
+                               const char *error, struct tt_err *err)
+{
+	return cpdb_change(db, err, "update", "UPDATE sandboxes SET migrate_to='',"
+	                   "error=?3 WHERE id=?1 AND state='paused' AND generation=?2",
+	                   "tit", id, (int64_t)gen, error);
 }
 
 /* cpdb_sandbox_paused: pausing -> paused plus the snapshot row. */
@@ -658,7 +671,7 @@ int cpdb_sandbox_cas(struct cpdb *db, const char *id, const char *from,
 	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
 		return -1;
 	rc = cpdb_change(db, err, "update", "UPDATE sandboxes SET state=?4,error=?6,"
-	                 "op_rev=0,progress_bytes=-1,progress_total=-1"
+	                 "op_rev=0,progress_bytes=-1,progress_total=-1,migrate_to=''"
 	                 " WHERE id=?1 AND state=?2 AND generation=?3"
 	                 " AND (?5 < 0 OR op_rev=?5)", "ttitit", id, from,
 	                 (int64_t)gen, to, op_rev, error);
@@ -699,7 +712,7 @@ int cpdb_sandbox_resume(struct cpdb *db, const char *id,
 		return cpdb_commit(db, -1, err);
 	rc = cpdb_change(db, err, "update", "UPDATE sandboxes SET state='resuming',"
 	                 "generation=?3+1,worker=?4,error=NULL,op_at=?5,"
-	                 "progress_bytes=-1,progress_total=-1"
+	                 "progress_bytes=-1,progress_total=-1,migrate_to=''"
 	                 " WHERE id=?1 AND state=?2 AND generation=?3",
 	                 "ttiti", id, r->from,
 	                 (int64_t)r->gen, r->worker, now);

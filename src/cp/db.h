@@ -44,6 +44,10 @@ struct cp_sandbox {
 	int64_t op_at;          /* when that operation started */
 	int64_t progress_bytes; /* pause progress; -1 = no report yet */
 	int64_t progress_total; /* -1 = unknown */
+	/* a migrate's target while its pause runs, and until the resume on
+	 * the target began ("" otherwise): the cp continues it from the
+	 * pause's ack, whoever waits or not */
+	char migrate_to[TT_NAME_MAX + 1];
 };
 
 /* A complete snapshot, as a worker's pause ack described it. */
@@ -128,7 +132,12 @@ int cpdb_sandbox_destroy(struct cpdb *db, const struct cp_sandbox *s,
  * in one transaction. 1 = won (*rev set), 0 = the sandbox was not in that
  * state any more (nothing changed), -1 = error. */
 int cpdb_sandbox_pause(struct cpdb *db, const struct cp_sandbox *s,
-                       int64_t now, int64_t *rev, struct tt_err *err);
+                       const char *migrate_to, int64_t now, int64_t *rev,
+                       struct tt_err *err);
+/* cpdb_sandbox_migrate_clear: a paused sandbox whose migrate could not
+ * go on stays paused, error set, its target dropped. */
+int cpdb_sandbox_migrate_clear(struct cpdb *db, const char *id, uint64_t gen,
+                               const char *error, struct tt_err *err);
 /* cpdb_sandbox_paused: CAS pausing(gen, op_rev) -> paused and records the
  * snapshot (complete, per the worker's ack), in one transaction. 1/0/-1. */
 int cpdb_sandbox_paused(struct cpdb *db, const char *id, uint64_t gen,

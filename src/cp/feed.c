@@ -185,26 +185,16 @@ static json_t *ack_refusal(struct cp *cp, const char *code, const char *msg,
 	                 "state", sb->state, "sandbox", cp_sandbox_json(cp, sb));
 }
 
-/* ack_migrate_on: the migrate's pause completed; resume on the target and
- * keep waiting, now for the target's install ack. */
+/* ack_migrate_on: the migrate's pause completed and the cp began the
+ * resume on the target (cp_migrate_continue, on the pause's ack): this
+ * waiter now waits for that install's ack. */
 static void ack_migrate_on(struct cp_park *p, const struct cp_sandbox *sb)
 {
-	struct cp *cp = p->cp;
-	struct cp_refusal why = { 0 };
-	struct cp_resumed r;
-	char msg[CPDB_ERR_MAX + TT_NAME_MAX + 64];
-
-	if (cp_resume_begin(cp, sb, p->target, 0, &r, &why) < 0) {
-		snprintf(msg, sizeof(msg), "paused, but not resumed on %s: %s",
-		         p->target, why.msg);
-		park_ready(p, why.status, ack_refusal(cp, why.code, msg, sb));
-		return;
-	}
 	p->what = CP_WAIT_RESUME;
-	p->rev = r.rev;
-	p->gen = r.generation;
-	p->resumed_from = r.resumed_from;
-	snprintf(p->worker, sizeof(p->worker), "%s", r.worker);
+	p->resumed_from = p->gen; /* the snapshot the pause just made */
+	p->rev = sb->op_rev;
+	p->gen = sb->generation;
+	snprintf(p->worker, sizeof(p->worker), "%s", sb->worker);
 	uv_timer_again(&p->timer);
 }
 
@@ -220,9 +210,17 @@ static void ack_lifecycle(struct cp_park *p, const struct cp_sandbox *sb)
 		if (strcmp(sb->state, "pausing") == 0 && sb->generation == p->gen &&
 		    sb->op_rev == p->rev)
 			return;
+		if (p->what == CP_WAIT_MIGRATE && strcmp(sb->state, "resuming") == 0 &&
+		    sb->generation == p->gen + 1) {
+			ack_migrate_on(p, sb);
+			return;
+		}
 		if (strcmp(sb->state, "paused") == 0 && sb->generation == p->gen) {
+			if (p->what == CP_WAIT_MIGRATE && sb->migrate_to[0] != '\0')
+				return; /* its resume is about to begin */
 			if (p->what == CP_WAIT_MIGRATE)
-				ack_migrate_on(p, sb);
+				park_ready(p, 409, ack_refusal(cp, "conflict", sb->error[0] ?
+				           sb->error : "paused, but not resumed", sb));
 			else
 				park_ready(p, 200, cp_sandbox_json(cp, sb));
 			return;

@@ -302,6 +302,23 @@ check "a create whose worker dies before its ack: failed, and the cp says why" \
 alive w2; feed w2 0
 check "... its generation is retired on that worker" test "$(upd w2 retire "$C3" generation)" = 1
 
+# --- a migrate whose caller left: the cp finishes it --------------------------
+# (before, the resume on the target ran only from the caller's parked
+# request: a caller that gave up left the sandbox paused on the old worker).
+go c4 POST /v1/sandboxes '{"worker":"w1"}'
+feed w1; M=$(python3 -c "import json; print([u for u in json.load(open('$ST/feed.w1'))['updates'] if u['kind']=='install'][-1]['sandbox'])")
+IREV=$(upd w1 install "$M" rev); ack w1 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
+check "a sandbox to migrate: running gen 1 on w1" test "$(cat "$ST/c4.code") $(sbx "$M")" = "201 running 1 w1"
+TT_CURL_MAX=1 go m5 POST "/v1/sandboxes/$M/migrate" '{"worker":"w2"}'
+feedfor w1 pause "$M"; PREV=$(upd w1 pause "$M" rev)
+waitgo # the caller gave up after 1 s, before the pause's ack
+ack w1 "$PREV" "{\"rev\":$PREV,$(snapok "$M" 1)}" >/dev/null
+feedfor w2 install "$M"; IREV=$(upd w2 install "$M" rev)
+check "a migrate whose caller left: the install on the target follows the pause (gen 2 from $M/1)" \
+	test "$(upd w2 install "$M" generation) $(upd w2 install "$M" snapshot)" = "2 $M/1"
+ack w2 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null
+check "... and the sandbox runs on the target" test "$(sbx "$M")" = "running 2 w2"
+
 check "cp log records the forced resume" grep -q "forced resume: retire gen 6 on w1" "$ST/cp.log"
 curl -sf "$U/metrics" >"$ST/metrics"
 check "metrics count forced resumes since the restart" grep -q '^tether_cp_forced_resumes_total 2$' "$ST/metrics"

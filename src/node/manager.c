@@ -24,6 +24,7 @@
 #include <sys/socket.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -1921,7 +1922,9 @@ static void pause_work(uv_work_t *w)
 {
 	struct mgr_pause *p = w->data;
 	struct snapshot_pack_opts o = { 0 };
+	struct snapshot_limits lim = { 0 };
 	struct snapstore *s = NULL;
+	struct statvfs vfs;
 	_cleanup_close_ int fd = -1;
 
 	atomic_store(&p->total, layer_estimate(p->layer));
@@ -1933,6 +1936,16 @@ static void pause_work(uv_work_t *w)
 	}
 	if (snapstore_dir_open(p->m->snap_dir, &s, &p->err) < 0)
 		return;
+	/* The archive stores sparse files and hard links expanded: one
+	 * larger than the layer's filesystem could never be unpacked into a
+	 * layer of that size, so packing it fails the pause, instead of a
+	 * snapshot no worker can restore being published (and the layer
+	 * deleted), or a few sparse files filling the shared store. */
+	if (fstatvfs(fd, &vfs) == 0 && vfs.f_blocks > 0) {
+		lim.max_total = (uint64_t)vfs.f_blocks * vfs.f_frsize;
+		lim.max_entry_size = lim.max_total;
+		o.limits = &lim;
+	}
 	o.id_base = p->uid_base;
 	o.gid_base = p->uid_base;
 	o.progress = pause_on_progress;

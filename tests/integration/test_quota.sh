@@ -130,6 +130,19 @@ cmp -s "$WORK/s4" "$WORK/s5" && ok "the same snapshot then resumes on w1, byte-e
 	notok "resume after the failed restore" "$(cat "$WORK/e"; diff "$WORK/s4" "$WORK/s5")"
 stop_w3
 
+# ---- a sparse file larger than the cap: the pause fails, nothing is published ----------------
+# (the archive stores files expanded: before, the pause published a
+# snapshot no worker with this cap could restore, then deleted the layer).
+C=$(T create --worker w1 2>"$WORK/e")
+T exec "$C" -- sh -c 'truncate -s 200M /workspace/sparse && echo small >/workspace/keep' >"$WORK/e" 2>&1
+T pause "$C" >"$WORK/e" 2>&1
+rc=$?
+if [ "$rc" != 0 ] && [ "$(T info "$C" --json | jget 'd["state"]')" = failed ] &&
+	! ls "$STATE/snapshots/$C/"*.meta >/dev/null 2>&1; then
+	ok "pause of a sandbox holding a 200 MiB sparse file (64 MiB cap) fails; no snapshot is published"
+else notok "pause past the cap through a sparse file" "rc $rc: $(cat "$WORK/e"; ls "$STATE/snapshots/$C" 2>&1)"; fi
+T rm "$C" >/dev/null 2>&1
+
 # ---- rm unmounts and frees the loop device --------------------------------------------------
 M1=$(mgr_pid w1)
 T rm "$A" >"$WORK/e" 2>&1 || notok "rm A" "$(cat "$WORK/e")"

@@ -1534,6 +1534,56 @@ static int apply_retire(struct manager *m, json_t *u, uint64_t rev, struct tt_er
 	return retire_and_stop(m, cur, rev, err);
 }
 
+/* snapshots_gc: at start, the partial snapshots (a pause cut short by a
+ * crash) and orphaned pieces older than an hour leave the shared store:
+ * nothing else ever removed them. A pause running now on another worker
+ * writes far more recently than that. */
+static void snapshots_gc(struct manager *m)
+{
+	struct snapstore *s = NULL;
+	struct tt_err err = { 0 };
+	unsigned removed = 0;
+
+	if (!m->snap_dir[0])
+		return;
+	if (snapstore_dir_open(m->snap_dir, &s, &err) < 0 ||
+	    snapstore_gc(s, 3600, &removed, &err) < 0)
+		log_warn("snapshot store gc: %s", err.msg);
+	else if (removed > 0)
+		log_info("snapshot store gc: removed %u stale piece(s)", removed);
+	snapstore_close(s);
+}
+
+/* snapshots_remove: a destroyed sandbox's snapshots leave the shared
+ * store (their files were readable there for good, and took its space);
+ * best effort: what cannot go now is logged. */
+static void snapshots_remove(struct manager *m, const char *sbx)
+{
+	struct snapstore *s = NULL;
+	struct tt_err err = { 0 };
+	uint64_t *gens = NULL;
+	size_t n = 0;
+
+	if (!m->snap_dir[0])
+		return;
+	if (snapstore_dir_open(m->snap_dir, &s, &err) < 0 ||
+	    snapstore_list(s, sbx, &gens, &n, &err) < 0) {
+		if (err.code != TT_ERR_NOT_FOUND)
+			log_warn("snapshots of %s: %s", sbx, err.msg);
+		snapstore_close(s);
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		tt_err_clear(&err);
+		if (snapstore_remove(s, sbx, gens[i], &err) < 0)
+			log_warn("removing snapshot %s/%" PRIu64 ": %s", sbx, gens[i], err.msg);
+	}
+	if (n > 0)
+		log_info("removed %zu snapshot(s) of destroyed %s", n, sbx);
+	free(gens);
+	snapstore_close(s);
+}
+
 /* apply_destroy: destroy {sandbox}: retire, stop, delete data and record. */
 static int apply_destroy(struct manager *m, json_t *u, uint64_t rev, struct tt_err *err)
 {
@@ -1543,6 +1593,7 @@ static int apply_destroy(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 
 	if (sbx == NULL || !sbx_id_valid(sbx))
 		return tt_err_set(err, TT_ERR_MALFORMED, "destroy: bad or missing sandbox");
+	snapshots_remove(m, sbx);
 	cur = records_get(m->db, sbx);
 	if (cur == NULL)
 		return records_set_applied_rev(m->db, rev, err);
@@ -2775,6 +2826,7 @@ int manager_main(int argc, char **argv)
 	if (m->clean_mntns < 0)
 		log_warn("sandboxes will copy our mount namespace: %s", err.msg);
 	recover(m);
+	snapshots_gc(m);
 	if (listen_socket(m, &err) < 0 || lifeline_start(m, &err) < 0) {
 		log_error("%s", err.msg);
 		goto out;

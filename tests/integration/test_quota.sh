@@ -143,6 +143,15 @@ if [ "$rc" != 0 ] && [ "$(T info "$C" --json | jget 'd["state"]')" = failed ] &&
 else notok "pause past the cap through a sparse file" "rc $rc: $(cat "$WORK/e"; ls "$STATE/snapshots/$C" 2>&1)"; fi
 T rm "$C" >/dev/null 2>&1
 
+# ---- rm of a paused sandbox removes its snapshots from the shared store --------------------
+D=$(T create --worker w1 2>"$WORK/e")
+T exec "$D" -- sh -c 'echo kept >/workspace/f' >/dev/null 2>&1
+T pause "$D" >"$WORK/e" 2>&1
+if ls "$STATE/snapshots/$D/"*.meta >/dev/null 2>&1 && T rm "$D" >>"$WORK/e" 2>&1 &&
+	wait_until 50 sh -c "! ls '$STATE/snapshots/$D/' 2>/dev/null | grep -q ."; then
+	ok "rm of a paused sandbox: its snapshot leaves the store"
+else notok "rm of a paused sandbox: its snapshot leaves the store" "$(cat "$WORK/e"; ls -la "$STATE/snapshots/$D" 2>&1)"; fi
+
 # ---- rm unmounts and frees the loop device --------------------------------------------------
 M1=$(mgr_pid w1)
 T rm "$A" >"$WORK/e" 2>&1 || notok "rm A" "$(cat "$WORK/e")"

@@ -122,6 +122,8 @@ struct mgr_conn {
 	struct mgr_conn *next;    /* manager.ops while admitted */
 	struct mgr_conn *wnext;   /* manager.waiting while on it */
 	bool waiting;             /* on manager.waiting: reading a REQUEST */
+	bool streamed;            /* a stream (node-api's WebSocket exec):
+	                           * open-ended, cancelled at a retirement */
 	/* Last: conn_new clears only what precedes it (always filled by a
 	 * read before being looked at). */
 	uint8_t buf[WIRE_PAYLOAD_MAX + WIRE_HDR_LEN];
@@ -443,6 +445,8 @@ static void bridge_forward(struct mgr_conn *c)
 	/* Meant for us: the bridge and guest get the operation only. */
 	json_object_del(c->req, "token");
 	json_object_del(c->req, "allow_with_answer");
+	c->streamed = json_is_true(json_object_get(c->req, "stream"));
+	json_object_del(c->req, "stream");
 	if (relay_write_json((uv_stream_t *)c->bridge, WIRE_REQUEST, c->req, &err) < 0) {
 		conn_fail(c, "transport", err.msg);
 		return;
@@ -692,11 +696,12 @@ static void cancel_leases(struct manager *m, const char *sbx)
 	}
 }
 
-/* cancel_input_streams: at a pause's retirement, the operations that take
- * an open-ended input stream (exec with "stdin": an interactive stream)
- * lose their lease at once (SPEC §6/§7); bounded one-shot operations may
- * still finish during the drain, so their acknowledged writes are in the
- * snapshot. */
+/* cancel_input_streams: at a pause's retirement, the streams (exec with
+ * "stdin", and every exec streamed over node-api's WebSocket: its output
+ * is open-ended too) lose their lease at once (SPEC §6/§7): input and
+ * output stop, the client is told refresh_route; bounded one-shot
+ * operations may still finish during the drain, so their acknowledged
+ * writes are in the snapshot. */
 static void cancel_input_streams(struct manager *m, const char *sbx)
 {
 	struct mgr_conn *c = m->ops, *next;
@@ -704,7 +709,7 @@ static void cancel_input_streams(struct manager *m, const char *sbx)
 	for (; c; c = next) {
 		next = c->next;
 		if (strcmp(c->sbx, sbx) != 0 || c->relay == NULL ||
-		    !json_is_true(json_object_get(c->req, "stdin")))
+		    (!json_is_true(json_object_get(c->req, "stdin")) && !c->streamed))
 			continue;
 		metrics_inc("tether_streams_cancelled_total", "reason=\"epoch\"");
 		relay_abort(c->relay, "refresh_route", "execution retired for a pause");

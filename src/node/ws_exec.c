@@ -314,8 +314,10 @@ static void wsx_start(struct wsexec *x)
 		return;
 	}
 	x->want_stdin = json_is_true(in);
-	req = json_pack("{s:s,s:s,s:s,s:O,s:b}", "token", x->token, "sbx", x->sbx,
-	                "op", "exec", "cmd", cmd, "stdin", x->want_stdin);
+	/* "stream": the manager cancels it at a retirement like any stream
+	 * (it strips the field before the bridge) */
+	req = json_pack("{s:s,s:s,s:s,s:O,s:b,s:b}", "token", x->token, "sbx", x->sbx,
+	                "op", "exec", "cmd", cmd, "stdin", x->want_stdin, "stream", 1);
 	sodium_memzero(x->token, sizeof(x->token));
 	if (req != NULL && env != NULL)
 		json_object_set(req, "env", env);

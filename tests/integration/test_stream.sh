@@ -168,6 +168,21 @@ expect "a pause cancels an open stdin stream (refresh_route) before its drain de
 	"pause=$prc exec=$xrc ms=$(( (t1 - t0) / 1000000 )) err=$(cat "$WORK/pe")"
 "$T" rm "$PS" >/dev/null 2>&1
 
+# ... and a streamed exec without stdin too: its output stops at the
+# retirement (before, it ran on for the 5 s drain, then ended "transport").
+PS=$("$T" create --worker w1 2>/dev/null)
+"$T" exec "$PS" -- sh -c 'while :; do echo tick; sleep 0.2; done' >"$WORK/to" 2>"$WORK/te" &
+XP=$!
+wait_until 100 grep -q tick "$WORK/to"
+t0=$(date +%s%N)
+"$T" pause "$PS" >/dev/null 2>&1; prc=$?
+wait "$XP"; xrc=$?
+t1=$(date +%s%N)
+expect "a pause cancels an output-only exec stream at once (refresh_route), not after the drain" \
+	'[ "$prc" = 0 ] && [ "$xrc" != 0 ] && grep -q "refresh_route" "$WORK/te" && [ $(( (t1 - t0) / 1000000 )) -lt 4000 ]' \
+	"pause=$prc exec=$xrc ms=$(( (t1 - t0) / 1000000 )) err=$(cat "$WORK/te")"
+"$T" rm "$PS" >/dev/null 2>&1
+
 # ---- a backend that drops mid-stream: transport error, never repeated --------
 # (last: killing a node-api takes `tether up` down with it)
 "$T" exec "$ID" -- sh -c "echo started; sleep 30" >"$WORK/o" 2>"$WORK/e" &

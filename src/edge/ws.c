@@ -46,6 +46,10 @@
 #include "wsutil.h"
 
 #define EWS_MSG_MAX ((1u << 20) + 16) /* one relayed message */
+/* The start message comes before the caller is authenticated: it is
+ * bounded as node-api bounds it (docs/API.md) and must arrive in time. */
+#define EWS_START_MAX (60u << 10)
+#define EWS_START_SECS 10
 #define EWS_Q_HIGH (1u << 20)
 #define EWS_Q_LOW (256u << 10)
 #define EWS_CAP_ANSWER_MAX (64u << 10)
@@ -114,13 +118,14 @@ static uint64_t ews_now_us(void)
 
 /* asm_add: appends a fragment; 1 when the message is complete, 0 when more
  * follows, -1 over the bound or out of memory. */
-static int asm_add(struct ews_asm *a, struct lws *wsi, const void *in, size_t len)
+static int asm_add(struct ews_asm *a, struct lws *wsi, const void *in, size_t len,
+                   size_t max)
 {
 	uint8_t *nb;
 
 	if (a->len == 0)
 		a->binary = lws_frame_is_binary(wsi) != 0;
-	if (a->len + len > EWS_MSG_MAX)
+	if (a->len + len > max)
 		return -1;
 	if (len > 0) {
 		nb = realloc(a->buf, a->len + len);
@@ -595,9 +600,10 @@ static int ews_client_rx(struct lws *wsi, struct edgews *x, const void *in, size
 
 	if (x->st == EWS_CLOSING)
 		return 0;
-	rc = asm_add(&x->cin, wsi, in, len);
+	rc = asm_add(&x->cin, wsi, in, len, x->st == EWS_START ? EWS_START_MAX : EWS_MSG_MAX);
 	if (rc < 0) {
-		ews_error(x, 1009, "too_large", "message over %u bytes", EWS_MSG_MAX);
+		ews_error(x, 1009, "too_large", "message over %u bytes",
+		          x->st == EWS_START ? EWS_START_MAX : EWS_MSG_MAX);
 		return 0;
 	}
 	if (rc == 0)
@@ -611,6 +617,7 @@ static int ews_client_rx(struct lws *wsi, struct edgews *x, const void *in, size
 		x->start = (char *)tt_steal_ptr(&x->cin.buf);
 		x->start_len = x->cin.len;
 		x->cin.len = 0;
+		lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0); /* the start came */
 		/* input waits for the decision: nothing is forwarded before it */
 		x->cpaused = true;
 		lws_rx_flow_control(wsi, 0);
@@ -702,7 +709,11 @@ int edgews_callback(struct lws *wsi, enum lws_callback_reasons reason,
 	case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION:
 		return ews_filter(wsi, pss);
 	case LWS_CALLBACK_ESTABLISHED:
-		return pss != NULL && pss->x != NULL ? 0 : -1;
+		if (pss == NULL || pss->x == NULL)
+			return -1;
+		/* no start message in time: closed (the key is not checked yet) */
+		lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, EWS_START_SECS);
+		return 0;
 	case LWS_CALLBACK_RECEIVE:
 		if (pss == NULL || pss->x == NULL)
 			return -1;
@@ -749,7 +760,7 @@ int edgews_callback(struct lws *wsi, enum lws_callback_reasons reason,
 		x = lws_get_opaque_user_data(wsi);
 		if (x == NULL)
 			return -1;
-		rc = asm_add(&x->bin, wsi, in, len);
+		rc = asm_add(&x->bin, wsi, in, len, EWS_MSG_MAX);
 		if (rc < 0) {
 			ews_error(x, 1011, "transport", "the node sent an oversized message");
 			return -1;

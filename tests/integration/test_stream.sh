@@ -150,6 +150,63 @@ out=$("$T" exec sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa -- true 2>&1)
 rc=$?
 expect "an unknown sandbox: exit 1, not found" '[ "$rc" = 1 ] && echo "$out" | grep -qi "not.found\|unknown\|no such"' "rc=$rc $out"
 
+# ---- the start message comes before authentication: bounded, and timed -------
+# (before, anyone could hold 1 MiB per connection at the edge, for good).
+python3 - "$BASE" "$ID" >"$WORK/wsstart" 2>&1 <<'PY'
+import base64, os, socket, struct, sys, time
+port, sbx = int(sys.argv[1]) + 1, sys.argv[2]
+def conn():
+    s = socket.create_connection(("127.0.0.1", port), timeout=20)
+    key = base64.b64encode(os.urandom(16)).decode()
+    s.sendall((f"GET /v1/sandboxes/{sbx}/exec/ws HTTP/1.1\r\nHost: x\r\n"
+               "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+               f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+               "Sec-WebSocket-Protocol: tether.exec.v1\r\n"
+               "Authorization: Bearer not-a-key\r\n\r\n").encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)
+    assert b" 101 " in head.split(b"\r\n")[0], head
+    return s
+def frame(payload, fin=True):
+    mask = os.urandom(4)
+    n = len(payload)
+    hdr = bytes([0x81 if fin else 0x01])
+    hdr += bytes([0x80 | n]) if n < 126 else (bytes([0x80 | 126]) + struct.pack(">H", n) if n < 65536 else bytes([0x80 | 127]) + struct.pack(">Q", n))
+    return hdr + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+def closed_with(s):
+    data = b""
+    try:
+        while True:
+            d = s.recv(65536)
+            if not d:
+                break
+            data += d
+    except OSError:
+        pass
+    while len(data) >= 2:  # server frames are unmasked
+        op, n, off = data[0] & 0x0f, data[1] & 0x7f, 2
+        if n == 126:
+            n, off = struct.unpack(">H", data[2:4])[0], 4
+        elif n == 127:
+            n, off = struct.unpack(">Q", data[2:10])[0], 10
+        if op == 8:
+            return struct.unpack(">H", data[off:off + 2])[0] if n >= 2 else None
+        data = data[off + n:]
+    return None
+s = conn()
+s.sendall(frame(b"{" + b" " * 70000 + b"}", fin=False))
+print("oversized", closed_with(s))
+s = conn()
+t0 = time.time()
+code = closed_with(s)
+print("silent", round(time.time() - t0))
+PY
+expect "edge: a start message over 60 KiB, before authentication, is refused (1009)" \
+	'grep -q "^oversized 1009$" "$WORK/wsstart"' "$(cat "$WORK/wsstart")"
+expect "edge: a connection that sends no start message is closed after ~10 s" \
+	'secs=$(sed -n "s/^silent //p" "$WORK/wsstart"); [ -n "$secs" ] && [ "$secs" -ge 8 ] && [ "$secs" -le 14 ]' "$(cat "$WORK/wsstart")"
+
 # ---- a pause cancels an open input stream at once (SPEC §6/§7) ----------------
 PS=$("$T" create --worker w1 2>/dev/null)
 mkfifo "$WORK/in.fifo"

@@ -620,9 +620,17 @@ int tether_file_put(struct tether *t, const char *id, const char *path,
 		return -1;
 	if (tether_request(t, &c, &s, err) < 0)
 		goto out;
+	/* A 2xx that does not confirm every byte is not a success: the file
+	 * in the sandbox may be short or missing. */
 	j = json_loadb(s.buf ? s.buf : "", s.len, JSON_REJECT_DUPLICATES, NULL);
+	if (!json_is_integer(json_object_get(j, "bytes")) ||
+	    (uint64_t)json_integer_value(json_object_get(j, "bytes")) != size) {
+		tt_err_set(err, TT_ERR_MALFORMED, "the upload's answer does not confirm %llu bytes",
+		           (unsigned long long)size);
+		goto out;
+	}
 	if (written)
-		*written = j ? (uint64_t)json_integer_value(json_object_get(j, "bytes")) : 0;
+		*written = size;
 	rc = 0;
 out:
 	json_decref(j);

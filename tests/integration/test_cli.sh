@@ -252,4 +252,29 @@ else notok "SIGTERM stops the whole cluster within 5 s (exit 0, no strays, none 
 	"stopped=$stopped rc=$rc left=$left $(cat "$WORK/up.err")"; fi
 UP_PID=
 
+# ---- an upload whose answer does not confirm every byte is a failure ------------
+# (a fake edge: 200 {"ok":true,"bytes":1} for an 11-byte file; before, exit 0)
+FAKE_PORT=$(free_port)
+python3 - "$FAKE_PORT" <<'PY' &
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_PUT(self):
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        body = b'{"ok":true,"bytes":1}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+PY
+FAKE_PID=$!
+wait_until 50 python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $FAKE_PORT)).close()" 2>/dev/null
+printf 'hello world' >"$WORK/eleven"
+out=$(TETHER_URL=http://127.0.0.1:$FAKE_PORT TETHER_API_KEY=k timeout 20 "$ROOT/build/tether" cp "$WORK/eleven" sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa:/tmp/x 2>&1); rc=$?
+kill "$FAKE_PID" 2>/dev/null; wait "$FAKE_PID" 2>/dev/null
+expect "cp: an upload answered without all its bytes confirmed fails (exit != 0)" \
+	'[ "$rc" != 0 ] && echo "$out" | grep -q "does not confirm 11 bytes"' "rc=$rc $out"
 tap_done

@@ -763,8 +763,13 @@ static void xs_text(struct xs *x)
 	} else if (strcmp(type, "exit") == 0) {
 		json_t *c = json_object_get(j, "exit_code");
 
-		if (!json_is_integer(c)) {
-			xs_fail(x, TT_ERR_MALFORMED, "exit message without exit_code");
+		/* an exit status is a byte, and comes only after an Allow: a
+		 * server that says otherwise is not believed */
+		if (!json_is_integer(c) || json_integer_value(c) < 0 ||
+		    json_integer_value(c) > 255) {
+			xs_fail(x, TT_ERR_MALFORMED, "exit message without a valid exit_code");
+		} else if (!x->allowed) {
+			xs_fail(x, TT_ERR_MALFORMED, "the edge sent an exit before the decision");
 		} else {
 			x->exit_code = (int)json_integer_value(c);
 			x->generation = (uint64_t)json_integer_value(json_object_get(j, "generation"));
@@ -800,6 +805,10 @@ static int xs_receive(struct lws *wsi, struct xs *x, const unsigned char *in,
 			x->in_binary = 0;
 		if (x->bin_tag != 1 && x->bin_tag != 2) {
 			xs_fail(x, TT_ERR_MALFORMED, "the edge sent an unknown output stream");
+			return -1;
+		}
+		if (!x->allowed) {
+			xs_fail(x, TT_ERR_MALFORMED, "the edge sent output before the decision");
 			return -1;
 		}
 		if (len > 0 && x->s->on_output(x->s->arg, x->bin_tag, in, len) < 0) {

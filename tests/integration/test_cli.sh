@@ -277,4 +277,58 @@ out=$(TETHER_URL=http://127.0.0.1:$FAKE_PORT TETHER_API_KEY=k timeout 20 "$ROOT/
 kill "$FAKE_PID" 2>/dev/null; wait "$FAKE_PID" 2>/dev/null
 expect "cp: an upload answered without all its bytes confirmed fails (exit != 0)" \
 	'[ "$rc" != 0 ] && echo "$out" | grep -q "does not confirm 11 bytes"' "rc=$rc $out"
+# ---- the exec stream believes only an honest sequence ---------------------------
+# A fake edge that says "exit 0" before any decision, or an exit status
+# outside 0..255: the CLI fails instead of reporting success; one that
+# sends the decision first is believed (exit 7).
+ws_fake() {
+	python3 - "$1" "$2" <<'PY' &
+import base64, hashlib, socket, struct, sys
+port, mode = int(sys.argv[1]), sys.argv[2]
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", port)); srv.listen(4)
+def text(c, s):
+    b = s.encode()
+    c.sendall(bytes([0x81, len(b)]) + b)
+while True:
+    c, _ = srv.accept()
+    req = b""
+    while b"\r\n\r\n" not in req:
+        d = c.recv(4096)
+        if not d:
+            break
+        req += d
+    key = [l.split(b":", 1)[1].strip() for l in req.split(b"\r\n") if l.lower().startswith(b"sec-websocket-key:")]
+    if not key:
+        c.close(); continue
+    acc = base64.b64encode(hashlib.sha1(key[0] + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              b"Sec-WebSocket-Protocol: tether.exec.v1\r\nSec-WebSocket-Accept: " + acc + b"\r\n\r\n")
+    c.recv(65536)  # the start message
+    if mode == "early":
+        text(c, '{"type":"exit","exit_code":0}')
+    elif mode == "range":
+        text(c, '{"type":"decision","decision":"allow"}')
+        text(c, '{"type":"exit","exit_code":4294967296}')
+    else:
+        text(c, '{"type":"decision","decision":"allow"}')
+        text(c, '{"type":"exit","exit_code":7,"generation":1}')
+    c.sendall(bytes([0x88, 2]) + struct.pack(">H", 1000))
+    c.close()
+PY
+}
+for mode in early range honest; do
+	FAKE_PORT=$(free_port)
+	ws_fake "$FAKE_PORT" "$mode"; FAKE_PID=$!
+	wait_until 50 python3 -c "import socket; socket.create_connection(('127.0.0.1', $FAKE_PORT)).close()"
+	out=$(TETHER_URL=http://127.0.0.1:$FAKE_PORT TETHER_API_KEY=k timeout 20 "$ROOT/build/tether" exec sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa -- true 2>&1); rc=$?
+	kill "$FAKE_PID" 2>/dev/null; wait "$FAKE_PID" 2>/dev/null
+	eval "rc_$mode=\$rc; out_$mode=\$out"
+done
+expect "exec stream: an exit before the decision is refused, not reported as success" \
+	'[ "$rc_early" != 0 ] && echo "$out_early" | grep -q "before the decision"' "rc=$rc_early $out_early"
+expect "exec stream: an exit status outside 0..255 is refused" \
+	'[ "$rc_range" != 0 ] && echo "$out_range" | grep -q "valid exit_code"' "rc=$rc_range $out_range"
+expect "exec stream: the honest sequence from the same fake is believed (exit 7)" \
+	'[ "$rc_honest" = 7 ]' "rc=$rc_honest $out_honest"
 tap_done

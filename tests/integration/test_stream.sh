@@ -208,6 +208,18 @@ expect "edge: a connection that sends no start message is closed after ~10 s" \
 	'secs=$(sed -n "s/^silent //p" "$WORK/wsstart"); [ -n "$secs" ] && [ "$secs" -ge 8 ] && [ "$secs" -le 14 ]' "$(cat "$WORK/wsstart")"
 
 # ---- a pause cancels an open input stream at once (SPEC §6/§7) ----------------
+# pause_cancels NAME ERRFILE: pauses $PS while the stream $XP runs; ok when
+# the pause succeeds and the stream ends at once (well within the 5 s
+# drain) with refresh_route in ERRFILE.
+pause_cancels() {
+	local t0 t1 prc xrc errf=$2
+	t0=$(date +%s%N)
+	"$T" pause "$PS" >/dev/null 2>&1; prc=$?
+	wait "$XP"; xrc=$?
+	t1=$(date +%s%N)
+	expect "$1" '[ "$prc" = 0 ] && [ "$xrc" != 0 ] && grep -q "refresh_route" "$errf" && [ $(( (t1 - t0) / 1000000 )) -lt 4000 ]' \
+		"pause=$prc exec=$xrc ms=$(( (t1 - t0) / 1000000 )) err=$(cat "$errf")"
+}
 PS=$("$T" create --worker w1 2>/dev/null)
 mkfifo "$WORK/in.fifo"
 sleep 60 >"$WORK/in.fifo" &
@@ -215,14 +227,8 @@ HOLD=$!
 "$T" exec --stdin "$PS" -- sh -c 'echo open; cat' <"$WORK/in.fifo" >"$WORK/po" 2>"$WORK/pe" &
 XP=$!
 wait_until 100 grep -q open "$WORK/po"
-t0=$(date +%s%N)
-"$T" pause "$PS" >/dev/null 2>&1; prc=$?
-wait "$XP"; xrc=$?
-t1=$(date +%s%N)
+pause_cancels "a pause cancels an open stdin stream (refresh_route) before its drain deadline" "$WORK/pe"
 kill "$HOLD" 2>/dev/null; wait "$HOLD" 2>/dev/null
-expect "a pause cancels an open stdin stream (refresh_route) before its drain deadline" \
-	'[ "$prc" = 0 ] && [ "$xrc" != 0 ] && grep -q "refresh_route" "$WORK/pe" && [ $(( (t1 - t0) / 1000000 )) -lt 4000 ]' \
-	"pause=$prc exec=$xrc ms=$(( (t1 - t0) / 1000000 )) err=$(cat "$WORK/pe")"
 "$T" rm "$PS" >/dev/null 2>&1
 
 # ... and a streamed exec without stdin too: its output stops at the
@@ -231,13 +237,7 @@ PS=$("$T" create --worker w1 2>/dev/null)
 "$T" exec "$PS" -- sh -c 'while :; do echo tick; sleep 0.2; done' >"$WORK/to" 2>"$WORK/te" &
 XP=$!
 wait_until 100 grep -q tick "$WORK/to"
-t0=$(date +%s%N)
-"$T" pause "$PS" >/dev/null 2>&1; prc=$?
-wait "$XP"; xrc=$?
-t1=$(date +%s%N)
-expect "a pause cancels an output-only exec stream at once (refresh_route), not after the drain" \
-	'[ "$prc" = 0 ] && [ "$xrc" != 0 ] && grep -q "refresh_route" "$WORK/te" && [ $(( (t1 - t0) / 1000000 )) -lt 4000 ]' \
-	"pause=$prc exec=$xrc ms=$(( (t1 - t0) / 1000000 )) err=$(cat "$WORK/te")"
+pause_cancels "a pause cancels an output-only exec stream at once (refresh_route), not after the drain" "$WORK/te"
 "$T" rm "$PS" >/dev/null 2>&1
 
 # ---- a backend that drops mid-stream: transport error, never repeated --------

@@ -274,6 +274,26 @@ int http_reply_error(struct lws *wsi, unsigned status, const char *code,
 	return http_reply(wsi, status, "application/json", s, strlen(s));
 }
 
+/* http_expects_continue: RFC 9110 10.1.1; the token is case-insensitive. */
+bool http_expects_continue(struct lws *wsi)
+{
+	char v[32];
+
+	return http_header(wsi, WSI_TOKEN_HTTP_EXPECT, v, sizeof(v)) > 0 &&
+	       strcasecmp(v, "100-continue") == 0;
+}
+
+/* http_continue: lws builds the status line; nothing else goes with it. */
+int http_continue(struct lws *wsi)
+{
+	unsigned char buf[LWS_PRE + 64], *p = buf + LWS_PRE, *end = buf + sizeof(buf);
+
+	if (lws_add_http_header_status(wsi, 100 | LWSAHH_FLAG_NO_SERVER_NAME, &p, end) ||
+	    lws_finalize_write_http_header(wsi, buf + LWS_PRE, &p, end))
+		return -1;
+	return 0;
+}
+
 /* http_header: bounded copy of one request header. */
 int http_header(struct lws *wsi, enum lws_token_indexes tok, char *buf,
                 size_t cap)
@@ -366,6 +386,33 @@ void http_body_free(struct http_body *b)
 	free(b->buf);
 	b->buf = NULL;
 	b->len = 0;
+}
+
+/* http_wait_seconds: a decimal number of seconds, bounded. */
+int http_wait_seconds(struct lws *wsi)
+{
+	static const char name[] = HTTP_WAIT_HEADER ":";
+	char v[16];
+	int len = lws_hdr_custom_length(wsi, name, (int)sizeof(name) - 1);
+	const char *c;
+	long n = 0;
+
+	if (len <= 0)
+		return len == 0 ? -1 : HTTP_WAIT_DEFAULT_S;
+	if ((size_t)len >= sizeof(v) ||
+	    lws_hdr_custom_copy(wsi, v, (int)sizeof(v), name, (int)sizeof(name) - 1) < 0)
+		return -1;
+	c = v + strspn(v, " \t");
+	if (*c == '\0')
+		return -1;
+	for (; *c && *c != ' ' && *c != '\t'; c++) {
+		if (*c < '0' || *c > '9' || n > HTTP_WAIT_MAX_S)
+			return -1;
+		n = n * 10 + (*c - '0');
+	}
+	if (c[strspn(c, " \t")] != '\0')
+		return -1;
+	return n <= HTTP_WAIT_MAX_S ? (int)n : -1;
 }
 
 /* http_body_unsized: Transfer-Encoding present, Content-Length absent. */

@@ -19,6 +19,13 @@
 
 #define HTTP_BODY_MAX_DEFAULT (1u << 20) /* JSON request bodies */
 
+/* How long a request may wait for a sandbox's transition (pause, resume,
+ * migrate, re-activation) to end before it is answered as things are:
+ * the caller's "X-Tether-Wait: S" header (seconds), this by default. */
+#define HTTP_WAIT_HEADER "x-tether-wait"
+#define HTTP_WAIT_DEFAULT_S 30
+#define HTTP_WAIT_MAX_S 300
+
 /* http_server_new: an lws context on loop, listening on iface:port (iface
  * NULL = all; "127.0.0.1" for local), serving protocols[0] for HTTP (and
  * others for WebSocket). user is the context user pointer. */
@@ -64,10 +71,20 @@ int http_reply_json(struct lws *wsi, unsigned status, json_t *obj);
 int http_reply_error(struct lws *wsi, unsigned status, const char *code,
                      const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
+/* http_expects_continue: the request asked "Expect: 100-continue". */
+bool http_expects_continue(struct lws *wsi);
+/* http_continue: the interim "100 Continue" (lws 4.1 never sends one):
+ * the client may now send the body. Its final answer follows as usual.
+ * 0, or -1 when it could not be written (close the connection). */
+int http_continue(struct lws *wsi);
+
 /* http_header: copies header tok into buf (NUL-terminated); returns its
  * length, or -1 when absent or longer than cap - 1. */
 int http_header(struct lws *wsi, enum lws_token_indexes tok, char *buf,
                 size_t cap);
+/* http_wait_seconds: the request's X-Tether-Wait in seconds (0..
+ * HTTP_WAIT_MAX_S), HTTP_WAIT_DEFAULT_S when absent; -1 when malformed. */
+int http_wait_seconds(struct lws *wsi);
 /* http_body_unsized: a request body sent without Content-Length (chunked):
  * the daemons take bodies only with their length announced, and answer
  * 411 rather than read the request as bodiless. */

@@ -101,6 +101,59 @@ int cp_worker_up(struct cp *cp, const struct cp_worker *w, int64_t now)
 	       feed_polling(cp, w->id);
 }
 
+/* cp_transitional: see cp.h. */
+int cp_transitional(const struct cp_sandbox *sb)
+{
+	return strcmp(sb->state, "starting") == 0 ||
+	       strcmp(sb->state, "pausing") == 0 ||
+	       strcmp(sb->state, "resuming") == 0 ||
+	       (strcmp(sb->state, "paused") == 0 && sb->migrate_to[0] != '\0');
+}
+
+/* cp_settle_waits: a transition in flight, or (for a capability refused
+ * as stale) the same execution still recorded as running: the worker
+ * retired or lost it and the cp has not heard yet. */
+int cp_settle_waits(const struct cp_sandbox *sb, const struct cp_settle *w)
+{
+	if (cp_transitional(sb))
+		return 1;
+	return w->stale_gen != 0 && strcmp(sb->state, "running") == 0 &&
+	       sb->generation == w->stale_gen && sb->activation == w->stale_att;
+}
+
+/* cp_wait_transition: parks the request while cp_settle_waits (SPEC §7: a
+ * transition is invisible to callers), within the caller's X-Tether-Wait
+ * (default 30 s); 1 = parked or answered (*rc), 0 = answer now. */
+static int cp_wait_transition(struct cp *cp, struct cp_sess *s,
+                              struct lws *wsi, const struct cp_sandbox *sb,
+                              const struct cp_settle *w, json_t *body, int *rc)
+{
+	int secs;
+
+	if (s->settle_over || !cp_settle_waits(sb, w))
+		return 0;
+	if (s->settle_deadline == 0) {
+		secs = http_wait_seconds(wsi);
+		if (secs < 0) {
+			*rc = http_reply_error(wsi, 400, "bad_request", "X-Tether-Wait "
+			                       "must be 0..%d seconds", HTTP_WAIT_MAX_S);
+			return 1;
+		}
+		if (secs == 0)
+			return 0;
+		s->settle_deadline = uv_now(cp->loop) + (uint64_t)secs * 1000u;
+	}
+	*rc = feed_wait_settle(cp, s, wsi, sb->id, w, body);
+	return 1;
+}
+
+/* cp_waited: " after waiting N s" for messages of a request whose wait ran
+ * out, else "". */
+static const char *cp_waited(const struct cp_sess *s)
+{
+	return s->settle_over ? " (the transition did not end in time)" : "";
+}
+
 /* ---- authentication -------------------------------------------------- */
 
 /* cp_auth_value: the credential after "Authorization: <scheme> ". */
@@ -275,7 +328,11 @@ static int cp_delete(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 {
 	struct tt_err err = { 0 };
 	int64_t rev;
+	int rc;
 
+	/* a destroy sent mid-migrate would reach the old worker only */
+	if (cp_wait_transition(cp, s, wsi, sb, &(struct cp_settle){ 0 }, NULL, &rc))
+		return rc;
 	if (cpdb_sandbox_destroy(cp->db, sb, tt_now(), &rev, &err) < 0)
 		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
 	log_info("sandbox %s: destroy on %s (rev %lld) for %s", sb->id,
@@ -358,16 +415,34 @@ static int cp_capability(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	_cleanup_free_ char *token = NULL;
 	struct cp_worker w;
 	uint64_t t0 = cp_now_us();
-	json_t *claims;
+	struct cp_settle sw = { 0 };
+	json_t *claims, *st;
 	int rc;
 
 	if (body == NULL)
 		return http_reply_error(wsi, 400, "bad_request",
 		                        "JSON body with purpose expected");
+	/* "stale": the execution a receiver just refused (RefreshRoute): a
+	 * fresh capability must name another one */
+	st = json_object_get(body, "stale");
+	if (st != NULL) {
+		json_t *g = json_object_get(st, "generation");
+		json_t *a = json_object_get(st, "activation");
+
+		if (!json_is_object(st) || !json_is_integer(g) ||
+		    json_integer_value(g) < 1 || !json_is_integer(a) ||
+		    json_integer_value(a) < 1 || json_integer_value(a) > UINT32_MAX)
+			return http_reply_error(wsi, 400, "bad_request", "stale needs "
+			                        "generation >= 1 and activation >= 1");
+		sw.stale_gen = (uint64_t)json_integer_value(g);
+		sw.stale_att = (uint32_t)json_integer_value(a);
+	}
+	if (cp_wait_transition(cp, s, wsi, sb, &sw, body, &rc))
+		return rc;
 	if (strcmp(sb->state, "running") != 0)
 		return http_reply_error(wsi, 409, "conflict",
-		                        "sandbox %s is %s, not running", sb->id,
-		                        sb->state);
+		                        "sandbox %s is %s, not running%s", sb->id,
+		                        sb->state, cp_waited(s));
 	claims = cp_cap_claims(wsi, s, sb, body, &rc);
 	if (claims == NULL)
 		return rc;
@@ -781,9 +856,13 @@ static int cp_pause(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	struct cp_refusal why = { 0 };
 	struct cp_sandbox now;
 	int64_t wait, rev;
+	int rc;
 
 	if (cp_query_int(wsi, "wait", 0, 1, 1, &wait) < 0)
 		return http_reply_error(wsi, 400, "bad_request", "wait must be 0 or 1");
+	/* a lifecycle call queues behind a transition in progress */
+	if (cp_wait_transition(cp, s, wsi, sb, &(struct cp_settle){ 0 }, NULL, &rc))
+		return rc;
 	if (cp_pause_begin(cp, sb, NULL, &rev, &why) < 0)
 		return cp_reply_refusal(wsi, &why);
 	if (wait == 0) {
@@ -817,12 +896,15 @@ static int cp_resume(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	json_t *jf = body ? json_object_get(body, "force") : NULL;
 	const char *worker;
 	struct cp_resumed r;
+	int rc;
 
 	if (cp_body_worker(body, &worker) < 0 ||
 	    (jf != NULL && !json_is_boolean(jf)))
 		return http_reply_error(wsi, 400, "bad_request", "resume takes "
 		                        "\"worker\" (a worker id) and \"force\" "
 		                        "(boolean), both optional");
+	if (cp_wait_transition(cp, s, wsi, sb, &(struct cp_settle){ 0 }, body, &rc))
+		return rc;
 	if (cp_resume_begin(cp, sb, worker, jf != NULL && json_is_true(jf), &r,
 	                    &why) < 0)
 		return cp_reply_refusal(wsi, &why);
@@ -841,10 +923,13 @@ static int cp_migrate(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	struct cp_refusal why = { 0 };
 	const char *worker;
 	int64_t rev;
+	int rc;
 
 	if (cp_body_worker(body, &worker) < 0 || worker == NULL)
 		return http_reply_error(wsi, 400, "bad_request",
 		                        "migrate needs \"worker\": a worker id");
+	if (cp_wait_transition(cp, s, wsi, sb, &(struct cp_settle){ 0 }, body, &rc))
+		return rc;
 	if (cp_worker_check(cp, worker, tt_now(), &why) < 0)
 		return cp_reply_refusal(wsi, &why);
 	if (strcmp(worker, sb->worker) == 0)
@@ -1171,9 +1256,9 @@ static int cp_ack(struct cp *cp, struct lws *wsi, json_t *body)
 	return http_reply_json(wsi, 200, json_pack("{s:b}", "ok", 1));
 }
 
-/* cp_route: dispatches a complete request (body may be NULL). */
-static int cp_route(struct cp *cp, struct cp_sess *s, struct lws *wsi,
-                    json_t *body)
+/* cp_dispatch: routes a complete request (body may be NULL). */
+int cp_dispatch(struct cp *cp, struct cp_sess *s, struct lws *wsi,
+                json_t *body)
 {
 	const char *p = s->path, *m = s->method;
 	char id[TT_SBX_ID_LEN + 2];
@@ -1296,7 +1381,7 @@ static int cp_complete(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 			return http_reply_error(wsi, 400, "bad_request", "%s", err.msg);
 		}
 	}
-	rc = cp_route(cp, s, wsi, body);
+	rc = cp_dispatch(cp, s, wsi, body);
 	json_decref(body);
 	metrics_inc("tether_cp_requests_total", NULL);
 	metrics_observe_us("tether_cp_request_seconds", NULL, cp_now_us() - t0);
@@ -1320,6 +1405,8 @@ static int cp_http_cb(struct lws *wsi, enum lws_callback_reasons reason,
 		s->too_large = 0;
 		s->routed = 0;
 		s->caller[0] = '\0';
+		s->settle_deadline = 0;
+		s->settle_over = 0;
 		snprintf(s->path, sizeof(s->path), "%s", (const char *)in);
 		snprintf(s->method, sizeof(s->method), "%s", cp_method(wsi));
 		if (http_body_unsized(wsi))

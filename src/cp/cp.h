@@ -22,6 +22,7 @@
 #define CP_SWEEP_MS 1000      /* lifecycle timeout / worker-down check */
 #define CP_FEED_WAIT_MAX 30   /* long-poll bound */
 #define CP_FEED_BATCH 256     /* updates per feed answer */
+#define CP_SETTLE_POLL_MS 200 /* a transition waiter re-checks this often */
 
 /* Client side of the signer process (src/cp/signer.c). Requests are
  * synchronous on the socketpair: a signature costs tens of microseconds,
@@ -72,10 +73,33 @@ struct cp_sess {
 	int too_large;
 	int routed;                  /* answered or parked: ignore late events */
 	struct cp_park *park;        /* owned by cp->parked while set */
+	/* A request that met its sandbox in a transition waits for it to end
+	 * (feed_wait_settle) until this uv_now() time, then runs again; 0
+	 * until it first waits. settle_over: the wait ran out, answer as
+	 * things are. */
+	uint64_t settle_deadline;
+	int settle_over;
 };
 
 /* cp_sandbox_json: the API's sandbox object (node_url from the worker). */
 json_t *cp_sandbox_json(struct cp *cp, const struct cp_sandbox *s);
+
+/* cp_dispatch: runs a complete request (body borrowed, may be NULL); also
+ * the re-run of a request that waited for a transition (feed.c). */
+int cp_dispatch(struct cp *cp, struct cp_sess *s, struct lws *wsi,
+                json_t *body);
+/* cp_transitional: sb is between two states a caller can use: a create,
+ * pause or resume in flight, or a migrate between its pause and resume. */
+int cp_transitional(const struct cp_sandbox *sb);
+/* What a request that waits for a transition waits for: the sandbox to
+ * leave every transitional state and, when stale_gen is set (a capability
+ * refused as stale), to run another execution than (stale_gen, stale_att). */
+struct cp_settle {
+	uint64_t stale_gen;
+	uint32_t stale_att;
+};
+/* cp_settle_waits: whether a request waiting as w on sb must go on. */
+int cp_settle_waits(const struct cp_sandbox *sb, const struct cp_settle *w);
 
 /* cp_worker_up: polled within cp->worker_timeout, or parked in a poll. */
 int cp_worker_up(struct cp *cp, const struct cp_worker *w, int64_t now);
@@ -130,6 +154,11 @@ int feed_poll(struct cp *cp, struct cp_sess *s, struct lws *wsi,
               const char *worker, int64_t after, int wait_secs);
 int feed_wait_ack(struct cp *cp, struct cp_sess *s, struct lws *wsi,
                   const struct cp_waitspec *w);
+/* feed_wait_settle: parks a request that met sbx in a transition (w: what
+ * it waits for) until cp_settle_waits says no more or s->settle_deadline
+ * passes; then cp_dispatch runs it again (body kept, borrowed here). */
+int feed_wait_settle(struct cp *cp, struct cp_sess *s, struct lws *wsi,
+                     const char *sbx, const struct cp_settle *w, json_t *body);
 /* feed_polling: 1 when worker has a long-poll parked right now. */
 int feed_polling(struct cp *cp, const char *worker);
 /* feed_settled: answers the lifecycle waiters of sbx whose operation is no

@@ -1,6 +1,7 @@
 /* Parked HTTP requests of the control plane: feed long-polls waiting for
- * updates, and create/delete/pause/resume/migrate calls waiting for the
- * worker's ack. A parked
+ * updates, create/delete/pause/resume/migrate calls waiting for the
+ * worker's ack, and requests that met their sandbox in a transition
+ * waiting for it to end (then run again). A parked
  * request gets its reply computed on the loop (wake, ack or timer), then
  * lws is asked for a writable callback, where the reply is written. */
 #include <stdio.h>
@@ -11,7 +12,7 @@
 #include "log.h"
 #include "metrics.h"
 
-enum park_kind { PARK_FEED, PARK_ACK };
+enum park_kind { PARK_FEED, PARK_ACK, PARK_SETTLE };
 
 /* One parked request. Owner: cp->parked; the timer handle lives inside, so
  * the struct is freed from the timer's close callback. */
@@ -32,7 +33,15 @@ struct cp_park {
 	uv_timer_t timer;
 	unsigned status;    /* reply, once ready */
 	json_t *reply;
+	/* PARK_SETTLE: what it waits for, the request body kept for the
+	 * re-run (owned), and whether the re-run is due */
+	struct cp_settle settle;
+	json_t *body;
+	int rerun;
+	uint64_t since_us;
 };
+
+static void settle_wake(struct cp *cp, const char *sbx);
 
 /* park_closed: final free after uv released the timer. */
 static void park_closed(uv_handle_t *h)
@@ -53,6 +62,8 @@ static void park_free(struct cp *cp, struct cp_park *p)
 		p->sess->park = NULL;
 	json_decref(p->reply);
 	p->reply = NULL;
+	json_decref(p->body);
+	p->body = NULL;
 	uv_timer_stop(&p->timer);
 	uv_close((uv_handle_t *)&p->timer, park_closed);
 }
@@ -335,6 +346,7 @@ void feed_acked(struct cp *cp, const char *worker, int64_t rev)
 		    strcmp(p->worker, worker) == 0)
 			ack_answer(p);
 	}
+	settle_wake(cp, NULL);
 }
 
 /* feed_settled: lifecycle waiters of sbx get their answer if done. */
@@ -353,6 +365,66 @@ void feed_settled(struct cp *cp, const char *sbx)
 		    p->what != CP_WAIT_DELETE && strcmp(p->sbx, sbx) == 0)
 			ack_answer(p);
 	}
+	settle_wake(cp, sbx);
+}
+
+/* settle_check: the transition p waits for is over (or its sandbox gone),
+ * or its deadline passed: the request runs again at the next writable. */
+static void settle_check(struct cp_park *p)
+{
+	struct tt_err err = { 0 };
+	struct cp_sandbox sb;
+	int rc;
+
+	if (p->rerun)
+		return;
+	rc = cpdb_sandbox_get(p->cp->db, p->sbx, &sb, &err);
+	if (rc == 1 && cp_settle_waits(&sb, &p->settle) &&
+	    uv_now(p->cp->loop) < p->sess->settle_deadline)
+		return;
+	if (rc == 1 && cp_settle_waits(&sb, &p->settle))
+		p->sess->settle_over = 1; /* answered as things are */
+	p->rerun = 1;
+	uv_timer_stop(&p->timer);
+	metrics_observe_us("tether_cp_transition_wait_seconds", NULL,
+	                   (uint64_t)uv_hrtime() / 1000u - p->since_us);
+	lws_callback_on_writable(p->wsi);
+}
+
+/* settle_tick: the backstop of the events below (every state change a
+ * waiter can wake on comes through feed_acked or feed_settled). */
+static void settle_tick(uv_timer_t *t)
+{
+	settle_check(t->data);
+}
+
+/* settle_wake: transition waiters of sbx (NULL: all) look again. */
+static void settle_wake(struct cp *cp, const char *sbx)
+{
+	for (struct cp_park *p = cp->parked; p != NULL; p = p->next) {
+		if (p->kind == PARK_SETTLE &&
+		    (sbx == NULL || strcmp(p->sbx, sbx) == 0))
+			settle_check(p);
+	}
+}
+
+/* feed_wait_settle: the first wait of a request sets its deadline from
+ * X-Tether-Wait; a re-run that must wait again keeps it. */
+int feed_wait_settle(struct cp *cp, struct cp_sess *s, struct lws *wsi,
+                     const char *sbx, const struct cp_settle *w, json_t *body)
+{
+	struct cp_park *p = park_new(cp, s, wsi, PARK_SETTLE, "", 0,
+	                             CP_SETTLE_POLL_MS, settle_tick);
+
+	if (p == NULL)
+		return http_reply_error(wsi, 500, "internal", "out of memory");
+	uv_timer_set_repeat(&p->timer, CP_SETTLE_POLL_MS);
+	snprintf(p->sbx, sizeof(p->sbx), "%s", sbx);
+	p->settle = *w;
+	p->body = json_incref(body);
+	p->since_us = (uint64_t)uv_hrtime() / 1000u;
+	metrics_inc("tether_cp_transition_waits_total", NULL);
+	return 0;
 }
 
 /* feed_polling: a parked long-poll means the worker is alive right now. */
@@ -365,14 +437,27 @@ int feed_polling(struct cp *cp, const char *worker)
 	return 0;
 }
 
-/* feed_writable: writes a ready reply of this connection's parked request. */
+/* feed_writable: writes a ready reply of this connection's parked request,
+ * or runs again a request whose transition is over. */
 int feed_writable(struct cp *cp, struct cp_sess *s, struct lws *wsi)
 {
 	struct cp_park *p = s->park;
 	json_t *reply;
 	unsigned status;
+	int rc;
 
-	if (p == NULL || p->reply == NULL || p->wsi != wsi)
+	if (p == NULL || p->wsi != wsi)
+		return 0;
+	if (p->kind == PARK_SETTLE) {
+		if (!p->rerun)
+			return 0;
+		reply = json_incref(p->body); /* the body, for the re-run */
+		park_free(cp, p);
+		rc = cp_dispatch(cp, s, wsi, reply);
+		json_decref(reply);
+		return rc;
+	}
+	if (p->reply == NULL)
 		return 0;
 	reply = p->reply;
 	status = p->status;

@@ -2,6 +2,7 @@
  * edge_int.h): one copy of the route and capability logic both use. */
 #include "edge/edge_int.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@ void edge_route_take(struct edge_route *rt, struct route_entry *ent)
 	rt->token = tt_steal_ptr(&ent->token);
 	rt->version = ent->version;
 	rt->gen = ent->generation;
+	rt->att = ent->activation;
 	snprintf(rt->node_url, sizeof(rt->node_url), "%s", ent->node_url);
 }
 
@@ -73,15 +75,19 @@ int edge_cap_parse(json_t *j, struct route_entry *f)
 	const char *node = json_string_value(json_object_get(j, "node_url"));
 	const char *wrk = json_string_value(json_object_get(j, "worker"));
 	json_t *gen = json_object_get(j, "generation");
+	json_t *att = json_object_get(j, "activation");
 
 	memset(f, 0, sizeof(*f));
 	if (tok == NULL || exp == NULL || node == NULL || !json_is_integer(gen) ||
-	    json_integer_value(gen) < 1 || strncmp(node, "http://", 7) != 0 ||
+	    json_integer_value(gen) < 1 || !json_is_integer(att) ||
+	    json_integer_value(att) < 1 || json_integer_value(att) > UINT32_MAX ||
+	    strncmp(node, "http://", 7) != 0 ||
 	    strlen(node) >= sizeof(f->node_url) ||
 	    rfc3339_parse(exp, strlen(exp), &f->expires_at, NULL) < 0)
 		return -1;
 	f->token = (char *)tok; /* borrowed: routes_commit copies */
 	f->generation = (uint64_t)json_integer_value(gen);
+	f->activation = (uint32_t)json_integer_value(att);
 	snprintf(f->worker, sizeof(f->worker), "%s", wrk ? wrk : "");
 	snprintf(f->node_url, sizeof(f->node_url), "%s", node);
 	return 0;
@@ -107,10 +113,11 @@ int edge_cap_commit(struct routes *r, const unsigned char *kh, const char *sbx,
 /* edge_cap_request: the caller's own API key: the cp authenticates the
  * caller on every fetch. */
 void edge_cap_request(CURL *c, const char *cp_url, const char *sbx,
-                      const char *auth, struct curl_slist **hdrs)
+                      const char *auth, int wait_s,
+                      const struct edge_route *stale, struct curl_slist **hdrs)
 {
-	static const char body[] = EDGE_CAP_BODY;
-	char url[512], line[600];
+	char url[512], line[600], body[256];
+	int n;
 
 	snprintf(url, sizeof(url), "%s/v1/sandboxes/%s/capabilities", cp_url, sbx);
 	snprintf(line, sizeof(line), "Authorization: %s", auth);
@@ -118,9 +125,17 @@ void edge_cap_request(CURL *c, const char *cp_url, const char *sbx,
 	sodium_memzero(line, sizeof(line));
 	*hdrs = curl_slist_append(*hdrs, "Content-Type: application/json");
 	*hdrs = curl_slist_append(*hdrs, "Expect:");
+	snprintf(line, sizeof(line), "X-Tether-Wait: %d", wait_s);
+	*hdrs = curl_slist_append(*hdrs, line);
+	if (stale != NULL)
+		n = snprintf(body, sizeof(body), "{\"purpose\":\"control\",\"ops\":"
+		             EDGE_CAP_OPS ",\"stale\":{\"generation\":%" PRIu64
+		             ",\"activation\":%" PRIu32 "}}", stale->gen, stale->att);
+	else
+		n = snprintf(body, sizeof(body), "{\"purpose\":\"control\",\"ops\":"
+		             EDGE_CAP_OPS "}");
 	curl_easy_setopt(c, CURLOPT_URL, url);
 	curl_easy_setopt(c, CURLOPT_HTTPHEADER, *hdrs);
-	curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
-	curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE,
-	                 (curl_off_t)(sizeof(body) - 1));
+	curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)n);
+	curl_easy_setopt(c, CURLOPT_COPYPOSTFIELDS, body);
 }

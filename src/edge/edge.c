@@ -93,6 +93,7 @@ struct xreq {
 	uint64_t in_forwarded;     /* bytes handed to curl */
 	int in_curl_paused;
 	int rx_paused;
+	int close_after;           /* answered before the client body was in */
 	CURL *easy;                /* in-flight transfer (owned), or NULL */
 	struct curl_slist *hdrs;   /* its headers (owned) */
 	struct edge_route rt;      /* the route of the next attempt (owned) */
@@ -101,6 +102,10 @@ struct xreq {
 	int waiting;               /* queued on another request's fetch */
 	int fetching;              /* this request fetches the slot's route */
 	int retried;               /* the one rebuilt attempt was made */
+	int refreshed;             /* ... after a RefreshRoute of x->rt */
+	int stale_skipped;         /* a cached copy of the refused route was
+	                            * passed over once */
+	int wait_s;                /* the caller's X-Tether-Wait (s) */
 	int idempotent;            /* a read: may be retried after transport loss */
 	uint64_t answer_gen;       /* X-Tether-Generation of the answer, 0 none */
 	uint64_t reject_us;        /* when the stale route was refused */
@@ -207,6 +212,27 @@ static void xreq_detach(struct xreq *x)
 	}
 }
 
+/* xreq_want_write: the answer is ready to go out (or its next part). One
+ * that begins before the client's body is complete (a refusal, a node's
+ * early error): the rest of that body is dropped and the connection closes
+ * after the answer, since those bytes could only be misread as a next
+ * request; reads resume first, because lws 4.1 never serves POLLOUT on a
+ * flow-controlled connection (its buffered rx then spins the loop on
+ * HTTP_BODY_COMPLETION instead: docs/ARCHITECTURE.md). */
+static void xreq_want_write(struct xreq *x)
+{
+	if (x->wsi == NULL)
+		return;
+	if (!x->in_done) {
+		x->close_after = 1;
+		if (x->rx_paused) {
+			x->rx_paused = 0;
+			lws_rx_flow_control(x->wsi, 1);
+		}
+	}
+	lws_callback_on_writable(x->wsi);
+}
+
 /* xreq_local: prepares a locally made answer and asks to write it. */
 static void xreq_local(struct xreq *x, long status, const char *body)
 {
@@ -219,8 +245,7 @@ static void xreq_local(struct xreq *x, long status, const char *body)
 		x->resp_failed = 1;
 	x->out_length = (curl_off_t)strlen(body);
 	x->resp_done = 1;
-	if (x->wsi)
-		lws_callback_on_writable(x->wsi);
+	xreq_want_write(x);
 }
 
 /* xreq_error: a local {"error","message"} answer. */
@@ -310,7 +335,7 @@ static size_t up_write(char *data, size_t size, size_t nmemb, void *arg)
 	if (bytes_append(&x->out, data, n) < 0)
 		return 0;
 	x->phase = P_REPLY;
-	lws_callback_on_writable(x->wsi);
+	xreq_want_write(x);
 	return n;
 }
 
@@ -383,8 +408,12 @@ static void node_start(struct xreq *x);
 static void cap_fetch(struct xreq *x);
 static void route_resolve(struct xreq *x);
 
-/* up_headers: Authorization + content type + no Expect stall. */
-static struct curl_slist *up_headers(struct xreq *x, const char *auth)
+/* up_headers: Authorization + content type; no Expect stall, except for a
+ * streamed upload to a node, which holds its body until admitted (node-api
+ * answers 100 Continue on Allow): a refusal then comes before any byte of
+ * it went out, so the body is still whole for the rebuilt attempt. */
+static struct curl_slist *up_headers(struct xreq *x, const char *auth,
+                                     int expect)
 {
 	struct curl_slist *h = NULL;
 	char line[4200];
@@ -396,7 +425,7 @@ static struct curl_slist *up_headers(struct xreq *x, const char *auth)
 		snprintf(line, sizeof(line), "Content-Type: %s", x->ctype_in);
 		h = curl_slist_append(h, line);
 	}
-	return curl_slist_append(h, "Expect:");
+	return curl_slist_append(h, expect ? "Expect: 100-continue" : "Expect:");
 }
 
 /* up_finish: common end of a transfer whose answer goes to the client. */
@@ -424,7 +453,7 @@ static void up_finish(struct xreq *x, CURL *easy, CURLcode rc, const char *who)
 		x->resp_failed = 1; /* headers are out: the client sees a cut body */
 	x->phase = P_REPLY;
 	x->resp_done = 1;
-	lws_callback_on_writable(x->wsi);
+	xreq_want_write(x);
 }
 
 /* lifecycle_done: the control plane answered a proxied lifecycle call. */
@@ -460,9 +489,15 @@ static void lifecycle_start(struct xreq *x)
 	curl_easy_setopt(x->easy, CURLOPT_WRITEFUNCTION, up_write);
 	curl_easy_setopt(x->easy, CURLOPT_WRITEDATA, x);
 	if (x->auth[0])
-		x->hdrs = up_headers(x, x->auth);
+		x->hdrs = up_headers(x, x->auth, 0);
 	else
 		x->hdrs = curl_slist_append(NULL, "Expect:");
+	{
+		char w[48];
+
+		snprintf(w, sizeof(w), "X-Tether-Wait: %d", x->wait_s);
+		x->hdrs = curl_slist_append(x->hdrs, w);
+	}
 	curl_easy_setopt(x->easy, CURLOPT_HTTPHEADER, x->hdrs);
 	if (httpc_start(x->e->hc, x->easy, lifecycle_done, x, &err) < 0) {
 		curl_easy_cleanup(x->easy);
@@ -545,6 +580,16 @@ static void route_resolve(struct xreq *x)
 	                      x->rt.version, &x->waiter, &ent, &x->ticket);
 	switch (v) {
 	case ROUTE_USE:
+		if (x->refreshed && !x->stale_skipped && ent.generation == x->rt.gen &&
+		    ent.activation == x->rt.att) {
+			/* another request cached the very execution that was just
+			 * refused: repair that entry too, asking for another one */
+			x->stale_skipped = 1;
+			x->rt.version = ent.version;
+			route_entry_clear(&ent);
+			route_resolve(x);
+			return;
+		}
 		edge_route_take(&x->rt, &ent);
 		node_start(x);
 		return;
@@ -575,6 +620,7 @@ static void node_retry(struct xreq *x, CURL *easy, const char *why)
 	log_info("%s for %s (generation %" PRIu64 "): rebuilding the request once",
 	         why, x->sbx, x->rt.gen);
 	x->retried = 1;
+	x->refreshed = strcmp(why, "refresh_route") == 0;
 	x->reject_us = now_us();
 	x->status = 0;
 	x->capture = 0;
@@ -698,8 +744,10 @@ static void node_start(struct xreq *x)
 	curl_easy_setopt(x->easy, CURLOPT_WRITEFUNCTION, up_write);
 	curl_easy_setopt(x->easy, CURLOPT_WRITEDATA, x);
 	snprintf(auth, sizeof(auth), "Capability %s", x->rt.token);
-	x->hdrs = up_headers(x, auth);
+	x->hdrs = up_headers(x, auth, x->streamed_in);
 	sodium_memzero(auth, sizeof(auth));
+	if (x->streamed_in) /* bounds a node that never answers the Expect */
+		curl_easy_setopt(x->easy, CURLOPT_EXPECT_100_TIMEOUT_MS, 10000L);
 	curl_easy_setopt(x->easy, CURLOPT_HTTPHEADER, x->hdrs);
 	if (httpc_start(x->e->hc, x->easy, node_done, x, &err) < 0) {
 		curl_easy_cleanup(x->easy);
@@ -777,8 +825,10 @@ static void cap_fetch(struct xreq *x)
 		xreq_error(x, 500, "internal", "out of memory");
 		return;
 	}
-	edge_cap_request(x->easy, x->e->cp_url, x->sbx, x->auth,
-	                 &x->hdrs);
+	/* a rebuilt attempt after RefreshRoute asks for another execution than
+	 * the refused one (the cp waits for it, within wait_s) */
+	edge_cap_request(x->easy, x->e->cp_url, x->sbx, x->auth, x->wait_s,
+	                 x->refreshed ? &x->rt : NULL, &x->hdrs);
 	curl_easy_setopt(x->easy, CURLOPT_WRITEFUNCTION, cap_write);
 	curl_easy_setopt(x->easy, CURLOPT_WRITEDATA, x);
 	if (httpc_start(x->e->hc, x->easy, cap_done, x, &err) < 0) {
@@ -873,7 +923,8 @@ static int edge_write(struct lws *wsi, struct pss *pss, struct xreq *x)
 		                   now_us() - x->t0_us);
 	}
 	pss->x = NULL;
-	final = http_rxguard_stop(x->rxg); /* bytes after the request: close */
+	final = http_rxguard_stop(x->rxg) || /* bytes after the request */
+	        x->close_after;              /* or a body we did not take */
 	x->rxg = NULL;
 	xreq_free(x);
 	return final || lws_http_transaction_completed(wsi) ? -1 : 0;
@@ -1012,6 +1063,12 @@ static int edge_http(struct lws *wsi, struct pss *pss, struct edge *e,
 		return http_reply_error(wsi, 414, "too_large", "URI too long");
 	}
 	snprintf(x->path, sizeof(x->path), "%s", uri);
+	x->wait_s = http_wait_seconds(wsi);
+	if (x->wait_s < 0) {
+		xreq_free(x);
+		return http_reply_error(wsi, 400, "bad_request", "X-Tether-Wait must "
+		                        "be 0..%d seconds", HTTP_WAIT_MAX_S);
+	}
 	if ((rc = route(x)) != 0) {
 		xreq_free(x);
 		if (rc == 405)
@@ -1072,6 +1129,14 @@ static int edge_http(struct lws *wsi, struct pss *pss, struct edge *e,
 		if (x->rxg == NULL)
 			log_warn("edge: %s", gerr.msg);
 	}
+	/* The edge takes the body itself (whole, or streamed behind the node's
+	 * admission), so a client waiting for 100 Continue gets it now rather
+	 * than after its own timeout (curl: 1 s) */
+	if (!x->in_done && http_expects_continue(wsi) && http_continue(wsi) < 0) {
+		pss->x = NULL;
+		xreq_free(x);
+		return -1;
+	}
 	if (x->streamed_in || x->in_done)
 		xreq_go(x); /* a streamed PUT starts now; its body follows */
 	return 0;
@@ -1080,8 +1145,8 @@ static int edge_http(struct lws *wsi, struct pss *pss, struct edge *e,
 /* edge_body: a chunk of request body. */
 static int edge_body(struct lws *wsi, struct xreq *x, const void *in, size_t len)
 {
-	if (x == NULL || x->in_done)
-		return 0;
+	if (x == NULL || x->in_done || x->close_after)
+		return 0; /* close_after: answered already, the rest is dropped */
 	if (!x->streamed_in && bytes_pending(&x->in) + len > HTTP_BODY_MAX_DEFAULT)
 		return http_reply_error(wsi, 413, "too_large", "request body too large"), -1;
 	if (bytes_append(&x->in, in, len) < 0)
@@ -1102,7 +1167,7 @@ static int edge_body(struct lws *wsi, struct xreq *x, const void *in, size_t len
 /* edge_body_done: the request body is complete. */
 static int edge_body_done(struct xreq *x)
 {
-	if (x == NULL || x->in_done)
+	if (x == NULL || x->in_done || x->close_after)
 		return 0;
 	x->in_done = 1;
 	if (!x->streamed_in) {

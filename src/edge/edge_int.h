@@ -11,9 +11,8 @@
 
 #include "edge/routes.h"
 
-/* The body of every capability request: the ops the edge relays. */
-#define EDGE_CAP_BODY \
-	"{\"purpose\":\"control\",\"ops\":[\"exec\",\"fs.read\",\"fs.write\"]}"
+/* The ops of every capability the edge asks for: the ones it relays. */
+#define EDGE_CAP_OPS "[\"exec\",\"fs.read\",\"fs.write\"]"
 
 /* The route of a request's (or stream's) next attempt. */
 struct edge_route {
@@ -21,6 +20,7 @@ struct edge_route {
 	char node_url[256];
 	uint64_t version;  /* route-cache tag of token (0: uncached) */
 	uint64_t gen;      /* the generation token selects */
+	uint32_t att;      /* and its activation */
 };
 
 /* edge_route_take: ent (a route-cache copy) becomes rt; its token moves
@@ -48,8 +48,12 @@ int edge_cap_commit(struct routes *r, const unsigned char *kh, const char *sbx,
                     struct route_entry *take);
 /* edge_cap_request: makes c a capability request for
  * sbx to cp_url with the caller's auth ("Bearer …"); the header list goes
- * to *hdrs (owned by the caller until the transfer ends). */
+ * to *hdrs (owned by the caller until the transfer ends). The cp waits up
+ * to wait_s for a transition of the sandbox to end (SPEC §7), and, with
+ * stale (the route a receiver just refused as RefreshRoute; NULL: none),
+ * until it runs another execution than that one. */
 void edge_cap_request(CURL *c, const char *cp_url, const char *sbx,
-                      const char *auth, struct curl_slist **hdrs);
+                      const char *auth, int wait_s,
+                      const struct edge_route *stale, struct curl_slist **hdrs);
 
 #endif

@@ -21,6 +21,7 @@ struct route_entry {
 	char sbx[64];
 	char *token;                 /* owned */
 	uint64_t generation;
+	uint32_t activation;
 	char worker[64];
 	char node_url[256];
 	int64_t expires_at;          /* the capability's expiry (unix s) */

@@ -88,6 +88,7 @@ struct edgews {
 	struct route_waiter waiter;
 	struct route_ticket ticket;
 	bool waiting, fetching, retried;
+	int wait_s;                  /* the caller's X-Tether-Wait */
 	CURL *easy;                  /* capability fetch in flight (owned) */
 	struct curl_slist *hdrs;
 	char *ans;                   /* its answer (owned, bounded) */
@@ -366,10 +367,12 @@ static void ews_cap_fetch(struct edgews *x)
 	c = curl_easy_init();
 	if (c == NULL)
 		goto fail;
-	edge_cap_request(c, ews_env.cp_url, x->sbx, x->auth, &x->hdrs);
+	/* the rebuilt attempt asks for another execution than the refused one */
+	edge_cap_request(c, ews_env.cp_url, x->sbx, x->auth, x->wait_s,
+	                 x->retried ? &x->rt : NULL, &x->hdrs);
 	http_easy_direct(c);
 	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
-	curl_easy_setopt(c, CURLOPT_TIMEOUT, 30L);
+	curl_easy_setopt(c, CURLOPT_TIMEOUT, (long)x->wait_s + 30L);
 	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, ews_cap_write);
 	curl_easy_setopt(c, CURLOPT_WRITEDATA, x);
 	x->easy = c;
@@ -579,6 +582,12 @@ static int ews_filter(struct lws *wsi, struct edgews_pss *pss)
 		sodium_memzero(x->auth, sizeof(x->auth));
 		free(x);
 		metrics_inc("tether_edge_exec_streams_total", "result=\"unauthorized\"");
+		return 1;
+	}
+	x->wait_s = http_wait_seconds(wsi);
+	if (x->wait_s < 0) {
+		sodium_memzero(x->auth, sizeof(x->auth));
+		free(x);
 		return 1;
 	}
 	crypto_hash_sha256(x->keyhash, (const unsigned char *)x->auth + 7,

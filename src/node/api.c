@@ -112,6 +112,9 @@ struct api_op {
 	size_t list_lines;
 	/* PUT */
 	bool allowed, body_done, rx_paused, eof_sent;
+	/* "Expect: 100-continue" (the edge's uploads): the client holds the
+	 * body until admission, answered 100 Continue on Allow */
+	bool expect;
 	struct api_buf pending;
 	/* bodiless requests: client bytes after the request (http.h) */
 	struct http_rxguard *rxg;
@@ -403,8 +406,13 @@ static void op_on_decision(struct api_op *op, const struct wire_frame *f)
 		    !op_send(op, WIRE_EOF_IN, &none, 0))
 			return;
 	}
-	if (op->route == R_FILES_PUT)
+	if (op->route == R_FILES_PUT) {
+		if (op->expect && !op->body_done && op->wsi != NULL &&
+		    http_continue(op->wsi) < 0)
+			log_warn("%s %s: cannot send 100 Continue", route_names[op->route],
+			         op->sbx);
 		put_flush(op);
+	}
 }
 
 /* stream_fail: a file read went wrong. Before the headers are out the
@@ -964,6 +972,7 @@ static int api_on_http(struct lws *wsi, struct api_pss *pss, const char *uri)
 	}
 	if (r == R_FILES_PUT) {
 		op->body_done = !has_body;
+		op->expect = has_body && http_expects_continue(wsi);
 		/* Hold the body until the manager admits the request. */
 		if (has_body) {
 			op->rx_paused = true;

@@ -132,8 +132,19 @@ okrc "$([ "$(status POST /v1/feed/progress "Node $NT" "{\"worker\":\"w1\",\"rev\
 okrc "$([ "$(status POST /v1/feed/progress "Bearer $KEY" "{\"worker\":\"w1\",\"rev\":$PREV,\"sandbox\":\"$S\",\"bytes\":1}")" = 401 ]; echo $?)" \
 	"progress with an API key instead of the node token: 401"
 check "the refused reports did not change the progress" test "$(sbx "$S" >/dev/null; jfield '["progress"]["bytes"]')" = 4096
-okrc "$([ "$(status POST "/v1/sandboxes/$S/pause" "Bearer $KEY")" = 409 ]; echo $?)" "a second pause while pausing: 409"
+okrc "$([ "$(tcurl -o "$ST/out" -w '%{http_code}' -X POST -H "Authorization: Bearer $KEY" -H 'X-Tether-Wait: 0' "$U/v1/sandboxes/$S/pause")" = 409 ] && grep -q "is pausing" "$ST/out"; echo $?)" \
+	"a second pause while pausing, X-Tether-Wait: 0: 409 is pausing at once"
+okrc "$([ "$(tcurl -o "$ST/out" -w '%{http_code}' -X POST -H "Authorization: Bearer $KEY" -H 'X-Tether-Wait: x' "$U/v1/sandboxes/$S/pause")" = 400 ]; echo $?)" \
+	"a malformed X-Tether-Wait: 400"
+# a second pause (and a capability request) queue behind the one in flight
+go p2 POST "/v1/sandboxes/$S/pause" ''
+go c2 POST "/v1/sandboxes/$S/capabilities" '{"purpose":"control","ops":["exec"]}'
+sleep 0.5
+check "the queued calls are still waiting" test ! -s "$ST/p2.code" -a ! -s "$ST/c2.code"
 ack w1 "$PREV" "{\"rev\":$PREV,$(snapok "$S" 1)}" >/dev/null
+waitgo
+okrc "$([ "$(cat "$ST/p2.code")" = 409 ] && grep -q "is paused" "$ST/p2.json" && [ "$(cat "$ST/c2.code")" = 409 ] && grep -q "is paused" "$ST/c2.json"; echo $?)" \
+	"once paused, the queued pause and capability answer 409 is paused"
 check "ack with a complete snapshot: paused" test "$(sbx "$S")" = "paused 1 w1"
 check "the snapshot metadata is on the sandbox" test "$(jfield '["snapshot"]["generation"]') $(jfield '["snapshot"]["key"]') $(jfield '["snapshot"]["size"]') $(jfield '["snapshot"]["checksum"]')" = "1 $S/1 10485760 blake2b:00ff1"
 check "no progress once paused" test "$(jfield '.get("progress")')" = None

@@ -206,9 +206,42 @@ bool http_rxguard_stop(struct http_rxguard *g)
 	return extra;
 }
 
-/* http_reply: headers and body assembled in one buffer, one lws_write. */
+static int http_reply_write(struct lws *wsi, unsigned status,
+                            const char *content_type, const void *body,
+                            size_t len);
+
+/* http_drain_begin: lws closes the connection if the rest of the body
+ * stops coming. */
+void http_drain_begin(struct lws *wsi)
+{
+	lws_set_timeout(wsi, PENDING_TIMEOUT_HTTP_CONTENT, HTTP_DRAIN_IDLE_S);
+}
+
+/* http_reply_early: http_reply's write, then the drain. */
+int http_reply_early(struct lws *wsi, unsigned status, const char *content_type,
+                     const void *body, size_t len)
+{
+	if (http_reply_write(wsi, status, content_type, body, len) < 0)
+		return -1;
+	http_drain_begin(wsi);
+	return 0;
+}
+
+/* http_reply: the answer, then the transaction completes. */
 int http_reply(struct lws *wsi, unsigned status, const char *content_type,
                const void *body, size_t len)
+{
+	if (http_reply_write(wsi, status, content_type, body, len) < 0 ||
+	    lws_http_transaction_completed(wsi))
+		return -1;
+	return 0;
+}
+
+/* http_reply_write: headers and body assembled in one buffer, one
+ * lws_write. */
+static int http_reply_write(struct lws *wsi, unsigned status,
+                            const char *content_type, const void *body,
+                            size_t len)
 {
 	const size_t head_room = 512;
 	_cleanup_free_ unsigned char *buf = malloc(LWS_PRE + head_room + len);
@@ -231,8 +264,6 @@ int http_reply(struct lws *wsi, unsigned status, const char *content_type,
 	p += len;
 	if (lws_write(wsi, start, (size_t)(p - start), LWS_WRITE_HTTP_FINAL) !=
 	    (int)(p - start))
-		return -1;
-	if (lws_http_transaction_completed(wsi))
 		return -1;
 	return 0;
 }

@@ -65,6 +65,20 @@ bool http_rxguard_stop(struct http_rxguard *g);
  * should return. */
 int http_reply(struct lws *wsi, unsigned status, const char *content_type,
                const void *body, size_t len);
+/* Answering before the request's body is in (a refusal, an upload the disk
+ * cannot hold): closing at once would make the kernel reset the connection
+ * over the unread bytes, and the client could lose the answer before
+ * reading it. So the answer goes out, the rest of the body is read and
+ * dropped (at most HTTP_DRAIN_MAX bytes, idle at most HTTP_DRAIN_IDLE_S),
+ * and the transaction completes at LWS_CALLBACK_HTTP_BODY_COMPLETION: the
+ * connection even stays usable. http_reply_early writes the answer as
+ * http_reply does, without completing the transaction, and starts the
+ * drain's idle bound (http_drain_begin, for answers written otherwise). */
+#define HTTP_DRAIN_MAX (64u << 20)
+#define HTTP_DRAIN_IDLE_S 10
+int http_reply_early(struct lws *wsi, unsigned status, const char *content_type,
+                     const void *body, size_t len);
+void http_drain_begin(struct lws *wsi);
 /* http_reply_json: serializes obj (reference stolen) and replies. */
 int http_reply_json(struct lws *wsi, unsigned status, json_t *obj);
 /* http_reply_error: {"error":code,"message":…} with status. */

@@ -93,7 +93,7 @@ struct xreq {
 	uint64_t in_forwarded;     /* bytes handed to curl */
 	int in_curl_paused;
 	int rx_paused;
-	int close_after;           /* answered before the client body was in */
+	int early;                 /* answered before the client body was in */
 	CURL *easy;                /* in-flight transfer (owned), or NULL */
 	struct curl_slist *hdrs;   /* its headers (owned) */
 	struct edge_route rt;      /* the route of the next attempt (owned) */
@@ -122,9 +122,13 @@ struct xreq {
 	uint64_t t0_us;
 };
 
-/* The lws per-session data only points at the request in progress. */
+/* The lws per-session data points at the request in progress; draining:
+ * it was answered before its body was in, whose rest is dropped until the
+ * transaction completes at its end (lib/http.h). */
 struct pss {
 	struct xreq *x;
+	int draining;
+	uint64_t drained;
 };
 
 static int edge_stop_signal;
@@ -214,17 +218,17 @@ static void xreq_detach(struct xreq *x)
 
 /* xreq_want_write: the answer is ready to go out (or its next part). One
  * that begins before the client's body is complete (a refusal, a node's
- * early error): the rest of that body is dropped and the connection closes
- * after the answer, since those bytes could only be misread as a next
- * request; reads resume first, because lws 4.1 never serves POLLOUT on a
- * flow-controlled connection (its buffered rx then spins the loop on
+ * early error): the rest of that body is dropped (drained after the
+ * answer, lib/http.h), never misread as a next request; reads resume
+ * first, because lws 4.1 never serves POLLOUT on a flow-controlled
+ * connection (its buffered rx then spins the loop on
  * HTTP_BODY_COMPLETION instead: docs/ARCHITECTURE.md). */
 static void xreq_want_write(struct xreq *x)
 {
 	if (x->wsi == NULL)
 		return;
 	if (!x->in_done) {
-		x->close_after = 1;
+		x->early = 1;
 		if (x->rx_paused) {
 			x->rx_paused = 0;
 			lws_rx_flow_control(x->wsi, 1);
@@ -923,9 +927,15 @@ static int edge_write(struct lws *wsi, struct pss *pss, struct xreq *x)
 		                   now_us() - x->t0_us);
 	}
 	pss->x = NULL;
-	final = http_rxguard_stop(x->rxg) || /* bytes after the request */
-	        x->close_after;              /* or a body we did not take */
+	final = http_rxguard_stop(x->rxg); /* bytes after the request: close */
 	x->rxg = NULL;
+	if (x->early && !x->in_done && !final) { /* its body still comes */
+		xreq_free(x);
+		pss->draining = 1;
+		pss->drained = 0;
+		http_drain_begin(wsi);
+		return 0;
+	}
 	xreq_free(x);
 	return final || lws_http_transaction_completed(wsi) ? -1 : 0;
 }
@@ -1145,8 +1155,8 @@ static int edge_http(struct lws *wsi, struct pss *pss, struct edge *e,
 /* edge_body: a chunk of request body. */
 static int edge_body(struct lws *wsi, struct xreq *x, const void *in, size_t len)
 {
-	if (x == NULL || x->in_done || x->close_after)
-		return 0; /* close_after: answered already, the rest is dropped */
+	if (x == NULL || x->in_done || x->early)
+		return 0; /* early: answered already, the rest is dropped */
 	if (!x->streamed_in && bytes_pending(&x->in) + len > HTTP_BODY_MAX_DEFAULT)
 		return http_reply_error(wsi, 413, "too_large", "request body too large"), -1;
 	if (bytes_append(&x->in, in, len) < 0)
@@ -1167,8 +1177,12 @@ static int edge_body(struct lws *wsi, struct xreq *x, const void *in, size_t len
 /* edge_body_done: the request body is complete. */
 static int edge_body_done(struct xreq *x)
 {
-	if (x == NULL || x->in_done || x->close_after)
+	if (x == NULL || x->in_done)
 		return 0;
+	if (x->early) { /* answered already: nothing to drain any more */
+		x->in_done = 1;
+		return 0;
+	}
 	x->in_done = 1;
 	if (!x->streamed_in) {
 		xreq_go(x);
@@ -1188,14 +1202,23 @@ static int edge_cb(struct lws *wsi, enum lws_callback_reasons reason,
 
 	switch (reason) {
 	case LWS_CALLBACK_HTTP:
+		pss->draining = 0;
 		if (pss->x != NULL) { /* pipelined before the last one finished */
 			xreq_detach(pss->x);
 			pss->x = NULL;
 		}
 		return edge_http(wsi, pss, e, in);
 	case LWS_CALLBACK_HTTP_BODY:
+		if (pss->draining) {
+			pss->drained += len;
+			return pss->drained > HTTP_DRAIN_MAX ? -1 : 0;
+		}
 		return edge_body(wsi, pss->x, in, len);
 	case LWS_CALLBACK_HTTP_BODY_COMPLETION:
+		if (pss->draining) { /* answered and drained: keep-alive again */
+			pss->draining = 0;
+			return lws_http_transaction_completed(wsi) ? -1 : 0;
+		}
 		return edge_body_done(pss->x);
 	case LWS_CALLBACK_HTTP_WRITEABLE:
 		if (pss->x == NULL)

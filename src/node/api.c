@@ -79,7 +79,9 @@ struct api_chunk {
 	uint8_t data[];
 };
 
-enum op_state { OP_BODY, OP_DECISION, OP_RUNNING, OP_REPLY, OP_STREAM };
+/* OP_DRAIN: an upload answered before its body was in; the rest of the
+ * body is dropped, then the transaction completes (lib/http.h). */
+enum op_state { OP_BODY, OP_DECISION, OP_RUNNING, OP_REPLY, OP_STREAM, OP_DRAIN };
 
 /* One HTTP operation in flight. Owner: the lws session (pss->op); freed
  * when the reply is complete or the HTTP connection goes away. */
@@ -115,6 +117,7 @@ struct api_op {
 	/* "Expect: 100-continue" (the edge's uploads): the client holds the
 	 * body until admission, answered 100 Continue on Allow */
 	bool expect;
+	uint64_t drained;           /* OP_DRAIN: body bytes dropped */
 	struct api_buf pending;
 	/* bodiless requests: client bytes after the request (http.h) */
 	struct http_rxguard *rxg;
@@ -290,11 +293,8 @@ static void op_reply(struct api_op *op, unsigned status, char *body)
 	op->reply = body;
 	op->reply_len = body ? strlen(body) : 0;
 	op->state = OP_REPLY;
-	/* An upload answered before its body is in (a Deny, a guest error):
-	 * the rest is read and dropped (api_on_body in OP_REPLY) and the
-	 * connection closes after the reply, never parsed as a next request. */
-	if (op->route == R_FILES_PUT && !op->body_done)
-		op->close_after = true;
+	/* An upload answered before its body is in (a refusal, a guest
+	 * error, no space): answered, then drained (OP_DRAIN). */
 	op_rx_resume(op);
 	if (op->wsi != NULL)
 		lws_callback_on_writable(op->wsi);
@@ -1002,6 +1002,10 @@ static int api_on_body(struct lws *wsi, struct api_op *op, const void *in,
 {
 	struct tt_err err = { 0 };
 
+	if (op != NULL && op->state == OP_DRAIN) {
+		op->drained += len;
+		return op->drained > HTTP_DRAIN_MAX ? -1 : 0;
+	}
 	if (op == NULL || op->state == OP_REPLY)
 		return 0;
 	if (op->route == R_EXEC) {
@@ -1037,11 +1041,20 @@ static int api_on_body(struct lws *wsi, struct api_op *op, const void *in,
 }
 
 /* api_on_body_done: the request body is complete. */
-static int api_on_body_done(struct api_op *op)
+static int api_on_body_done(struct lws *wsi, struct api_pss *pss)
 {
+	struct api_op *op = pss->op;
 	struct tt_err err = { 0 };
 	json_t *body;
 
+	if (op != NULL && op->state == OP_DRAIN) {
+		/* answered and drained: the connection can serve the next one */
+		pss->op = NULL;
+		op_free(op);
+		return lws_http_transaction_completed(wsi) ? -1 : 0;
+	}
+	if (op != NULL && op->state == OP_REPLY && op->route == R_FILES_PUT)
+		op->body_done = true; /* all in before the answer went out */
 	if (op == NULL || op->state == OP_REPLY)
 		return 0;
 	if (op->route == R_EXEC) {
@@ -1211,6 +1224,14 @@ static int api_on_writeable(struct lws *wsi, struct api_pss *pss)
 	if (op->state != OP_REPLY)
 		return 0;
 	status = op->status;
+	if (op->route == R_FILES_PUT && !op->body_done && !op->close_after) {
+		/* before the body is in: drained, completed at its end */
+		rc = http_reply_early(wsi, status, "application/json", op->reply,
+		                      op->reply_len);
+		api_count(op->route, status, op->t0_us);
+		op->state = OP_DRAIN;
+		return rc;
+	}
 	close_after = op->close_after | http_rxguard_stop(op->rxg);
 	op->rxg = NULL;
 	/* Detach first: completing the transaction may drop the session
@@ -1240,7 +1261,7 @@ static int api_callback(struct lws *wsi, enum lws_callback_reasons reason,
 	case LWS_CALLBACK_HTTP_BODY:
 		return api_on_body(wsi, pss->op, in, len);
 	case LWS_CALLBACK_HTTP_BODY_COMPLETION:
-		return api_on_body_done(pss->op);
+		return api_on_body_done(wsi, pss);
 	case LWS_CALLBACK_HTTP_WRITEABLE:
 		return api_on_writeable(wsi, pss);
 	case LWS_CALLBACK_CLOSED_HTTP:

@@ -77,6 +77,28 @@ r=$(T exec "$B" -- sh -c 'echo honest >/workspace/h && cat /workspace/h' 2>&1)
 r=$(T exec "$A" -- sh -c 'rm /tmp/big && echo again >/workspace/a && cat /workspace/a' 2>&1)
 [ "$r" = again ] && ok "A writes again once it freed its space" || notok "A writes after freeing" "$r"
 
+# An upload past the cap through the edge: 507 no_space within a second of
+# the cap being hit, with the CLI and with curl (with and without
+# Expect: 100-continue), and the connection still answers the next request.
+head -c $((100 * MIB)) /dev/zero >"$WORK/100m"
+t0=$(date +%s%N)
+T cp "$WORK/100m" "$A:/tmp/up" >"$WORK/cp" 2>&1
+rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+[ "$rc" = 1 ] && grep -q "No space left" "$WORK/cp" && [ "$ms" -lt 3000 ] &&
+	ok "tether cp of 100 MiB into A fails: No space left, in $ms ms" ||
+	notok "cp past the cap" "rc $rc in $ms ms: $(cat "$WORK/cp")"
+for ex in "Expect: 100-continue" "Expect:"; do
+	out=$(curl -s -m 30 -H "Authorization: Bearer $(cluster_key)" -H "$ex" -T "$WORK/100m" \
+		-w ' %{http_code} %{time_total}' "http://127.0.0.1:$((BASE + 1))/v1/sandboxes/$A/files?path=/tmp/up" \
+		--next -s -m 5 -w ' %{http_code}' "http://127.0.0.1:$((BASE + 1))/healthz")
+	case $out in
+	*'"no_space"'*' 507 '[0-2].*'} 200') ok "curl PUT of 100 MiB ($ex): 507 no_space within 3 s; /healthz next" ;;
+	*) notok "curl PUT past the cap ($ex)" "$out" ;;
+	esac
+done
+T exec "$A" -- sh -c 'rm -f /tmp/up' >/dev/null 2>&1
+
 # ---- inode cap ----------------------------------------------------------------------
 T exec "$A" -- sh -c 'mkdir /tmp/many && cd /tmp/many && i=0;
 	while [ $i -lt 20000 ]; do true >f$i || { echo "stopped at $i"; exit 3; }; i=$((i + 1)); done' >"$WORK/in" 2>&1

@@ -109,6 +109,11 @@ static void info_print(json_t *s)
 	printf("state:       %s\n", cli_str(s, "state", "?"));
 	if (json_object_get(s, "error"))
 		printf("error:       %s\n", cli_str(s, "error", ""));
+	if (json_object_get(s, "note")) /* e.g. relaunched after a crash */
+		printf("note:        %s\n", cli_str(s, "note", ""));
+	if (json_object_get(s, "resume_on"))
+		printf("resumes on:  %s (paused when it stopped; back when it is)\n",
+		       cli_str(s, "resume_on", ""));
 	printf("generation:  %" JSON_INTEGER_FORMAT "\n", cli_int(s, "generation"));
 	printf("worker:      %s\n", cli_str(s, "worker", "-"));
 	printf("substrate:   %s\n", cli_str(s, "substrate", "-"));

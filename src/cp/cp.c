@@ -85,6 +85,10 @@ json_t *cp_sandbox_json(struct cp *cp, const struct cp_sandbox *s)
 		return NULL;
 	if (s->error[0] != '\0')
 		json_object_set_new(o, "error", json_string(s->error));
+	if (s->note[0] != '\0')
+		json_object_set_new(o, "note", json_string(s->note));
+	if (s->resume_on[0] != '\0')
+		json_object_set_new(o, "resume_on", json_string(s->resume_on));
 	json_object_set_new(o, "snapshot", cp_snapshot_json(cp, s->id));
 	if (strcmp(s->state, "pausing") == 0)
 		json_object_set_new(o, "progress", json_pack("{s:I,s:o}", "bytes",
@@ -99,6 +103,13 @@ int cp_worker_up(struct cp *cp, const struct cp_worker *w, int64_t now)
 {
 	return now - w->last_seen <= cp->worker_timeout ||
 	       feed_polling(cp, w->id);
+}
+
+/* cp_worker_accepts: up and not stopping: what placement and resume
+ * targets need (a draining worker still finishes its pauses). */
+int cp_worker_accepts(struct cp *cp, const struct cp_worker *w, int64_t now)
+{
+	return !w->draining && cp_worker_up(cp, w, now);
 }
 
 /* cp_transitional: see cp.h. */
@@ -116,6 +127,10 @@ int cp_transitional(const struct cp_sandbox *sb)
 int cp_settle_waits(const struct cp_sandbox *sb, const struct cp_settle *w)
 {
 	if (cp_transitional(sb))
+		return 1;
+	/* paused by its worker's stop: back as soon as the worker is (an
+	 * operation waits for that; a lifecycle call may move it meanwhile) */
+	if (w->op && strcmp(sb->state, "paused") == 0 && sb->resume_on[0] != '\0')
 		return 1;
 	return w->stale_gen != 0 && strcmp(sb->state, "running") == 0 &&
 	       sb->generation == w->stale_gen && sb->activation == w->stale_att;
@@ -216,7 +231,7 @@ static void cp_pick_one(const struct cp_worker *w, void *arg)
 	struct tt_err err = { 0 };
 	int64_t load;
 
-	if (!cp_worker_up(pk->cp, w, pk->now) ||
+	if (!cp_worker_accepts(pk->cp, w, pk->now) ||
 	    cpdb_worker_load(pk->cp->db, w->id, &load, &err) < 0)
 		return;
 	if (pk->best[0] == '\0' || load < pk->best_load) {
@@ -251,9 +266,9 @@ static int cp_create(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 		if (rc == 0)
 			return http_reply_error(wsi, 404, "not_found",
 			                        "no worker %s", wid);
-		if (!cp_worker_up(cp, &w, pk.now))
-			return http_reply_error(wsi, 409, "conflict",
-			                        "worker %s is down", wid);
+		if (!cp_worker_accepts(cp, &w, pk.now))
+			return http_reply_error(wsi, 409, "conflict", "worker %s is %s",
+			                        wid, w.draining ? "stopping" : "down");
 		snprintf(pk.best, sizeof(pk.best), "%s", wid);
 	} else if (cpdb_workers_each(cp->db, cp_pick_one, &pk, &err) < 0) {
 		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
@@ -415,7 +430,7 @@ static int cp_capability(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	_cleanup_free_ char *token = NULL;
 	struct cp_worker w;
 	uint64_t t0 = cp_now_us();
-	struct cp_settle sw = { 0 };
+	struct cp_settle sw = { .op = 1 };
 	json_t *claims, *st;
 	int rc;
 
@@ -474,7 +489,8 @@ static void cp_workers_one(const struct cp_worker *w, void *arg)
 
 	json_array_append_new(l->arr, json_pack("{s:s,s:s,s:s,s:o,s:I}",
 	        "id", w->id, "node_url", w->node_url, "state",
-	        cp_worker_up(l->cp, w, tt_now()) ? "up" : "down", "last_seen",
+	        !cp_worker_up(l->cp, w, tt_now()) ? "down" : w->draining ? "stopping"
+	        : "up", "last_seen",
 	        cp_time(w->last_seen), "acked_rev", (json_int_t)w->acked_rev));
 }
 
@@ -493,7 +509,7 @@ static int cp_workers(struct cp *cp, struct lws *wsi)
 }
 
 /* cp_name_ok: worker ids are short [A-Za-z0-9._-] names. */
-static int cp_name_ok(const char *s)
+int cp_name_ok(const char *s)
 {
 	size_t n = s ? strlen(s) : 0;
 
@@ -602,8 +618,7 @@ static const char *cp_op_name(const struct cp_sandbox *sb)
 /* cp_op_fail: the pending pause/install of sb cannot finish: CAS to failed
  * and retire that generation on its worker (it refuses the generation as
  * soon as it hears), then answer whoever waits. */
-static void cp_op_fail(struct cp *cp, const struct cp_sandbox *sb,
-                       const char *why)
+void cp_op_fail(struct cp *cp, const struct cp_sandbox *sb, const char *why)
 {
 	struct tt_err err = { 0 };
 	int64_t rrev = 0;
@@ -661,7 +676,8 @@ static void cp_sweep_one(const struct cp_sandbox *sb, void *arg)
 	/* A create waits for its install's ack like a pause or resume
 	 * (before, one never acked stayed starting for good). */
 	if (!cp_op_pending(sb) && strcmp(sb->state, "starting") != 0 &&
-	    !(strcmp(sb->state, "paused") == 0 && sb->migrate_to[0] != '\0'))
+	    !(strcmp(sb->state, "paused") == 0 &&
+	      (sb->migrate_to[0] != '\0' || sb->resume_on[0] != '\0')))
 		return;
 	if (l->n == l->cap) {
 		nv = reallocarray(l->v, l->cap ? l->cap * 2 : 8, sizeof(*nv));
@@ -692,9 +708,14 @@ static void cp_sweep(uv_timer_t *t)
 		const struct cp_sandbox *sb = &l.v[i];
 		int known;
 
-		if (strcmp(sb->state, "paused") == 0) {
+		if (strcmp(sb->state, "paused") == 0 && sb->migrate_to[0] != '\0') {
 			/* a migrate whose resume a cp restart cut off */
 			cp_migrate_continue(cp, sb->id);
+			continue;
+		}
+		if (strcmp(sb->state, "paused") == 0) {
+			/* paused by its worker's stop: back when the worker is */
+			cp_resume_returned(cp, sb);
 			continue;
 		}
 		known = cpdb_worker_get(cp->db, sb->worker, &w, &err) == 1;
@@ -726,8 +747,9 @@ static int cp_worker_check(struct cp *cp, const char *id, int64_t now,
 		return cp_refuse(why, 500, "internal", "%s", err.msg);
 	if (rc == 0)
 		return cp_refuse(why, 404, "not_found", "no worker %s", id);
-	if (!cp_worker_up(cp, &w, now))
-		return cp_refuse(why, 409, "conflict", "worker %s is down", id);
+	if (!cp_worker_accepts(cp, &w, now))
+		return cp_refuse(why, 409, "conflict", "worker %s is %s", id,
+		                 w.draining ? "stopping" : "down");
 	return 0;
 }
 
@@ -817,9 +839,9 @@ int cp_resume_begin(struct cp *cp, const struct cp_sandbox *sb,
 }
 
 /* cp_pause_begin: state and worker checks, then the pause CAS. */
-static int cp_pause_begin(struct cp *cp, const struct cp_sandbox *sb,
-                          const char *migrate_to, int64_t *rev,
-                          struct cp_refusal *why)
+int cp_pause_begin(struct cp *cp, const struct cp_sandbox *sb,
+                   const char *migrate_to, const char *resume_on, int64_t *rev,
+                   struct cp_refusal *why)
 {
 	struct tt_err err = { 0 };
 	struct cp_worker w;
@@ -835,7 +857,8 @@ static int cp_pause_begin(struct cp *cp, const struct cp_sandbox *sb,
 		return cp_refuse(why, 409, "conflict", "worker %s is down; use "
 		                 "resume --force to resume from the last complete "
 		                 "snapshot", sb->worker);
-	rc = cpdb_sandbox_pause(cp->db, sb, migrate_to, tt_now(), rev, &err);
+	rc = cpdb_sandbox_pause(cp->db, sb, migrate_to, resume_on, tt_now(), rev,
+	                        &err);
 	if (rc < 0)
 		return cp_refuse(why, 500, "internal", "%s", err.msg);
 	if (rc == 0)
@@ -863,7 +886,7 @@ static int cp_pause(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	/* a lifecycle call queues behind a transition in progress */
 	if (cp_wait_transition(cp, s, wsi, sb, &(struct cp_settle){ 0 }, NULL, &rc))
 		return rc;
-	if (cp_pause_begin(cp, sb, NULL, &rev, &why) < 0)
+	if (cp_pause_begin(cp, sb, NULL, NULL, &rev, &why) < 0)
 		return cp_reply_refusal(wsi, &why);
 	if (wait == 0) {
 		if (cpdb_sandbox_get(cp->db, sb->id, &now, &err) != 1)
@@ -935,7 +958,7 @@ static int cp_migrate(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	if (strcmp(worker, sb->worker) == 0)
 		return http_reply_error(wsi, 409, "conflict", "sandbox %s is "
 		                        "already on %s", sb->id, worker);
-	if (cp_pause_begin(cp, sb, worker, &rev, &why) < 0)
+	if (cp_pause_begin(cp, sb, worker, NULL, &rev, &why) < 0)
 		return cp_reply_refusal(wsi, &why);
 	log_info("sandbox %s: migrate %s -> %s", sb->id, sb->worker, worker);
 	return feed_wait_ack(cp, s, wsi, &(struct cp_waitspec){
@@ -1058,15 +1081,15 @@ static void cp_pause_acked(struct cp *cp, const struct cp_sandbox *sb,
 	int rc;
 
 	if (!ok) {
-		snprintf(why, sizeof(why), "pause failed on %s: %s", sb->worker,
+		snprintf(why, sizeof(why), "pause failed on %.40s: %.150s", sb->worker,
 		         emsg ? emsg : "no reason given");
-		cp_op_fail(cp, sb, why);
+		cp_pause_failed(cp, sb, why);
 		return;
 	}
 	if (cp_snapshot_from_ack(sb, res, &sn) < 0) {
 		snprintf(why, sizeof(why), "pause on %s acknowledged without a "
 		         "valid snapshot", sb->worker);
-		cp_op_fail(cp, sb, why);
+		cp_pause_failed(cp, sb, why);
 		return;
 	}
 	rc = cpdb_sandbox_paused(cp->db, sb->id, sb->generation, sb->op_rev,
@@ -1290,6 +1313,14 @@ int cp_dispatch(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 			return cp_feed(cp, s, wsi);
 		if (strcmp(p, "/v1/feed/ack") == 0 && !strcmp(m, "POST"))
 			return cp_ack(cp, wsi, body);
+		if (strcmp(p, "/v1/feed/lost") == 0 && !strcmp(m, "POST"))
+			return body ? cp_lost(cp, wsi, body)
+			            : http_reply_error(wsi, 400, "bad_request",
+			                               "JSON body expected");
+		if (strcmp(p, "/v1/feed/drain") == 0 && !strcmp(m, "POST"))
+			return body ? cp_drain(cp, wsi, body)
+			            : http_reply_error(wsi, 400, "bad_request",
+			                               "JSON body expected");
 		if (strcmp(p, "/v1/feed/progress") == 0 && !strcmp(m, "POST"))
 			return body ? cp_progress(cp, wsi, body)
 			            : http_reply_error(wsi, 400, "bad_request",

@@ -97,12 +97,17 @@ int cp_transitional(const struct cp_sandbox *sb);
 struct cp_settle {
 	uint64_t stale_gen;
 	uint32_t stale_att;
+	int op;        /* a capability for an operation (not a lifecycle call):
+	                * it also waits for a sandbox paused by its worker's
+	                * stop to come back (resume_on) */
 };
 /* cp_settle_waits: whether a request waiting as w on sb must go on. */
 int cp_settle_waits(const struct cp_sandbox *sb, const struct cp_settle *w);
 
 /* cp_worker_up: polled within cp->worker_timeout, or parked in a poll. */
 int cp_worker_up(struct cp *cp, const struct cp_worker *w, int64_t now);
+/* cp_worker_accepts: up and not draining (placement, resume targets). */
+int cp_worker_accepts(struct cp *cp, const struct cp_worker *w, int64_t now);
 
 /* Why a lifecycle request was refused (HTTP status, error code, message). */
 struct cp_refusal {
@@ -124,6 +129,33 @@ struct cp_resumed {
 int cp_resume_begin(struct cp *cp, const struct cp_sandbox *sb,
                     const char *worker, int force, struct cp_resumed *out,
                     struct cp_refusal *why);
+/* cp_pause_begin: state and worker checks, then the pause CAS (migrate_to:
+ * a migrate's target; resume_on: the worker to resume it on when it is up
+ * again, for a worker's orderly stop). 0 and *rev, or -1 and *why. */
+int cp_pause_begin(struct cp *cp, const struct cp_sandbox *sb,
+                   const char *migrate_to, const char *resume_on, int64_t *rev,
+                   struct cp_refusal *why);
+/* cp_op_fail: the pending pause/install of sb cannot finish: failed, its
+ * generation retired on its worker, waiters answered. */
+void cp_op_fail(struct cp *cp, const struct cp_sandbox *sb, const char *why);
+
+/* recover.c: what brings sandboxes back after restarts and crashes. */
+/* cp_lost: POST /v1/feed/lost (Node): a worker lost an execution whose
+ * layer it still holds; the cp relaunches it there. */
+int cp_lost(struct cp *cp, struct lws *wsi, json_t *body);
+/* cp_drain: POST /v1/feed/drain (Node): a worker stops in order; each of
+ * its running sandboxes is paused (to resume there once it is back). */
+int cp_drain(struct cp *cp, struct lws *wsi, json_t *body);
+/* cp_pause_failed: the worker answered a pause with a failure: it keeps
+ * the layer, so the sandbox is relaunched there from it (nothing it
+ * acknowledged is lost) instead of failing; failed only if it cannot be. */
+void cp_pause_failed(struct cp *cp, const struct cp_sandbox *sb, const char *why);
+/* cp_resume_returned: a sandbox paused by its worker's stop, whose worker
+ * is up again: resumed there (sweep). */
+void cp_resume_returned(struct cp *cp, const struct cp_sandbox *sb);
+/* cp_name_ok: worker ids are short [A-Za-z0-9._-] names. */
+int cp_name_ok(const char *s);
+
 /* cp_op_expire: the pause/install under rev of sbx was not acknowledged in
  * time: the sandbox fails (with a retire for its worker). */
 void cp_op_expire(struct cp *cp, const char *sbx, int64_t rev);

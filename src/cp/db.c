@@ -42,13 +42,19 @@ static const char cpdb_schema[] =
 /* Columns added to sandboxes by the lifecycle (issue 5); databases made
  * before it gain them on open. */
 static const struct {
-	const char *name, *decl;
+	const char *table, *name, *decl;
 } cpdb_sbx_added[] = {
-	{ "op_rev", "op_rev INTEGER NOT NULL DEFAULT 0" },
-	{ "op_at", "op_at INTEGER NOT NULL DEFAULT 0" },
-	{ "progress_bytes", "progress_bytes INTEGER NOT NULL DEFAULT -1" },
-	{ "progress_total", "progress_total INTEGER NOT NULL DEFAULT -1" },
-	{ "migrate_to", "migrate_to TEXT NOT NULL DEFAULT ''" },
+	{ "sandboxes", "op_rev", "op_rev INTEGER NOT NULL DEFAULT 0" },
+	{ "sandboxes", "op_at", "op_at INTEGER NOT NULL DEFAULT 0" },
+	{ "sandboxes", "progress_bytes", "progress_bytes INTEGER NOT NULL DEFAULT -1" },
+	{ "sandboxes", "progress_total", "progress_total INTEGER NOT NULL DEFAULT -1" },
+	{ "sandboxes", "migrate_to", "migrate_to TEXT NOT NULL DEFAULT ''" },
+	/* restarts and crashes (issue 12) */
+	{ "sandboxes", "note", "note TEXT NOT NULL DEFAULT ''" },
+	{ "sandboxes", "resume_on", "resume_on TEXT NOT NULL DEFAULT ''" },
+	{ "sandboxes", "relaunches", "relaunches INTEGER NOT NULL DEFAULT 0" },
+	{ "sandboxes", "relaunch_at", "relaunch_at INTEGER NOT NULL DEFAULT 0" },
+	{ "workers", "draining", "draining INTEGER NOT NULL DEFAULT 0" },
 };
 
 /* cpdb_fail: err from the connection's last error; returns -1. */
@@ -164,14 +170,14 @@ static int cpdb_migrate(struct cpdb *db, struct tt_err *err)
 
 	for (size_t i = 0; i < sizeof(cpdb_sbx_added) / sizeof(cpdb_sbx_added[0]);
 	     i++) {
-		if (cpdb_scalar(db, "SELECT count(*) FROM pragma_table_info("
-		                "'sandboxes') WHERE name=?1", cpdb_sbx_added[i].name,
-		                &have, err) < 0)
+		snprintf(sql, sizeof(sql), "SELECT count(*) FROM pragma_table_info("
+		         "'%s') WHERE name=?1", cpdb_sbx_added[i].table);
+		if (cpdb_scalar(db, sql, cpdb_sbx_added[i].name, &have, err) < 0)
 			return -1;
 		if (have > 0)
 			continue;
-		snprintf(sql, sizeof(sql), "ALTER TABLE sandboxes ADD COLUMN %s",
-		         cpdb_sbx_added[i].decl);
+		snprintf(sql, sizeof(sql), "ALTER TABLE %s ADD COLUMN %s",
+		         cpdb_sbx_added[i].table, cpdb_sbx_added[i].decl);
 		if (cpdb_exec(db, sql, err) < 0)
 			return -1;
 	}
@@ -287,7 +293,8 @@ int cpdb_worker_register(struct cpdb *db, const char *id, const char *url,
 	return cpdb_change(db, err, "register worker",
 	                   "INSERT INTO workers(id,node_url,registered_at,last_seen)"
 	                   " VALUES(?1,?2,?3,?3) ON CONFLICT(id) DO UPDATE SET"
-	                   " node_url=?2, registered_at=?3, last_seen=?3", "tti",
+	                   " node_url=?2, registered_at=?3, last_seen=?3,"
+	                   " draining=0", "tti",
 	                   id, url, now) < 0 ? -1 : 0;
 }
 
@@ -338,9 +345,17 @@ static void cpdb_worker_row(sqlite3_stmt *st, void *out)
 	w->registered_at = sqlite3_column_int64(st, 2);
 	w->last_seen = sqlite3_column_int64(st, 3);
 	w->acked_rev = sqlite3_column_int64(st, 4);
+	w->draining = sqlite3_column_int64(st, 5) != 0;
 }
 
-#define CPDB_WORKER_COLS "id,node_url,registered_at,last_seen,acked_rev"
+#define CPDB_WORKER_COLS "id,node_url,registered_at,last_seen,acked_rev,draining"
+
+/* cpdb_worker_drain: see db.h. */
+int cpdb_worker_drain(struct cpdb *db, const char *id, struct tt_err *err)
+{
+	return cpdb_change(db, err, "drain worker", "UPDATE workers SET draining=1"
+	                   " WHERE id=?1", "t", id) < 0 ? -1 : 0;
+}
 
 /* cpdb_worker_get: one worker by id. */
 int cpdb_worker_get(struct cpdb *db, const char *id, struct cp_worker *out,
@@ -509,11 +524,16 @@ static void cpdb_sandbox_row(sqlite3_stmt *st, void *out)
 	s->progress_bytes = sqlite3_column_int64(st, 11);
 	s->progress_total = sqlite3_column_int64(st, 12);
 	cpdb_text(st, 13, s->migrate_to, sizeof(s->migrate_to));
+	cpdb_text(st, 14, s->note, sizeof(s->note));
+	cpdb_text(st, 15, s->resume_on, sizeof(s->resume_on));
+	s->relaunches = sqlite3_column_int64(st, 16);
+	s->relaunch_at = sqlite3_column_int64(st, 17);
 }
 
 #define CPDB_SBX_COLS "id,state,generation,worker,substrate,pod,activation," \
                       "created_at,error,op_rev,op_at,progress_bytes," \
-                      "progress_total,migrate_to"
+                      "progress_total,migrate_to,note,resume_on,relaunches," \
+                      "relaunch_at"
 
 /* cpdb_sandbox_get: one sandbox (deleted ones too: they keep their gen). */
 int cpdb_sandbox_get(struct cpdb *db, const char *id, struct cp_sandbox *out,
@@ -591,8 +611,8 @@ static int cpdb_retire_insert(struct cpdb *db, const char *id, uint64_t gen,
 
 /* cpdb_sandbox_pause: the pause CAS and its feed update, atomically. */
 int cpdb_sandbox_pause(struct cpdb *db, const struct cp_sandbox *s,
-                       const char *migrate_to, int64_t now, int64_t *rev,
-                       struct tt_err *err)
+                       const char *migrate_to, const char *resume_on,
+                       int64_t now, int64_t *rev, struct tt_err *err)
 {
 	char key[CPDB_SNAPKEY_MAX];
 	json_t *body;
@@ -604,9 +624,11 @@ int cpdb_sandbox_pause(struct cpdb *db, const struct cp_sandbox *s,
 		return -1;
 	rc = cpdb_change(db, err, "update", "UPDATE sandboxes SET state='pausing',"
 	                 "error=NULL,op_at=?3,progress_bytes=-1,progress_total=-1,"
-	                 "migrate_to=?4 WHERE id=?1 AND state='running' AND generation=?2",
-	                 "tiit", s->id, (int64_t)s->generation, now,
-	                 migrate_to != NULL ? migrate_to : "");
+	                 "migrate_to=?4,resume_on=?5,note=''"
+	                 " WHERE id=?1 AND state='running' AND generation=?2",
+	                 "tiitt", s->id, (int64_t)s->generation, now,
+	                 migrate_to != NULL ? migrate_to : "",
+	                 resume_on != NULL ? resume_on : "");
 	if (rc <= 0) {
 		cpdb_commit(db, -1, err);
 		return rc;
@@ -629,7 +651,8 @@ int cpdb_sandbox_migrate_clear(struct cpdb *db, const char *id, uint64_t gen,
                                const char *error, struct tt_err *err)
 {
 	return cpdb_change(db, err, "update", "UPDATE sandboxes SET migrate_to='',"
-	                   "error=?3 WHERE id=?1 AND state='paused' AND generation=?2",
+	                   "resume_on='',error=?3"
+	                   " WHERE id=?1 AND state='paused' AND generation=?2",
 	                   "tit", id, (int64_t)gen, error);
 }
 
@@ -671,7 +694,8 @@ int cpdb_sandbox_cas(struct cpdb *db, const char *id, const char *from,
 	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
 		return -1;
 	rc = cpdb_change(db, err, "update", "UPDATE sandboxes SET state=?4,error=?6,"
-	                 "op_rev=0,progress_bytes=-1,progress_total=-1,migrate_to=''"
+	                 "op_rev=0,progress_bytes=-1,progress_total=-1,migrate_to='',"
+	                 "resume_on=''"
 	                 " WHERE id=?1 AND state=?2 AND generation=?3"
 	                 " AND (?5 < 0 OR op_rev=?5)", "ttitit", id, from,
 	                 (int64_t)gen, to, op_rev, error);
@@ -710,20 +734,33 @@ int cpdb_sandbox_resume(struct cpdb *db, const char *id,
 	    cpdb_retire_insert(db, id, r->gen, r->retire_worker, now,
 	                       retire_rev, err) < 0)
 		return cpdb_commit(db, -1, err);
+	/* a relaunch (note set) counts towards its crash-loop bound: the
+	 * count restarts after CPDB_RELAUNCH_WINDOW quiet seconds */
 	rc = cpdb_change(db, err, "update", "UPDATE sandboxes SET state='resuming',"
-	                 "generation=?3+1,worker=?4,error=NULL,op_at=?5,"
-	                 "progress_bytes=-1,progress_total=-1,migrate_to=''"
+	                 "generation=?3+?6,activation=activation+?7,worker=?4,"
+	                 "error=NULL,op_at=?5,progress_bytes=-1,progress_total=-1,"
+	                 "migrate_to='',resume_on='',note=?8,"
+	                 "relaunches=CASE WHEN ?8='' THEN relaunches"
+	                 " WHEN relaunch_at>?5-?9 THEN relaunches+1 ELSE 1 END,"
+	                 "relaunch_at=CASE WHEN ?8='' THEN relaunch_at ELSE ?5 END"
 	                 " WHERE id=?1 AND state=?2 AND generation=?3",
-	                 "ttiti", id, r->from,
-	                 (int64_t)r->gen, r->worker, now);
+	                 "ttitiiiti", id, r->from, (int64_t)r->gen, r->worker, now,
+	                 (int64_t)(r->reactivate ? 0 : 1),
+	                 (int64_t)(r->reactivate ? 1 : 0),
+	                 r->note != NULL ? r->note : "",
+	                 (int64_t)CPDB_RELAUNCH_WINDOW);
 	if (rc != 1)
 		return cpdb_commit(db, rc < 0 ? -1 : tt_err_set(err, TT_ERR_IO,
 		                   "resume update changed %d rows", rc), err);
-	body = json_pack("{s:s,s:I,s:s,s:s,s:s,s:I,s:s}", "sandbox", id,
-	                 "generation", (json_int_t)(r->gen + 1), "worker",
-	                 r->worker, "substrate", cur.substrate, "pod", cur.pod,
-	                 "activation", (json_int_t)cur.activation, "snapshot",
-	                 r->snapshot_key);
+	/* without a snapshot: the worker starts it on the layer it holds
+	 * ("from_layer": it refuses rather than start on an empty one) */
+	body = json_pack("{s:s,s:I,s:s,s:s,s:s,s:I,s:s?,s:b}", "sandbox", id,
+	                 "generation", (json_int_t)(r->reactivate ? r->gen : r->gen + 1),
+	                 "worker", r->worker, "substrate", cur.substrate, "pod",
+	                 cur.pod, "activation",
+	                 (json_int_t)(cur.activation + (r->reactivate ? 1 : 0)),
+	                 "snapshot", r->snapshot_key, "from_layer",
+	                 r->snapshot_key == NULL);
 	rc = body ? cpdb_feed_insert(db, "install", r->worker, body, now, rev,
 	                             err)
 	          : tt_err_set(err, TT_ERR_NOMEM, "out of memory");
@@ -733,7 +770,7 @@ int cpdb_sandbox_resume(struct cpdb *db, const char *id,
 		                 " WHERE id=?1", "ti", id, *rev);
 	if (cpdb_commit(db, rc < 0 ? -1 : 0, err) < 0)
 		return -1;
-	*new_gen = r->gen + 1;
+	*new_gen = r->reactivate ? r->gen : r->gen + 1;
 	return 1;
 }
 

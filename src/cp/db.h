@@ -27,6 +27,8 @@ struct cp_worker {
 	char id[TT_NAME_MAX + 1];
 	char node_url[CPDB_URL_MAX];
 	int64_t registered_at, last_seen, acked_rev;
+	int draining; /* stopping in order: nothing new goes there until it
+	               * registers again */
 };
 
 struct cp_sandbox {
@@ -48,7 +50,19 @@ struct cp_sandbox {
 	 * the target began ("" otherwise): the cp continues it from the
 	 * pause's ack, whoever waits or not */
 	char migrate_to[TT_NAME_MAX + 1];
+	/* what happened to it that a caller should know, e.g. "relaunched as
+	 * generation 4 from its own layer after …: files kept, processes
+	 * not" ("" = nothing); cleared by the next pause */
+	char note[CPDB_ERR_MAX];
+	/* paused because its worker stopped: the cp resumes it there as soon
+	 * as that worker is up again ("" otherwise) */
+	char resume_on[TT_NAME_MAX + 1];
+	/* relaunches after lost executions within CPDB_RELAUNCH_WINDOW s of
+	 * each other, and when the last one began */
+	int64_t relaunches, relaunch_at;
 };
+
+#define CPDB_RELAUNCH_WINDOW 600
 
 /* A complete snapshot, as a worker's pause ack described it. */
 struct cp_snapshot {
@@ -82,6 +96,8 @@ int cpdb_worker_seen(struct cpdb *db, const char *id, int64_t now,
 /* cpdb_worker_get: 1 and *out, or 0 if unknown. */
 int cpdb_worker_get(struct cpdb *db, const char *id, struct cp_worker *out,
                     struct tt_err *err);
+/* cpdb_worker_drain: the worker stops in order (cleared by register). */
+int cpdb_worker_drain(struct cpdb *db, const char *id, struct tt_err *err);
 int cpdb_worker_set_acked(struct cpdb *db, const char *id, int64_t rev,
                           struct tt_err *err);
 /* cpdb_batch_begin / cpdb_batch_end: one transaction (one commit, one
@@ -132,8 +148,8 @@ int cpdb_sandbox_destroy(struct cpdb *db, const struct cp_sandbox *s,
  * in one transaction. 1 = won (*rev set), 0 = the sandbox was not in that
  * state any more (nothing changed), -1 = error. */
 int cpdb_sandbox_pause(struct cpdb *db, const struct cp_sandbox *s,
-                       const char *migrate_to, int64_t now, int64_t *rev,
-                       struct tt_err *err);
+                       const char *migrate_to, const char *resume_on,
+                       int64_t now, int64_t *rev, struct tt_err *err);
 /* cpdb_sandbox_migrate_clear: a paused sandbox whose migrate could not
  * go on stays paused, error set, its target dropped. */
 int cpdb_sandbox_migrate_clear(struct cpdb *db, const char *id, uint64_t gen,
@@ -155,13 +171,18 @@ int cpdb_sandbox_cas(struct cpdb *db, const char *id, const char *from,
  * `gen`; it becomes resuming with generation gen+1 on worker, and the
  * install update (with "snapshot": snapshot_key) is appended in the same
  * transaction. retire_worker (forced resume) also appends retire{sandbox,
- * gen} for the old worker first. */
+ * gen} for the old worker first. A relaunch after a lost execution has no
+ * snapshot_key (the worker starts it on its own layer, "from_layer") and
+ * a note; reactivate keeps the generation and bumps the activation (the
+ * same execution, re-activated in place). */
 struct cpdb_resume {
 	const char *from;
 	uint64_t gen;
 	const char *worker;
-	const char *snapshot_key;
+	const char *snapshot_key;  /* NULL: from the worker's own layer */
 	const char *retire_worker; /* NULL: no retire */
+	int reactivate;
+	const char *note;          /* NULL: cleared */
 };
 /* cpdb_sandbox_resume: 1 = won (*new_gen, *rev = the install's rev,
  * *retire_rev when asked), 0 = lost the CAS, -1 = error. */

@@ -221,8 +221,9 @@ static void ack_lifecycle(struct cp_park *p, const struct cp_sandbox *sb)
 		if (strcmp(sb->state, "pausing") == 0 && sb->generation == p->gen &&
 		    sb->op_rev == p->rev)
 			return;
+		/* (a resume elsewhere is a relaunch after a failed pause) */
 		if (p->what == CP_WAIT_MIGRATE && strcmp(sb->state, "resuming") == 0 &&
-		    sb->generation == p->gen + 1) {
+		    sb->generation == p->gen + 1 && strcmp(sb->worker, p->target) == 0) {
 			ack_migrate_on(p, sb);
 			return;
 		}
@@ -238,7 +239,7 @@ static void ack_lifecycle(struct cp_park *p, const struct cp_sandbox *sb)
 		}
 		snprintf(msg, sizeof(msg), "pause of generation %llu did not "
 		         "complete: %s", (unsigned long long)p->gen,
-		         sb->error[0] ? sb->error : sb->state);
+		         sb->error[0] ? sb->error : sb->note[0] ? sb->note : sb->state);
 		park_ready(p, 503, ack_refusal(cp, "unavailable", msg, sb));
 		return;
 	}

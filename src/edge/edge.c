@@ -106,6 +106,12 @@ struct xreq {
 	int stale_skipped;         /* a cached copy of the refused route was
 	                            * passed over once */
 	int wait_s;                /* the caller's X-Tether-Wait (s) */
+	/* A next hop that could not be connected to (restarting: nothing of
+	 * the request reached it) is tried again until wait_s is over */
+	uv_timer_t *retry;         /* pending retry (owned, or NULL) */
+	enum { RETRY_ROUTE, RETRY_LIFECYCLE } retry_what;
+	uint64_t deadline_ms;      /* uv_now() past which none begins */
+	unsigned retry_ms;         /* the next backoff */
 	int idempotent;            /* a read: may be retried after transport loss */
 	uint64_t answer_gen;       /* X-Tether-Generation of the answer, 0 none */
 	uint64_t reject_us;        /* when the stale route was refused */
@@ -182,9 +188,26 @@ static void bytes_free(struct bytes *b)
 
 /* ---- request lifetime --------------------------------------------------- */
 
+/* retry_closed: the retry timer is closed: its memory goes. */
+static void retry_closed(uv_handle_t *h)
+{
+	free(h);
+}
+
+/* retry_cancel: a pending retry will not run. */
+static void retry_cancel(struct xreq *x)
+{
+	if (x->retry == NULL)
+		return;
+	uv_timer_stop(x->retry);
+	uv_close((uv_handle_t *)x->retry, retry_closed);
+	x->retry = NULL;
+}
+
 /* xreq_free: releases a request that neither lws nor curl holds. */
 static void xreq_free(struct xreq *x)
 {
+	retry_cancel(x);
 	http_rxguard_stop(x->rxg);
 	if (x->hdrs)
 		curl_slist_free_all(x->hdrs);
@@ -206,6 +229,7 @@ static void xreq_detach(struct xreq *x)
 		routes_cancel_wait(x->e->routes, &x->waiter);
 		x->waiting = 0;
 	}
+	retry_cancel(x);
 	if (x->easy == NULL) {
 		xreq_free(x);
 		return;
@@ -411,6 +435,58 @@ static void up_body_opts(struct xreq *x, CURL *c)
 static void node_start(struct xreq *x);
 static void cap_fetch(struct xreq *x);
 static void route_resolve(struct xreq *x);
+static void lifecycle_start(struct xreq *x);
+static void up_release(struct xreq *x, CURL *easy);
+
+/* retry_fire: the backoff is over: the request goes again, on a freshly
+ * resolved route (or to the cp again). */
+static void retry_fire(uv_timer_t *t)
+{
+	struct xreq *x = t->data;
+
+	retry_cancel(x);
+	if (x->wsi == NULL) { /* not reached: a detached request cancels it */
+		if (x->easy == NULL)
+			xreq_free(x);
+		return;
+	}
+	if (x->retry_what == RETRY_LIFECYCLE)
+		lifecycle_start(x);
+	else
+		route_resolve(x);
+}
+
+/* xreq_retry_later: the next hop refused the connection (restarting):
+ * nothing of the request reached it, so it is tried again after a backoff
+ * (50 ms doubling to 1 s) on a freshly resolved route, while the caller's
+ * wait lasts (SPEC §7: a daemon that dies is restarted; its callers do not
+ * see it). 1 = scheduled (easy released), 0 = the wait is over. */
+static int xreq_retry_later(struct xreq *x, CURL *easy, int what)
+{
+	uint64_t now = uv_now(x->e->loop);
+
+	x->retry_ms = x->retry_ms ? x->retry_ms * 2 : 50;
+	if (x->retry_ms > 1000)
+		x->retry_ms = 1000;
+	if (x->wsi == NULL || now + x->retry_ms > x->deadline_ms ||
+	    (x->retry = malloc(sizeof(*x->retry))) == NULL)
+		return 0;
+	up_release(x, easy);
+	if (what == RETRY_ROUTE)
+		routes_drop_if(x->e->routes, x->keyhash, x->sbx, x->rt.version);
+	x->retry_what = what;
+	x->status = 0;
+	x->capture = 0;
+	x->out_curl_paused = 0;
+	bytes_free(&x->out);
+	x->phase = P_CAP;
+	uv_timer_init(x->e->loop, x->retry);
+	x->retry->data = x;
+	uv_timer_start(x->retry, retry_fire, x->retry_ms, 0);
+	metrics_inc("tether_edge_connect_retries_total",
+	            what == RETRY_ROUTE ? "to=\"node\"" : "to=\"cp\"");
+	return 1;
+}
 
 /* up_headers: Authorization + content type; no Expect stall, except for a
  * streamed upload to a node, which holds its body until admitted (node-api
@@ -467,6 +543,9 @@ static void lifecycle_done(CURL *easy, CURLcode rc, void *arg)
 	long status = 0;
 
 	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+	if (rc == CURLE_COULDNT_CONNECT && !curlonce_sent(&x->in_once) &&
+	    xreq_retry_later(x, easy, RETRY_LIFECYCLE))
+		return; /* the cp restarts: the call never reached it */
 	/* a transition the edge itself carried replaces the execution: no
 	 * caller should try the old route first */
 	if (rc == CURLE_OK && status >= 200 && status < 300 && x->sbx[0] &&
@@ -710,6 +789,13 @@ static void node_done(CURL *easy, CURLcode rc, void *arg)
 		transport = strcmp(v, "transport") == 0 || strcmp(v, "unavailable") == 0;
 	}
 	if (transport) {
+		/* nothing ran: the node refused the connection, or said so
+		 * itself (its manager restarts or stops) */
+		if (((rc == CURLE_COULDNT_CONNECT && !curlonce_sent(&x->in_once) &&
+		      x->in_forwarded == 0) ||
+		     (rc == CURLE_OK && strcmp(v, "unavailable") == 0)) &&
+		    xreq_retry_later(x, easy, RETRY_ROUTE))
+			return;
 		if (x->idempotent && retry_eligible(x))
 			node_retry(x, easy, "transport");
 		else
@@ -794,6 +880,11 @@ static void cap_done(CURL *easy, CURLcode rc, void *arg)
 	long status = 0;
 
 	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+	if (rc == CURLE_COULDNT_CONNECT && x->wsi != NULL) {
+		route_fetch_end(x);
+		if (xreq_retry_later(x, easy, RETRY_ROUTE))
+			return; /* the cp restarts: asked again */
+	}
 	if (x->wsi == NULL || rc != CURLE_OK || (status != 200 && status != 201)) {
 		route_fetch_end(x);
 		/* pass the cp's refusal (401/404/409…) through as it came */
@@ -1065,6 +1156,7 @@ static int edge_http(struct lws *wsi, struct pss *pss, struct edge *e,
 	x->wsi = wsi;
 	x->t0_us = now_us();
 	x->out_length = -1;
+	x->deadline_ms = uv_now(e->loop) + HTTP_WAIT_DEFAULT_S * 1000u;
 	x->in_length = -1;
 	snprintf(x->method, sizeof(x->method), "%s", m);
 	if (strlen(uri) >= sizeof(x->path) ||
@@ -1074,6 +1166,7 @@ static int edge_http(struct lws *wsi, struct pss *pss, struct edge *e,
 	}
 	snprintf(x->path, sizeof(x->path), "%s", uri);
 	x->wait_s = http_wait_seconds(wsi);
+	x->deadline_ms = uv_now(e->loop) + (uint64_t)(x->wait_s > 0 ? x->wait_s : 0) * 1000u;
 	if (x->wait_s < 0) {
 		xreq_free(x);
 		return http_reply_error(wsi, 400, "bad_request", "X-Tether-Wait must "

@@ -1291,6 +1291,9 @@ static const struct lws_protocols api_protocols[] = {
 
 /* ---- process: arguments, manager, startup, shutdown -------------------- */
 
+/* How long an orderly stop waits for this worker's sandboxes to pause. */
+#define API_DRAIN_MS (120u * 1000u)
+
 static const char *const usage_text =
 	"usage: tetherd node --id W --listen 127.0.0.1:PORT --cp URL "
 	"--node-token-file FILE --state DIR [--guest-bin PATH] [--snapshots DIR]\n"
@@ -1486,6 +1489,11 @@ static int node_spawn_manager(struct node *n, struct tt_err *err)
 	o.file = "/proc/self/exe"; /* the same tetherd binary */
 	o.args = args;
 	o.exit_cb = node_on_manager_exit;
+	/* Its own session and process group: a signal to ours (a terminal's
+	 * Ctrl-C, `tether up` or a supervisor stopping us) must not stop the
+	 * sandboxes behind our back: we pause them first, then ask the
+	 * manager to stop over the lifeline, which is all it obeys. */
+	o.flags = UV_PROCESS_DETACHED;
 	o.stdio = stdio;
 	o.stdio_count = 3;
 	n->manager.data = n;
@@ -1499,15 +1507,23 @@ static int node_spawn_manager(struct node *n, struct tt_err *err)
 }
 
 /* node_stop_manager: asks the manager to stop. Once unprivileged we may
- * not signal it (it stays root), so closing the lifeline is what counts;
- * the signal is for a node-api that never dropped (EPERM is expected). */
-static void node_stop_manager(struct node *n)
+ * not signal it (it stays root), so the lifeline is what counts: "stop"
+ * on it, then EOF, is an orderly stop (its sandboxes stop too); EOF alone
+ * — we died, or stop on an error — makes it leave them running for the
+ * manager our successor starts, which adopts them. The signal is for a
+ * node-api that never dropped (EPERM is expected). */
+static void node_stop_manager(struct node *n, bool orderly)
 {
+	uv_os_fd_t fd;
+
 	if (n->lifeline_open) {
+		if (orderly && uv_fileno((uv_handle_t *)&n->lifeline, &fd) == 0 &&
+		    write(fd, "stop\n", 5) != 5)
+			log_warn("cannot ask the manager to stop: %s", strerror(errno));
 		uv_close((uv_handle_t *)&n->lifeline, NULL);
 		n->lifeline_open = false;
 	}
-	if (n->manager_running)
+	if (orderly && n->manager_running)
 		uv_process_kill(&n->manager, SIGTERM);
 }
 
@@ -1516,7 +1532,7 @@ static void node_fatal(struct node *n, const char *msg)
 {
 	log_error("%s", msg);
 	n->exit_code = 1;
-	node_stop_manager(n);
+	node_stop_manager(n, false);
 	uv_stop(n->loop);
 }
 
@@ -1555,7 +1571,8 @@ static void node_serve(struct node *n)
 		return;
 	}
 	n->httpc = httpc_new(n->loop, &err);
-	if (n->httpc == NULL || node_feed_start(n, &err) < 0) {
+	if (n->httpc == NULL || node_feed_start(n, &err) < 0 ||
+	    node_events_start(n, &err) < 0) {
 		node_fatal(n, err.msg);
 		return;
 	}
@@ -1609,7 +1626,20 @@ static void node_ready_try(uv_timer_t *t)
 	json_decref(req);
 }
 
-/* node_on_signal: SIGTERM/SIGINT: stop the feed and the manager, then exit. */
+/* node_drained: the sandboxes are paused (or that was given up): the
+ * manager stops, and its exit callback stops the loop. */
+static void node_drained(struct node *n)
+{
+	if (n->manager_running)
+		node_stop_manager(n, true);
+	else
+		uv_stop(n->loop);
+}
+
+/* node_on_signal: SIGTERM/SIGINT: an orderly stop: the cp pauses this
+ * worker's sandboxes (to resume here when we are back), then the manager
+ * stops, then we exit; a second signal skips the wait. The feed stops
+ * after the loop (node_main), so that no transfer outlives it. */
 static void node_on_signal(uv_signal_t *s, int signum)
 {
 	struct node *n = s->data;
@@ -1617,10 +1647,8 @@ static void node_on_signal(uv_signal_t *s, int signum)
 	log_info("signal %d: shutting down", signum);
 	if (n->exit_code < 0)
 		n->exit_code = 0;
-	/* The feed stops after the loop (node_main), so that no transfer
-	 * outlives it. */
 	if (n->manager_running)
-		node_stop_manager(n); /* its exit callback stops the loop */
+		node_drain(n, API_DRAIN_MS, node_drained);
 	else
 		uv_stop(n->loop);
 }
@@ -1753,7 +1781,7 @@ int node_main(int argc, char **argv)
 	}
 	if (n->drop && node_drop(n, &err) < 0) {
 		log_error("%s", err.msg);
-		node_stop_manager(n); /* still root here if setresuid failed */
+		node_stop_manager(n, false); /* still root here if setresuid failed */
 		sodium_memzero(n->node_token, sizeof(n->node_token));
 		return 1;
 	}
@@ -1769,8 +1797,10 @@ int node_main(int argc, char **argv)
 
 	uv_run(loop, UV_RUN_DEFAULT);
 
-	if (n->manager_running || n->lifeline_open) /* error exit: do not leave it behind */
-		node_stop_manager(n);
+	/* an error exit: the manager leaves its sandboxes to our successor */
+	if (n->manager_running || n->lifeline_open)
+		node_stop_manager(n, false);
+	node_events_stop(n);
 	/* Order matters: the feed is marked stopping before httpc_free runs
 	 * its aborted-transfer callbacks; the loop does not run again, so
 	 * nothing is freed under a pending callback (the process exits). */

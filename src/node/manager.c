@@ -58,6 +58,7 @@
 #define MGR_UID_BASE 1000000u
 #define MGR_UID_COUNT 65536u
 #define MGR_BRIDGE_READY_MS 5000
+#define MGR_LOCK_WAIT_MS 10000     /* for a predecessor on its way out */
 #define MGR_SPARE_BACKOFF_MIN_MS 250   /* first wait after a failed spare */
 #define MGR_SPARE_BACKOFF_MAX_MS 10000
 /* Idle connections kept per bridge, and for how long. */
@@ -129,6 +130,16 @@ struct mgr_conn {
 	uint8_t buf[WIRE_PAYLOAD_MAX + WIRE_HDR_LEN];
 };
 
+/* Why an execution was lost while we ran (recover's finds get a generic
+ * reason): what a watcher is told. Owned by manager.lost. */
+struct mgr_lost {
+	char sbx[TT_SBX_ID_LEN + 1];
+	uint64_t gen;
+	char reason[96];
+	bool reactivate;         /* same execution, next activation */
+	struct mgr_lost *next;
+};
+
 struct manager {
 	uv_loop_t *loop;
 	char state_dir[1024];      /* bounded so derived paths always fit */
@@ -145,6 +156,10 @@ struct manager {
 	struct mgr_conn *ops;
 	struct mgr_conn *waiting;  /* connections reading their next REQUEST
 	                            * (new, or idle between operations) */
+	/* node-api's {"op":"watch"} connection: told of every execution lost
+	 * (DATA_OUT {"lost":…}), so the cp can relaunch it; at most one */
+	struct mgr_conn *watcher;
+	struct mgr_lost *lost;
 	uv_pipe_t server;
 	uv_signal_t sigterm, sigint;
 	bool stopping;
@@ -154,6 +169,11 @@ struct manager {
 	uv_pipe_t lifeline;
 	bool lifeline_on;
 	int lifeline_fd;           /* --lifeline FD, or -1 */
+	/* node-api wrote on the lifeline before closing it: an orderly stop
+	 * (sandboxes stop too). EOF alone: node-api died; we leave them
+	 * running, for the manager its successor starts (adoption). */
+	bool lifeline_stop;
+	bool abandon;              /* leaving: nothing is stopped */
 	bool own_sock_dir;         /* --private-socket-dir: rmdir it at exit */
 	/* A sandbox directory tree made ahead of time (<state>/sandboxes/
 	 * .spare), renamed into place by the next create: its mkdirs are off
@@ -337,6 +357,8 @@ static void conn_free(struct mgr_conn *c)
 	struct mgr_conn **pp;
 
 	waiting_del(c);
+	if (c->m->watcher == c)
+		c->m->watcher = NULL;
 	for (pp = &c->m->ops; *pp; pp = &(*pp)->next)
 		if (*pp == c) {
 			*pp = c->next;
@@ -792,19 +814,32 @@ static void mark_state(struct manager *m, const char *sbx, enum rec_state st)
 		log_error("persisting state of %s: %s", sbx, err.msg);
 }
 
+static void lost_note(struct manager *m, const struct rec_exec *r,
+                      const char *reason, bool reactivate);
+static void lost_forget(struct manager *m, const char *sbx);
+
 /* exec_died_cb: the sandbox init or the bridge exited on its own: the
  * execution is lost (admission answers RefreshRoute from now on). */
 static void exec_died_cb(uv_poll_t *p, int status, int events)
 {
 	struct mgr_exec *ex = p->data;
 	struct manager *m = ex->m;
+	bool init_died = p == &ex->init_poll;
+	const struct rec_exec *r;
+	char sbx[TT_SBX_ID_LEN + 1];
 
 	(void)status;
 	(void)events;
 	log_warn("execution %s lost: its %s exited", ex->sbx,
-	         p == &ex->init_poll ? "sandbox init" : "bridge");
-	mark_state(m, ex->sbx, REC_LOST);
-	exec_stop(m, ex);
+	         init_died ? "sandbox init" : "bridge");
+	snprintf(sbx, sizeof(sbx), "%s", ex->sbx);
+	mark_state(m, sbx, REC_LOST);
+	exec_stop(m, ex); /* ex is gone from here */
+	/* its layer stays: the cp re-activates it in place (SPEC §7) */
+	r = records_get(m->db, sbx);
+	if (r != NULL && !r->retired && r->state == REC_LOST)
+		lost_note(m, r, init_died ? "its guest agent (the sandbox init) "
+		          "exited" : "its host bridge exited", true);
 }
 
 /* exec_watch: starts the pidfd watchers and links the runtime state. */
@@ -1434,7 +1469,20 @@ static int retire_and_stop(struct manager *m, const struct rec_exec *cur,
 	return rc;
 }
 
-/* apply_install: install {sandbox,generation,worker,substrate,pod,activation}. */
+/* layer_held: sbx's layer image is here (a regular file, not followed). */
+static bool layer_held(struct manager *m, const char *sbx)
+{
+	char dir[PATH_MAX], img[PATH_MAX + 16];
+	struct stat st;
+
+	return sandbox_dir(m, sbx, dir, sizeof(dir)) == 0 &&
+	       (size_t)snprintf(img, sizeof(img), "%s/" NS_LAYER_IMG, dir) < sizeof(img) &&
+	       lstat(img, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* apply_install: install {sandbox,generation,worker,substrate,pod,activation}
+ * (+ snapshot: restore it first; + from_layer: relaunch on the layer held
+ * here). */
 static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_err *err)
 {
 	const char *sbx = str_field(u, "sandbox", TT_SBX_ID_LEN, false);
@@ -1443,6 +1491,9 @@ static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 	const char *pod = str_field(u, "pod", TT_NAME_MAX, true);
 	json_t *jsnap = json_object_get(u, "snapshot");
 	const char *snap = json_string_value(jsnap); /* resume: restore first */
+	/* a relaunch after a lost execution: on the layer held here, never on
+	 * an empty one */
+	bool from_layer = json_is_true(json_object_get(u, "from_layer"));
 	uint64_t gen = u64_field(u, "generation"), att = u64_field(u, "activation");
 	const struct rec_exec *cur;
 	struct rec_exec rec = { 0 };
@@ -1458,6 +1509,10 @@ static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 		return records_set_applied_rev(m->db, rev, err); /* not ours */
 	if (strcmp(sst, "ns") != 0)
 		return tt_err_set(err, TT_ERR_INVALID, "install: substrate %s not available here", sst);
+	if (from_layer && (snap != NULL || !layer_held(m, sbx)))
+		return tt_err_set(err, TT_ERR_CONFLICT, "install: no layer of %s here "
+		                  "to relaunch it from", sbx);
+	lost_forget(m, sbx);
 	cur = records_get(m->db, sbx);
 	if (cur != NULL && cur->id.gen > gen)
 		return tt_err_set(err, TT_ERR_CONFLICT,
@@ -2239,6 +2294,110 @@ static json_t *handle_status(struct manager *m)
 	                 (json_int_t)records_applied_rev(m->db), "executions", list);
 }
 
+/* lost_send: one {"lost":{…}} event to the watcher; one that cannot take
+ * it is dropped (node-api watches again, and hears of it then). */
+static void lost_send(struct manager *m, const char *sbx, uint64_t gen,
+                      uint32_t att, const char *reason, bool reactivate)
+{
+	struct tt_err err = { 0 };
+	json_t *o;
+
+	if (m->watcher == NULL)
+		return;
+	o = json_pack("{s:{s:s,s:I,s:I,s:s,s:b}}", "lost", "sandbox", sbx,
+	              "generation", (json_int_t)gen, "activation", (json_int_t)att,
+	              "reason", reason, "reactivate", reactivate);
+	if (o == NULL ||
+	    relay_write_json((uv_stream_t *)m->watcher->conn, WIRE_DATA_OUT, o, &err) < 0) {
+		log_warn("telling node-api of a lost execution: %s",
+		         o ? err.msg : "out of memory");
+		conn_free(m->watcher);
+	}
+	json_decref(o);
+}
+
+/* lost_find: what we noted of sbx's loss, or NULL. */
+static struct mgr_lost *lost_find(struct manager *m, const char *sbx)
+{
+	for (struct mgr_lost *l = m->lost; l != NULL; l = l->next)
+		if (strcmp(l->sbx, sbx) == 0)
+			return l;
+	return NULL;
+}
+
+/* lost_forget: sbx runs again (or is gone): its loss is no news. */
+static void lost_forget(struct manager *m, const char *sbx)
+{
+	for (struct mgr_lost **pp = &m->lost; *pp != NULL; pp = &(*pp)->next) {
+		if (strcmp((*pp)->sbx, sbx) == 0) {
+			struct mgr_lost *l = *pp;
+
+			*pp = l->next;
+			free(l);
+			return;
+		}
+	}
+}
+
+/* lost_note: remembers why r was lost (for a watcher that comes later)
+ * and tells the watcher now. */
+static void lost_note(struct manager *m, const struct rec_exec *r,
+                      const char *reason, bool reactivate)
+{
+	struct mgr_lost *l = lost_find(m, r->id.sbx);
+
+	if (l == NULL && (l = calloc(1, sizeof(*l))) != NULL) {
+		l->next = m->lost;
+		m->lost = l;
+	}
+	if (l != NULL) {
+		snprintf(l->sbx, sizeof(l->sbx), "%s", r->id.sbx);
+		l->gen = r->id.gen;
+		snprintf(l->reason, sizeof(l->reason), "%s", reason);
+		l->reactivate = reactivate;
+	}
+	lost_send(m, r->id.sbx, r->id.gen, r->id.att, reason, reactivate);
+}
+
+/* watch_read_cb: a watcher sends nothing more: EOF (or any byte) ends it. */
+static void watch_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+	(void)buf;
+	if (nread != 0)
+		conn_free(s->data);
+}
+
+/* watch_start: {"op":"watch"}: the connection hears of every execution
+ * lost from now on, first of those lost already (found so at start: the
+ * worker restarted without their processes; relaunched as the next
+ * generation). */
+static void watch_start(struct mgr_conn *c)
+{
+	struct manager *m = c->m;
+
+	if (m->watcher != NULL && m->watcher != c)
+		conn_free(m->watcher);
+	m->watcher = c;
+	uv_read_stop((uv_stream_t *)c->conn);
+	if (uv_read_start((uv_stream_t *)c->conn, conn_alloc_cb, watch_read_cb) < 0) {
+		conn_free(c);
+		return;
+	}
+	for (size_t i = 0; i < records_count(m->db) && m->watcher == c; i++) {
+		const struct rec_exec *r = records_at(m->db, i);
+		const struct mgr_lost *l = lost_find(m, r->id.sbx);
+
+		if (r->state != REC_LOST || r->retired)
+			continue;
+		if (l != NULL && l->gen == r->id.gen)
+			lost_send(m, r->id.sbx, r->id.gen, r->id.att, l->reason,
+			          l->reactivate);
+		else
+			lost_send(m, r->id.sbx, r->id.gen, r->id.att, "the worker "
+			          "restarted and its processes were gone", false);
+	}
+}
+
 /* handle_control: feed.apply / status; answers RESULT and closes (a
  * feed.apply holding a pause answers when the pause ends). */
 static void handle_control(struct mgr_conn *c, const char *op)
@@ -2308,6 +2467,8 @@ static void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	}
 	if (strcmp(op, "feed.apply") == 0 || strcmp(op, "status") == 0)
 		handle_control(c, op);
+	else if (strcmp(op, "watch") == 0)
+		watch_start(c);
 	else
 		handle_data_op(c);
 }
@@ -2555,6 +2716,10 @@ static void shutdown_all(struct manager *m)
 	 * our loop (and so this process, and node-api waiting for it) alive. */
 	while (m->waiting)
 		conn_free(m->waiting);
+	if (m->watcher != NULL)
+		conn_free(m->watcher);
+	while (m->lost != NULL)
+		lost_forget(m, m->lost->sbx);
 	uv_close((uv_handle_t *)&m->server, NULL);
 	unlink(m->sock_path);
 	sock_dir_remove(m);
@@ -2701,10 +2866,25 @@ static void on_lifeline(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	struct manager *m = s->data;
 
 	(void)buf;
+	if (nread > 0)
+		m->lifeline_stop = true; /* "stop": node-api stops in order */
 	if (nread >= 0)
-		return; /* 0: EAGAIN; data is ignored (read into a static sink) */
-	log_info("node-api closed the lifeline (%s)", uv_strerror((int)nread));
-	shutdown_all(m);
+		return; /* 0: EAGAIN; the bytes themselves are not looked at */
+	if (m->lifeline_stop || m->stopping) {
+		log_info("node-api asked us to stop");
+		shutdown_all(m);
+		return;
+	}
+	/* node-api is gone: its successor starts a manager that adopts what
+	 * runs (as after a SIGKILL of ours), so nothing is stopped; the
+	 * socket goes, and we exit at once so the next one gets our lock. */
+	log_warn("node-api closed the lifeline without a stop (%s): leaving %zu "
+	         "record(s) to the next manager", uv_strerror((int)nread),
+	         records_count(m->db));
+	m->abandon = true;
+	unlink(m->sock_path);
+	sock_dir_remove(m);
+	uv_stop(m->loop);
 }
 
 /* lifeline_alloc: one static sink: the bytes are never looked at. */
@@ -2753,7 +2933,7 @@ static int lifeline_start(struct manager *m, struct tt_err *err)
  * fail to adopt them and stop them all, then take over the socket. The
  * lock file's descriptor is close-on-exec, so no sandbox or bridge keeps
  * it past its exec. 0, or -1 (reported). */
-static int state_lock(const char *state_dir)
+static int state_lock(const char *state_dir, int64_t wait_ms)
 {
 	char path[PATH_MAX];
 	int fd;
@@ -2767,11 +2947,16 @@ static int state_lock(const char *state_dir)
 		log_error("cannot open %s: %s", path, strerror(errno));
 		return -1;
 	}
-	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
-		log_error("%s: another sbx-manager runs on this state directory (%s)", path,
-		          strerror(errno));
-		close(fd);
-		return -1;
+	/* Spawned by node-api (wait_ms > 0): the manager of a node-api that
+	 * died may still be on its way out; it lets go within moments. */
+	for (int64_t until = now_ms() + wait_ms; flock(fd, LOCK_EX | LOCK_NB) < 0;) {
+		if (errno != EWOULDBLOCK || now_ms() >= until) {
+			log_error("%s: another sbx-manager runs on this state directory (%s)",
+			          path, strerror(errno));
+			close(fd);
+			return -1;
+		}
+		usleep(20000);
 	}
 	return 0; /* fd stays open (and locked) for our lifetime */
 }
@@ -2809,7 +2994,7 @@ int manager_main(int argc, char **argv)
 		log_error("cannot create %s: %s", path, strerror(errno));
 		return 1;
 	}
-	if (state_lock(m->state_dir) < 0)
+	if (state_lock(m->state_dir, m->lifeline_fd >= 0 ? MGR_LOCK_WAIT_MS : 0) < 0)
 		return 1;
 	if (snprintf(path, sizeof(path), "%s/runtime.db", m->state_dir) >=
 	    (int)sizeof(path)) {
@@ -2843,6 +3028,10 @@ int manager_main(int argc, char **argv)
 	         records_count(m->db));
 	uv_run(m->loop, UV_RUN_DEFAULT);
 	rc = 0;
+	if (m->abandon) { /* our processes and mounts stay for the successor */
+		records_close(m->db);
+		return 0;
+	}
 out:
 	if (rc != 0) { /* shutdown_all did not run */
 		unlink(m->sock_path);

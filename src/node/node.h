@@ -18,6 +18,9 @@
 #define NODE_TOKEN_MAX 512
 
 struct node_feed; /* feed.c */
+struct node_events; /* events.c */
+struct node;
+typedef void (*node_drained_fn)(struct node *n);
 
 struct node {
 	uv_loop_t *loop;
@@ -49,6 +52,7 @@ struct node {
 	bool lifeline_open;
 	uint64_t applied_rev;      /* last rev the manager durably applied */
 	struct node_feed *feed;
+	struct node_events *events;
 	bool progress_inflight;    /* a POST /v1/feed/progress is running */
 	uint64_t progress_last_ms; /* uv_now of the last one (<= 5/s) */
 	int exit_code;
@@ -59,5 +63,16 @@ struct node {
 int node_feed_start(struct node *n, struct tt_err *err);
 /* node_feed_stop: cancels timers and transfers (the httpc aborts them). */
 void node_feed_stop(struct node *n);
+
+/* node_events_start: watches the manager for lost executions and reports
+ * each to the cp (src/node/events.c). */
+int node_events_start(struct node *n, struct tt_err *err);
+/* node_events_stop: closes the watch; transfers in flight end quietly. */
+void node_events_stop(struct node *n);
+/* node_drain: the orderly stop's first step: the cp pauses every sandbox
+ * of this worker (to resume here once it is back) while the feed goes on;
+ * drained runs once none is pending, within_ms passed, the cp stayed
+ * silent, or node_drain was called again (stop now). */
+void node_drain(struct node *n, uint64_t within_ms, node_drained_fn drained);
 
 #endif

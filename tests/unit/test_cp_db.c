@@ -280,8 +280,8 @@ static void test_pause_cas(void **state)
 
 	running_sbx(f, id, &sb);
 	assert_int_equal(cpdb_snapshot_latest(f->db, id, &latest, &err), 0);
-	assert_int_equal(cpdb_sandbox_pause(f->db, &sb, NULL, 200, &rev, &err), 1);
-	assert_int_equal(cpdb_sandbox_pause(f->db, &sb, NULL, 200, &rev2, &err), 0);
+	assert_int_equal(cpdb_sandbox_pause(f->db, &sb, NULL, NULL, 200, &rev, &err), 1);
+	assert_int_equal(cpdb_sandbox_pause(f->db, &sb, NULL, NULL, 200, &rev2, &err), 0);
 	assert_int_equal(cpdb_feed_latest(f->db, &latest_rev, &err), 0);
 	assert_int_equal(latest_rev, rev); /* the loser appended nothing */
 	u = last_update(f, "w1");
@@ -315,7 +315,7 @@ static void test_pause_cas(void **state)
 	assert_string_equal(latest.checksum, "blake2b:01");
 	assert_int_equal(latest.size, 42);
 	/* a paused sandbox cannot be paused */
-	assert_int_equal(cpdb_sandbox_pause(f->db, &got, NULL, 201, &rev2, &err), 0);
+	assert_int_equal(cpdb_sandbox_pause(f->db, &got, NULL, NULL, 201, &rev2, &err), 0);
 }
 
 /* Resume allocates N+1 together with its install; a racing resume from
@@ -335,7 +335,7 @@ static void test_resume_generations(void **state)
 	json_t *u;
 
 	running_sbx(f, id, &sb);
-	assert_int_equal(cpdb_sandbox_pause(f->db, &sb, NULL, 200, &rev, &err), 1);
+	assert_int_equal(cpdb_sandbox_pause(f->db, &sb, NULL, NULL, 200, &rev, &err), 1);
 	assert_int_equal(cpdb_sandbox_paused(f->db, id, 1, rev, &sn, &err), 1);
 	assert_int_equal(cpdb_sandbox_resume(f->db, id, &r, 300, &gen, &irev,
 	                                     &rrev, &err), 1);

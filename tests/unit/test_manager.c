@@ -1195,6 +1195,194 @@ static void test_spare_bridge(void **state)
 	free(tok15);
 }
 
+/* ---- every child reaped ---------------------------------------------------- */
+
+/* zombie_children: children of pid (every thread's, from
+ * /proc/<pid>/task/<tid>/children) in state Z. */
+static int zombie_children(pid_t pid)
+{
+	char path[96];
+	struct dirent *e;
+	int zombies = 0;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	d = opendir(path);
+	assert_non_null(d);
+	while ((e = readdir(d)) != NULL) {
+		char cpath[400], kids[8192];
+		size_t len;
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(cpath, sizeof(cpath), "%s/%s/children", path, e->d_name);
+		if ((f = fopen(cpath, "re")) == NULL)
+			continue;
+		len = fread(kids, 1, sizeof(kids) - 1, f);
+		fclose(f);
+		kids[len] = '\0';
+		for (char *tok = strtok(kids, " \n"); tok != NULL; tok = strtok(NULL, " \n")) {
+			char spath[64], line[512] = "", *paren;
+			FILE *sf;
+
+			snprintf(spath, sizeof(spath), "/proc/%s/stat", tok);
+			if ((sf = fopen(spath, "re")) == NULL)
+				continue;
+			if (fgets(line, sizeof(line), sf) == NULL)
+				line[0] = '\0';
+			fclose(sf);
+			paren = strrchr(line, ')');
+			if (paren != NULL && paren[1] == ' ' && paren[2] == 'Z')
+				zombies++;
+		}
+	}
+	closedir(d);
+	return zombies;
+}
+
+/* settled_zombies: the manager's zombie children once what it reaps on
+ * its own (a watcher's callback) had 2 s. */
+static int settled_zombies(void)
+{
+	int z = 0;
+
+	for (int i = 0; i < 200; i++) {
+		if ((z = zombie_children(mgr_pid)) == 0)
+			return 0;
+		usleep(10000);
+	}
+	return z;
+}
+
+/* fresh_sbx: a sandbox id never installed before, numbered i. */
+static void fresh_sbx(char *out, size_t cap, unsigned i)
+{
+	static const char b32[] = "abcdefghijklmnopqrstuvwxyz234567";
+
+	snprintf(out, cap, "sbx_reapreapreapreapreapree%c%c%c", b32[(i >> 10) & 31],
+	         b32[(i >> 5) & 31], b32[i & 31]);
+}
+
+/* sbx_update: a retire or destroy of the_sbx (gen 0: none named). */
+static json_t *sbx_update(uint64_t rev, const char *kind, uint64_t gen)
+{
+	json_t *u = json_pack("{s:I,s:s,s:s,s:s}", "rev", (json_int_t)rev, "kind", kind,
+	                      "worker", "w1", "sandbox", the_sbx);
+
+	if (gen > 0)
+		json_object_set_new(u, "generation", json_integer((json_int_t)gen));
+	return u;
+}
+
+/* wait_state: the_sbx reaches state want in the manager's status (5 s). */
+static bool wait_state(const char *want)
+{
+	char st[32];
+
+	for (int i = 0; i < 500; i++) {
+		exec_state(st, sizeof(st));
+		if (strcmp(st, want) == 0)
+			return true;
+		usleep(10000);
+	}
+	return false;
+}
+
+/* test_children_reaped: every child the manager starts is reaped on every
+ * way it ends: rm (destroy), retire, pause, a lost execution (its init or
+ * its bridge killed from outside), a failed start, spares dropped. Before
+ * the fix each stopped init stayed a zombie (a non-blocking pidfd made the
+ * reaping waitid fail with EAGAIN): a long-lived worker ran out of pids. */
+static void test_children_reaped(void **state)
+{
+	char ids[8][TT_SBX_ID_LEN + 1], key[64], *tok;
+	uint64_t rev = 100;
+	struct answer a;
+	pid_t pid;
+
+	(void)state;
+	assert_int_equal(settled_zombies(), 0);
+	/* create / exec / rm, 12 times. */
+	for (unsigned i = 0; i < 12; i++) {
+		fresh_sbx(ids[0], sizeof(ids[0]), i);
+		the_sbx = ids[0];
+		tok = mint(sk, 1, "w1", TT_OP_EXEC);
+		assert_true(feed(install(rev++, 1, "w1")));
+		call(exec_req(tok, "true"), &a);
+		expect_decision(&a, "allow", "ok");
+		answer_free(&a);
+		free(tok);
+		assert_true(feed(sbx_update(rev++, "destroy", 0)));
+	}
+	assert_int_equal(settled_zombies(), 0);
+
+	/* pause, resume from the snapshot, retire, resume again, rm. */
+	fresh_sbx(ids[1], sizeof(ids[1]), 100);
+	the_sbx = ids[1];
+	assert_true(feed(install(rev++, 1, "w1")));
+	{
+		json_t *p = pause_update(rev++, 1);
+
+		snprintf(key, sizeof(key), "%s/1", the_sbx);
+		json_object_set_new(p, "sandbox", json_string(the_sbx));
+		json_object_set_new(p, "snapshot", json_string(key));
+		assert_true(feed(p));
+	}
+	assert_int_equal(settled_zombies(), 0);
+	assert_true(feed(install_from(rev++, 2, key)));
+	assert_true(feed(sbx_update(rev++, "retire", 2)));
+	assert_int_equal(settled_zombies(), 0);
+	assert_true(feed(install_from(rev++, 3, key)));
+
+	/* Lost: its init killed from outside. */
+	pid = manager_init_pid();
+	assert_true(pid > 0);
+	assert_int_equal(kill(pid, SIGKILL), 0);
+	assert_true(wait_state("lost"));
+	assert_int_equal(settled_zombies(), 0);
+	assert_true(feed(sbx_update(rev++, "destroy", 0)));
+
+	/* Lost: its bridge killed (the manager stops its init). */
+	fresh_sbx(ids[2], sizeof(ids[2]), 101);
+	the_sbx = ids[2];
+	assert_true(feed(install(rev++, 1, "w1")));
+	pid = manager_bridge_pid();
+	assert_int_equal(kill(pid, SIGKILL), 0);
+	assert_true(wait_state("lost"));
+	assert_int_equal(settled_zombies(), 0);
+	assert_true(feed(sbx_update(rev++, "destroy", 0)));
+
+	/* Spares killed while waiting: reaped when the next create looks. */
+	pid = manager_spare_sandbox_pid();
+	assert_true(pid > 0);
+	assert_int_equal(kill(pid, SIGKILL), 0);
+	assert_int_equal(kill(manager_spare_pid(), SIGKILL), 0);
+	fresh_sbx(ids[3], sizeof(ids[3]), 102);
+	the_sbx = ids[3];
+	assert_true(feed(install(rev++, 1, "w1")));
+	assert_int_equal(settled_zombies(), 0);
+	assert_true(feed(sbx_update(rev++, "destroy", 0)));
+
+	/* A start that fails: an agent that exits at once (an upgrade gone
+	 * wrong); spares and the create's own launch fail alike. */
+	{
+		char cmd[600];
+
+		snprintf(cmd, sizeof(cmd), "printf '#!/bin/sh\\nexit 3\\n' >%s.new && "
+		         "chmod 0755 %s.new && mv -f %s.new %s", guest_copy, guest_copy,
+		         guest_copy, guest_copy);
+		assert_int_equal(system(cmd), 0);
+	}
+	fresh_sbx(ids[4], sizeof(ids[4]), 103);
+	the_sbx = ids[4];
+	assert_false(feed(install(rev++, 1, "w1")));
+	assert_int_equal(settled_zombies(), 0);
+	assert_int_equal(guest_install(), 0);
+	assert_true(feed(sbx_update(rev++, "destroy", 0)));
+	the_sbx = SBX;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1207,6 +1395,7 @@ int main(void)
 		cmocka_unit_test(test_pause_and_restore),
 		cmocka_unit_test(test_bridge_impostor),
 		cmocka_unit_test(test_spare_bridge),
+		cmocka_unit_test(test_children_reaped),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

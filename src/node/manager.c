@@ -42,6 +42,7 @@
 #include "metrics.h"
 #include "node/bridgectl.h"
 #include "node/ns.h"
+#include "node/paths.h"
 #include "snapshot.h"
 #include "snapstore.h"
 #include "node/records.h"
@@ -49,6 +50,7 @@
 #include "relay.h"
 #include "tetherd/roles.h"
 #include "timefmt.h"
+#include "unixaddr.h"
 #include "uvutil.h"
 #include "wire.h"
 #include "wire_json.h"
@@ -595,8 +597,7 @@ static void handle_data_op(struct mgr_conn *c)
 			return;
 		}
 	}
-	if (ex == NULL || sandbox_dir(m, sbx, path, sizeof(path)) < 0 ||
-	    strlen(path) + sizeof("/bridge.sock") > sizeof(((struct sockaddr_un *)0)->sun_path)) {
+	if (ex == NULL || sandbox_dir(m, sbx, path, sizeof(path) - sizeof("/bridge.sock")) < 0) {
 		conn_fail(c, "transport", "no bridge for this execution");
 		return;
 	}
@@ -609,7 +610,8 @@ static void handle_data_op(struct mgr_conn *c)
 		return;
 	}
 	c->connect.data = c;
-	uv_pipe_connect(&c->connect, c->bridge, path, bridge_connected);
+	/* Any length of state path (unixaddr.h). */
+	uvutil_pipe_connect(&c->connect, c->bridge, path, bridge_connected);
 }
 
 /* ---- feed apply --------------------------------------------------------- */
@@ -863,11 +865,10 @@ static int bridge_take(struct manager *m, struct mgr_exec *ex, const char *dir,
 		.init_start = ex->sb.init_start_time, .secret = secret,
 	};
 	char sock[PATH_MAX];
-	struct sockaddr_un sa;
 	struct tt_err e2 = { 0 };
 
-	snprintf(sock, sizeof(sock), "%.4000s/bridge.sock", dir);
-	if (strlen(sock) >= sizeof(sa.sun_path))
+	/* The bridge binds it at any length (unixaddr.h). */
+	if ((size_t)snprintf(sock, sizeof(sock), "%s/bridge.sock", dir) >= sizeof(sock))
 		return tt_err_set(err, TT_ERR_INVALID, "bridge socket path too long");
 	unlink(sock);
 	a.listen_path = sock;
@@ -2412,10 +2413,8 @@ static int bridge_adopt(struct manager *m, struct mgr_exec *ex, const struct rec
                         struct tt_err *err)
 {
 	static uint8_t buf[WIRE_PAYLOAD_MAX + 1];
-	struct timeval tv = { .tv_sec = HELLO_TIMEOUT_MS / 1000 };
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	uint8_t chal[HELLO_CHALLENGE_LEN], proof[HELLO_PROOF_LEN];
-	char dir[PATH_MAX], b64[HELLO_B64_LEN + 1];
+	char path[PATH_MAX], b64[HELLO_B64_LEN + 1];
 	_cleanup_close_ int fd = -1;
 	struct wire_frame f;
 	json_t *o;
@@ -2423,15 +2422,13 @@ static int bridge_adopt(struct manager *m, struct mgr_exec *ex, const struct rec
 
 	if (!r->has_adopt_key)
 		return tt_err_set(err, TT_ERR_VERIFY, "recorded without an adoption key");
-	if (sandbox_dir(m, r->id.sbx, dir, sizeof(dir)) < 0 ||
-	    (size_t)snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/bridge.sock", dir) >=
-	    sizeof(sa.sun_path))
+	if (sandbox_dir(m, r->id.sbx, path, sizeof(path) - sizeof("/bridge.sock")) < 0)
 		return tt_err_set(err, TT_ERR_INVALID, "bridge socket path too long");
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
-	    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0 ||
-	    connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-		return tt_err_sys(err, TT_ERR_TRANSPORT, "connecting to its bridge");
+	strcat(path, "/bridge.sock");
+	/* Any length of state path (unixaddr.h). */
+	fd = unixaddr_connect(path, HELLO_TIMEOUT_MS, err);
+	if (fd < 0)
+		return -1;
 	if (verify_peer(fd, &ex->bridge_id, err) < 0)
 		return -1;
 	if (wire_recv(fd, &f, buf, sizeof(buf), err) != 1)
@@ -2665,7 +2662,12 @@ static int parse_args(struct manager *m, int argc, char **argv)
 		default: return -1;
 		}
 	}
-	if (!m->state_dir[0] || strlen(m->state_dir) > 900 || !m->sock_path[0] || !m->worker_id[0] || !have_pid ||
+	if (strlen(m->state_dir) > TT_WORKER_STATE_MAX) {
+		fprintf(stderr, "manager: --state is %zu bytes long; at most %d\n",
+		        strlen(m->state_dir), TT_WORKER_STATE_MAX);
+		return -1;
+	}
+	if (!m->state_dir[0] || !m->sock_path[0] || !m->worker_id[0] || !have_pid ||
 	    !have_uid || m->peer_pid <= 0) {
 		fprintf(stderr, "usage: tetherd manager --state DIR --socket PATH --worker-id W"
 		                " --peer-pid PID --peer-uid UID [--guest-bin PATH]"

@@ -187,6 +187,14 @@ struct cpdb *cpdb_open(const char *path, struct tt_err *err)
 		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 		return NULL;
 	}
+	/* SQLite's own pathname bound (its journal's name adds 8 bytes). */
+	if (strlen(path) > (size_t)sqlite3_vfs_find(NULL)->mxPathname - 8) {
+		tt_err_set(err, TT_ERR_INVALID, "%s: the path is %zu bytes long; SQLite takes"
+		           " at most %d", "cp.db", strlen(path),
+		           sqlite3_vfs_find(NULL)->mxPathname - 8);
+		free(db);
+		return NULL;
+	}
 	if (sqlite3_open_v2(path, &db->h, SQLITE_OPEN_READWRITE |
 	                    SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
 	                    NULL) != SQLITE_OK) {

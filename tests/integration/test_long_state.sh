@@ -7,8 +7,8 @@
 # worker refused to start ("state dir too long for a unix socket path"), or
 # the first create failed ("bridge socket path too long" / "cannot reach
 # the guest") and left a failed sandbox. Now:
-# - `tether up --state <~200 bytes>`: create, exec, cp both ways,
-#   pause/resume, migrate, rm all work;
+# - `tether up --state <469 bytes>` (the longest it takes for 2 workers):
+#   create, exec, cp both ways, pause/resume, migrate, rm all work;
 # - an unprivileged `tetherd node` (manager.sock under its ~200-byte state
 #   dir, node-api connecting as nobody) comes up and serves its status;
 # - a state dir past the limit of node/paths.h is refused at once, naming
@@ -26,18 +26,24 @@ TT_DETAIL_LINES=12
 NB_PID=
 at_exit 'stop_pid "$NB_PID" 50'
 
-# long_dir ROOT LEN: ROOT plus 60-char components (aaa..., bbb..., ...)
-# up to at least LEN bytes.
+# long_dir ROOT LEN: ROOT plus components of up to 60 chars (aaa...,
+# bbb..., ...) to exactly LEN bytes (LEN > length of ROOT + 1).
 long_dir() {
-	local d=$1 i=0 c
+	local d=$1 i=0 c k
 	while [ ${#d} -lt "$2" ]; do
+		k=$(($2 - ${#d} - 1))
+		[ $k -gt 60 ] && k=60
+		[ $k -lt 1 ] && k=1
 		c=$(printf "\\$(printf %03o $((97 + i % 26)))")
-		d=$d/$(printf "%0.s$c" $(seq 1 60))
+		d=$d/$(printf "%0.s$c" $(seq 1 "$k"))
 		i=$((i + 1))
 	done
 	echo "$d"
 }
-STATE=$(long_dir "$WORK/st" 200)
+# The longest state dir tether up takes for 2 workers: each worker's,
+# STATE/workers/wN, at most 480 bytes (node/paths.h: runtime.db within
+# SQLite's pathname bound).
+STATE=$(long_dir "$WORK/st" $((480 - 11))) # 11: /workers/w2
 mkdir -p "$STATE"
 T() { timeout 120 "$ROOT/build/tether" "$@"; }
 mgr_pid() { pgrep -f -o "tetherd manager --state $STATE/workers/$1( |$)"; }
@@ -92,7 +98,7 @@ expect "20 create/exec/rm cycles, a pause and a resume: the manager has 0 zombie
 
 # ---- manager.sock under a long state dir (an unprivileged node) ---------------------
 if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
-	NB=$(long_dir /tmp/tether-long-nb.$$ 200)
+	NB=$(long_dir /tmp/tether-long-nb.$$ 400)
 	at_exit "rm -rf /tmp/tether-long-nb.$$"
 	mkdir -p "$NB/state" "$NB/snap"
 	install -m 0644 "$STATE/cp/node.token" "$NB/token"
@@ -117,7 +123,7 @@ fi
 
 # ---- past the limit: refused at once, naming it -----------------------------------------
 cluster_down
-TOO=$(long_dir "$WORK/too" 950)
+TOO=$(long_dir "$WORK/too" 600)
 out=$(timeout 20 "$ROOT/build/tether" up --workers 1 --state "$TOO" --port "$BASE" 2>&1)
 rc=$?
 expect "tether up --state <${#TOO} bytes> refuses at once, naming the limit" \
@@ -126,5 +132,5 @@ out=$(timeout 20 "$ROOT/build/tetherd" node --id w8 --listen 127.0.0.1:$((BASE +
 	--node-token-file "$STATE/cp/node.token" --state "$TOO" 2>&1)
 rc=$?
 expect "tetherd node --state <${#TOO} bytes> refuses at once, naming the limit" \
-	'[ $rc != 0 ] && [[ $out == *"at most 900"* ]]' "rc $rc: $out"
+	'[ $rc != 0 ] && [[ $out == *"at most 480"* ]]' "rc $rc: $out"
 tap_done

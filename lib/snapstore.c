@@ -213,6 +213,42 @@ int snapstore_latest(struct snapstore *s, const char *sbx, uint64_t *gen,
 	return 0;
 }
 
+/* snapstore_prune: list, then remove what is older than below and not
+ * kept; every removal is tried, the first failure is reported. */
+int snapstore_prune(struct snapstore *s, const char *sbx, uint64_t below,
+                    const uint64_t *keep, size_t nkeep, unsigned *removed,
+                    struct tt_err *err)
+{
+	uint64_t *gens = NULL;
+	size_t n = 0;
+	unsigned dummy = 0;
+	int rc = 0;
+
+	if (removed == NULL)
+		removed = &dummy;
+	*removed = 0;
+	if (snapstore_list(s, sbx, &gens, &n, err) < 0)
+		return -1;
+	for (size_t i = 0; i < n; i++) {
+		bool kept = gens[i] >= below;
+		struct tt_err e2 = { 0 };
+
+		for (size_t k = 0; k < nkeep && !kept; k++)
+			kept = keep[k] == gens[i];
+		if (kept)
+			continue;
+		if (snapstore_remove(s, sbx, gens[i], &e2) == 0) {
+			(*removed)++;
+		} else if (rc == 0) {
+			if (err != NULL)
+				*err = e2;
+			rc = -1;
+		}
+	}
+	free(gens);
+	return rc;
+}
+
 /* ---- tree helpers ----------------------------------------------------- */
 
 struct tree_sink {

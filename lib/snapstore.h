@@ -130,6 +130,14 @@ int snapstore_remove(struct snapstore *s, const char *sbx, uint64_t gen,
                      struct tt_err *err);
 int snapstore_gc(struct snapstore *s, int64_t older_than_s, unsigned *removed,
                  struct tt_err *err);
+/* snapstore_prune: removes every complete snapshot of sbx whose
+ * generation is below `below` and not one of keep[0..nkeep) (generations
+ * at or above `below` are never touched: a newer pause may be publishing
+ * them); *removed (may be NULL) counts what went. -1 with the first error
+ * (the other removals are still tried). */
+int snapstore_prune(struct snapstore *s, const char *sbx, uint64_t below,
+                    const uint64_t *keep, size_t nkeep, unsigned *removed,
+                    struct tt_err *err);
 /* snapstore_latest: the highest generation of sbx with a complete
  * snapshot; TT_ERR_NOT_FOUND when there is none. */
 int snapstore_latest(struct snapstore *s, const char *sbx, uint64_t *gen,

@@ -422,8 +422,22 @@ static int listener_query(const char *path, const struct stat *st, int nl,
 	return sockdiag_unix_listener_in_netns(netns_fd, path, info, err);
 }
 
-/* listener_check: verify_listener's body, the query made by listener_query. */
-static int listener_check(const char *path, int nl, int netns_fd,
+/* fstat_socket_file: fstat of file_fd (O_PATH is enough), which must be a
+ * socket file; path only names it in messages. */
+static int fstat_socket_file(int file_fd, const char *path, struct stat *st,
+                             struct tt_err *err)
+{
+	if (fstat(file_fd, st) < 0)
+		return tt_err_sys(err, TT_ERR_IO, "stat %s", path);
+	if (!S_ISSOCK(st->st_mode))
+		return tt_err_set(err, TT_ERR_INVALID, "%s is not a socket", path);
+	return 0;
+}
+
+/* listener_check: verify_listener's body, the query made by listener_query;
+ * the socket file is the one file_fd holds when file_fd >= 0, else the
+ * one path names now. */
+static int listener_check(const char *path, int file_fd, int nl, int netns_fd,
                           const struct proc_identity *expected, struct tt_err *err)
 {
 	_cleanup_close_ int pidfd = -1;
@@ -436,7 +450,8 @@ static int listener_check(const char *path, int nl, int netns_fd,
 
 	if (expected == NULL)
 		return tt_err_set(err, TT_ERR_INVALID, "verify_listener: no expectation");
-	if (stat_socket_file(path, &st, err) < 0)
+	if ((file_fd >= 0 ? fstat_socket_file(file_fd, path, &st, err)
+	                  : stat_socket_file(path, &st, err)) < 0)
 		return tt_err_set(err, TT_ERR_VERIFY, "no socket file at %s", path);
 	if (st.st_uid != expected->uid)
 		return tt_err_set(err, TT_ERR_VERIFY,
@@ -445,7 +460,7 @@ static int listener_check(const char *path, int nl, int netns_fd,
 	if (listener_query(path, &st, nl, netns_fd, &info, err) < 0) {
 		if (err != NULL && err->code == TT_ERR_NOT_FOUND)
 			return tt_err_set(err, TT_ERR_VERIFY,
-			                  "no listener bound at %s in that network namespace",
+			                  "no listener bound in that network namespace at %s",
 			                  path);
 		return -1;
 	}
@@ -479,7 +494,7 @@ static int listener_check(const char *path, int nl, int netns_fd,
 		                  (int)expected->pid);
 	if (lstat(path, &again) < 0 || again.st_dev != st.st_dev ||
 	    again.st_ino != st.st_ino)
-		return tt_err_set(err, TT_ERR_VERIFY, "socket file %s replaced during check",
+		return tt_err_set(err, TT_ERR_VERIFY, "socket file replaced during check: %s",
 		                  path);
 	return 0;
 }
@@ -488,7 +503,7 @@ static int listener_check(const char *path, int nl, int netns_fd,
 int verify_listener(const char *path, int netns_fd,
                     const struct proc_identity *expected, struct tt_err *err)
 {
-	return listener_check(path, -1, netns_fd, expected, err);
+	return listener_check(path, -1, -1, netns_fd, expected, err);
 }
 
 /* verify_listener_nl: the same checks, the sock_diag query sent on nl. */
@@ -497,5 +512,14 @@ int verify_listener_nl(const char *path, int nl,
 {
 	if (nl < 0)
 		return tt_err_set(err, TT_ERR_INVALID, "verify_listener_nl: no socket");
-	return listener_check(path, nl, -1, expected, err);
+	return listener_check(path, -1, nl, -1, expected, err);
+}
+
+/* verify_listener_fd_nl: the same checks on the socket file file_fd holds. */
+int verify_listener_fd_nl(int file_fd, const char *path, int nl,
+                          const struct proc_identity *expected, struct tt_err *err)
+{
+	if (nl < 0 || file_fd < 0)
+		return tt_err_set(err, TT_ERR_INVALID, "verify_listener_fd_nl: no socket");
+	return listener_check(path, file_fd, nl, -1, expected, err);
 }

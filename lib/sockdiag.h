@@ -84,4 +84,12 @@ int verify_listener(const char *path, int netns_fd,
 int verify_listener_nl(const char *path, int nl,
                        const struct proc_identity *expected, struct tt_err *err);
 
+/* verify_listener_fd_nl: verify_listener_nl of the socket file file_fd
+ * holds (an O_PATH fd, e.g. unixaddr_file's): the file checked is the one
+ * a connect through "/proc/self/fd/<file_fd>" reaches, whatever the path
+ * names meanwhile; path must still name it at the end (the recheck), and
+ * is used in messages. */
+int verify_listener_fd_nl(int file_fd, const char *path, int nl,
+                          const struct proc_identity *expected, struct tt_err *err);
+
 #endif

@@ -3,35 +3,55 @@
 #include <errno.h>
 #include <stdbool.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "relay.h"
+#include "unixaddr.h"
 #include "uvutil.h"
 
-/* uvutil_listen: bound under umask 077 so the socket is never reachable
- * by others, not even between bind and chmod. */
+/* uvutil_listen: bound by us (unixaddr_bind: a path of any length, under
+ * umask 077 so the socket is never reachable by others, not even between
+ * bind and chmod), then handed to libuv. Not uv_pipe_bind: it cannot bind
+ * a path past sun_path, and it unlinks the name it was given when the
+ * handle closes (our owners remove their socket files themselves). */
 int uvutil_listen(uv_loop_t *loop, uv_pipe_t *server, const char *path, int backlog,
                   uv_connection_cb cb, void *data, struct tt_err *err)
 {
-	mode_t old;
-	int rc;
+	int fd, rc;
 
-	unlink(path);
 	uv_pipe_init(loop, server, 0);
 	server->data = data;
-	old = umask(077);
-	rc = uv_pipe_bind(server, path);
-	umask(old);
-	if (rc == 0)
-		rc = chmod(path, 0600) < 0 ? -errno : 0;
-	if (rc == 0)
-		rc = uv_listen((uv_stream_t *)server, backlog, cb);
+	fd = unixaddr_bind(path, err);
+	if (fd < 0)
+		return -1;
+	rc = uv_pipe_open(server, fd);
+	if (rc < 0) {
+		close(fd);
+		return tt_err_set(err, TT_ERR_IO, "listen on %s: %s", path, uv_strerror(rc));
+	}
+	rc = uv_listen((uv_stream_t *)server, backlog, cb);
 	if (rc < 0)
 		return tt_err_set(err, TT_ERR_IO, "listen on %s: %s", path, uv_strerror(rc));
 	return 0;
+}
+
+/* uvutil_pipe_connect: uv_pipe_connect through unixaddr_dir (libuv would
+ * cut a long path short at sun_path's size and connect to whatever that
+ * prefix names). A directory that cannot be opened fails like a missing
+ * socket, in cb, with ENOENT: "/proc/self/fd/-1" names nothing. */
+void uvutil_pipe_connect(uv_connect_t *req, uv_pipe_t *pipe, const char *path,
+                         uv_connect_cb cb)
+{
+	struct unixaddr ua;
+
+	if (unixaddr_dir(path, &ua, NULL) < 0)
+		snprintf(ua.sa.sun_path, sizeof(ua.sa.sun_path), "%s", "/proc/self/fd/-1/gone");
+	uv_pipe_connect(req, pipe, ua.sa.sun_path, cb);
+	unixaddr_done(&ua);
 }
 
 /* uvutil_accept: a failed accept frees what it allocated. */

@@ -15,10 +15,16 @@
 #include "err.h"
 #include "wire.h"
 
-/* uvutil_listen: a Unix socket server at path, mode 0600, a stale file
- * replaced; server->data = data, connections go to cb. */
+/* uvutil_listen: a Unix socket server at path (any length: see
+ * unixaddr.h), mode 0600, a stale file replaced; server->data = data,
+ * connections go to cb. Closing the server leaves the file: the owner
+ * unlinks it. */
 int uvutil_listen(uv_loop_t *loop, uv_pipe_t *server, const char *path, int backlog,
                   uv_connection_cb cb, void *data, struct tt_err *err);
+/* uvutil_pipe_connect: uv_pipe_connect to the socket at path, of any
+ * length (unixaddr_dir); every error arrives in cb, as with libuv's. */
+void uvutil_pipe_connect(uv_connect_t *req, uv_pipe_t *pipe, const char *path,
+                         uv_connect_cb cb);
 /* uvutil_accept: the next connection as a heap uv_pipe_t, or NULL. The
  * caller owns it (release with relay_close_free). */
 uv_pipe_t *uvutil_accept(uv_stream_t *server, uv_loop_t *loop);

@@ -64,6 +64,7 @@
 #include "procid.h"
 #include "relay.h"
 #include "sockdiag.h"
+#include "unixaddr.h"
 #include "uvutil.h"
 #include "wire.h"
 #include "wire_json.h"
@@ -415,9 +416,10 @@ static void guest_connected(uv_connect_t *req, int status)
 static void bridge_stop(struct bridge *b, const char *why);
 
 /* listener_verified: verify_listener on the bridge's sock_diag socket of
- * the sandbox's namespace (opened again if an earlier query broke it). A
+ * the sandbox's namespace (opened again if an earlier query broke it), of
+ * the socket file file_fd holds: the one the connect then reaches. A
  * failure other than a refusal may leave the socket mid-dump: drop it. */
-static int listener_verified(struct bridge *b, struct tt_err *err)
+static int listener_verified(struct bridge *b, int file_fd, struct tt_err *err)
 {
 	bool stuck = false;
 	int rc;
@@ -433,7 +435,7 @@ static int listener_verified(struct bridge *b, struct tt_err *err)
 	}
 	if (b->diag_nl < 0)
 		return -1;
-	rc = verify_listener_nl(b->arg.guest_socket, b->diag_nl, &b->init_id, err);
+	rc = verify_listener_fd_nl(file_fd, b->arg.guest_socket, b->diag_nl, &b->init_id, err);
 	if (rc < 0 && (err == NULL || err->code != TT_ERR_VERIFY)) {
 		close(b->diag_nl);
 		b->diag_nl = -1;
@@ -444,6 +446,7 @@ static int listener_verified(struct bridge *b, struct tt_err *err)
 /* handle_request: checks the REQUEST and opens the guest connection. */
 static void handle_request(struct bconn *c, const struct wire_frame *f)
 {
+	struct unixaddr ua;
 	uv_stream_t *pooled;
 	struct tt_err err = { 0 };
 	json_t *o = wire_frame_json(f, &err);
@@ -486,16 +489,29 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 	}
 	/* The listener first: whoever now listens at the path must be the
 	 * init's socket, seen from inside the sandbox's network namespace. A
-	 * replacement never even gets a connection. */
-	if (listener_verified(c->b, &err) < 0) {
+	 * replacement never even gets a connection. The socket file is held
+	 * (an O_PATH fd, no symlink followed) from the check to the connect,
+	 * which goes through that fd: it reaches the very file checked, and
+	 * works whatever the length of the path (unixaddr.h). */
+	if (unixaddr_file(c->b->arg.guest_socket, &ua, &err) < 0) {
 		char msg[300];
 
+		snprintf(msg, sizeof(msg), "guest listener: no socket file: %.200s", err.msg);
+		bconn_refuse(c, "listener_replaced", msg);
+		return;
+	}
+	if (listener_verified(c->b, ua.fd, &err) < 0) {
+		char msg[300];
+
+		unixaddr_done(&ua);
 		snprintf(msg, sizeof(msg), "guest listener: %s", err.msg);
 		bconn_refuse(c, bridge_refusal_reason(&err), msg);
 		return;
 	}
 	c->connect.data = c;
-	uv_pipe_connect(&c->connect, c->guest, c->b->arg.guest_socket, guest_connected);
+	/* A unix connect is resolved within the call: the fd may go after. */
+	uv_pipe_connect(&c->connect, c->guest, ua.sa.sun_path, guest_connected);
+	unixaddr_done(&ua);
 }
 
 /* bconn_alloc_cb: reads land in the operation's buffer. */

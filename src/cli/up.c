@@ -29,6 +29,7 @@
 #include "cli/verbs.h"
 #include "client/tether.h"
 #include "http.h"
+#include "node/paths.h"
 
 #define UP_MAX_WORKERS 16
 #define UP_MAX_CHILDREN (UP_MAX_WORKERS + 2)
@@ -383,6 +384,17 @@ static int up_parse(struct up *u, int argc, char **argv)
 			               "[--port BASE] [--disk-mb N]");
 		}
 		i++;
+	}
+	{
+		/* Refused now rather than by the first worker: each worker's
+		 * state dir is STATE/workers/wN (node/paths.h). */
+		size_t max = TT_WORKER_STATE_MAX - strlen("/workers/w") -
+		             (size_t)snprintf(NULL, 0, "%d", u->workers);
+
+		if (strlen(u->state) > max)
+			return cli_fail("up: the state dir %.60s... is %zu bytes long; at most %zu "
+			               "(each worker's, STATE/workers/wN, at most %d)", u->state,
+			               strlen(u->state), max, TT_WORKER_STATE_MAX);
 	}
 	return 0;
 }

@@ -1069,9 +1069,72 @@ static void cp_migrate_continue(struct cp *cp, const char *sbx)
 	feed_settled(cp, sb.id);
 }
 
+/* cp_snapshot_keep: records sn for sb (from state `from`), pruning what
+ * retention no longer keeps (the prune update goes to sb's worker, which
+ * made sn). 1/0/-1 as cpdb_snapshot_record. */
+static int cp_snapshot_keep(struct cp *cp, const struct cp_sandbox *sb, const char *from,
+                            int64_t op_rev, const struct cp_snapshot *sn,
+                            struct tt_err *err)
+{
+	struct cpdb_record r = {
+		.from = from, .gen = sb->generation, .op_rev = op_rev,
+		.keep_older = cp->keep_snapshots, .worker = sb->worker, .now = tt_now(),
+	};
+	int64_t prune_rev = 0;
+	int rc = cpdb_snapshot_record(cp->db, sb->id, &r, sn, &prune_rev, err);
+
+	if (rc == 1)
+		feed_wake(cp, sb->worker); /* the prune */
+	return rc;
+}
+
+/* cp_pause_late: a complete snapshot for a pause that had already failed
+ * (timed out, or its worker went down): the worker published it, then its
+ * answer was late or lost and came again. While the sandbox is still at
+ * that generation (not resumed since from an older snapshot), it is
+ * recorded and the sandbox is paused: a resume restores it, not an older
+ * one that lacks writes the execution acknowledged. */
+static void cp_pause_late(struct cp *cp, const struct cp_sandbox *sb, json_t *res)
+{
+	struct tt_err err = { 0 };
+	struct cp_snapshot sn;
+	int rc;
+
+	if (cp_snapshot_from_ack(sb, res, &sn) < 0)
+		return;
+	rc = cp_snapshot_keep(cp, sb, "failed", -1, &sn, &err);
+	if (rc < 0)
+		log_error("sandbox %s: cannot record a late snapshot: %s", sb->id, err.msg);
+	if (rc != 1)
+		return;
+	log_warn("sandbox %s: late pause ack from %s: snapshot %s (%lld bytes) recorded;"
+	         " failed -> paused", sb->id, sb->worker, sn.key, (long long)sn.size);
+	metrics_inc("tether_cp_late_snapshots_total", NULL);
+	feed_settled(cp, sb->id);
+}
+
+/* cp_pause_reask: an ack covered the pause of sb (rev) without its
+ * result (the worker's node-api restarted between applying and
+ * acknowledging it): the worker is asked once more, and answers from the
+ * store, instead of the pause failing with its snapshot unrecorded. */
+static void cp_pause_reask(struct cp *cp, const struct cp_sandbox *sb, int64_t rev)
+{
+	struct tt_err err = { 0 };
+	int64_t again = 0;
+
+	if (cpdb_pause_reask(cp->db, sb, tt_now(), &again, &err) < 0) {
+		log_error("sandbox %s: cannot ask for the pause again: %s", sb->id, err.msg);
+		return;
+	}
+	log_warn("sandbox %s: %s acknowledged pause rev %lld without its result; asking"
+	         " again (rev %lld)", sb->id, sb->worker, (long long)rev, (long long)again);
+	feed_wake(cp, sb->worker);
+}
+
 /* cp_pause_acked: the worker's answer to our pending pause. Only a
- * complete snapshot (ok, key as asked, checksum) is recorded; anything
- * else fails the sandbox and retires the generation. */
+ * complete snapshot (ok, key as asked, checksum) is recorded, and what
+ * retention no longer keeps is pruned; anything else fails the sandbox
+ * and retires the generation. */
 static void cp_pause_acked(struct cp *cp, const struct cp_sandbox *sb,
                            int ok, const char *emsg, json_t *res)
 {
@@ -1092,8 +1155,7 @@ static void cp_pause_acked(struct cp *cp, const struct cp_sandbox *sb,
 		cp_pause_failed(cp, sb, why);
 		return;
 	}
-	rc = cpdb_sandbox_paused(cp->db, sb->id, sb->generation, sb->op_rev,
-	                         &sn, &err);
+	rc = cp_snapshot_keep(cp, sb, "pausing", sb->op_rev, &sn, &err);
 	if (rc < 0)
 		log_error("sandbox %s: cannot record pause: %s", sb->id, err.msg);
 	else if (rc == 1)
@@ -1179,10 +1241,18 @@ static int cp_ack_apply(struct cp *cp, const char *worker, json_t *up,
 	           strcmp(sb.state, "resuming") == 0 && gen == sb.generation &&
 	           sb.op_rev == rev) {
 		cp_install_acked(cp, &sb, ok, emsg);
+	} else if (strcmp(kind, "pause") == 0 && gen == sb.generation && res == NULL &&
+	           !json_is_true(json_object_get(up, "again")) &&
+	           ((strcmp(sb.state, "pausing") == 0 && sb.op_rev == rev) ||
+	            strcmp(sb.state, "failed") == 0)) {
+		cp_pause_reask(cp, &sb, rev);
 	} else if (strcmp(kind, "pause") == 0 &&
 	           strcmp(sb.state, "pausing") == 0 && gen == sb.generation &&
 	           sb.op_rev == rev) {
 		cp_pause_acked(cp, &sb, ok, emsg, res);
+	} else if (strcmp(kind, "pause") == 0 && strcmp(sb.state, "failed") == 0 &&
+	           gen == sb.generation && ok && res != NULL) {
+		cp_pause_late(cp, &sb, res);
 	} else if (strcmp(kind, "destroy") == 0 &&
 	           strcmp(sb.state, "deleting") == 0) {
 		return cpdb_sandbox_set_state(cp->db, sbx, ok ? "deleted" : "deleting",
@@ -1633,11 +1703,12 @@ static void cp_close_walk(uv_handle_t *h, void *arg)
 }
 
 #define CP_USAGE "usage: tetherd cp --state DIR [--listen 127.0.0.1:PORT]" \
-                 " [--worker-timeout SECONDS]\n"
+                 " [--worker-timeout SECONDS] [--keep-snapshots N]\n"
 
 /* cp_main: "tetherd cp --state DIR --listen HOST:PORT
- * [--worker-timeout S]" (S: seconds without a feed poll before a worker
- * counts as down; default 60). */
+ * [--worker-timeout S] [--keep-snapshots N]" (S: seconds without a feed
+ * poll before a worker counts as down; default 60. N: complete snapshots
+ * kept per sandbox besides the newest; default 1). */
 int cp_main(int argc, char **argv)
 {
 	struct cp *cp = &cp_global;
@@ -1650,6 +1721,7 @@ int cp_main(int argc, char **argv)
 
 	tt_log_init("cp", TT_LOG_INFO);
 	cp->worker_timeout = CP_WORKER_UP_SECS;
+	cp->keep_snapshots = CPDB_KEEP_DEFAULT;
 	for (int i = 1; i < argc; i++) {
 		char *end;
 
@@ -1665,6 +1737,18 @@ int cp_main(int argc, char **argv)
 				fprintf(stderr, "--worker-timeout: 1..86400 seconds\n");
 				return 2;
 			}
+		} else if (strcmp(argv[i], "--keep-snapshots") == 0 && i + 1 < argc) {
+			long long k;
+
+			errno = 0;
+			k = strtoll(argv[++i], &end, 10);
+			if (errno != 0 || *end != '\0' || end == argv[i] || k < 0 ||
+			    k > CPDB_KEEP_MAX) {
+				fprintf(stderr, "--keep-snapshots: 0..%d older snapshots\n",
+				        CPDB_KEEP_MAX);
+				return 2;
+			}
+			cp->keep_snapshots = (unsigned)k;
 		} else {
 			fprintf(stderr, CP_USAGE);
 			return 2;
@@ -1711,8 +1795,9 @@ int cp_main(int argc, char **argv)
 	uv_timer_init(&loop, &cp->sweep);
 	cp->sweep.data = cp;
 	uv_timer_start(&cp->sweep, cp_sweep, CP_SWEEP_MS, CP_SWEEP_MS);
-	log_info("listening on %s:%d, state %s, worker timeout %lld s", host,
-	         port, state, (long long)cp->worker_timeout);
+	log_info("listening on %s:%d, state %s, worker timeout %lld s, keeping %u older"
+	         " snapshot(s)", host, port, state, (long long)cp->worker_timeout,
+	         cp->keep_snapshots);
 	uv_run(&loop, UV_RUN_DEFAULT);
 	rc = 0;
 	feed_shutdown(cp);

@@ -61,6 +61,8 @@ struct cp {
 	char node_token[128];
 	struct cp_park *parked; /* list of parked requests (feed.c) */
 	int64_t worker_timeout; /* seconds without a poll before "down" */
+	unsigned keep_snapshots; /* older complete snapshots kept per sandbox
+	                          * besides the newest (--keep-snapshots) */
 	uv_timer_t sweep;       /* fails pauses/resumes that cannot finish */
 };
 

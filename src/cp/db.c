@@ -193,6 +193,14 @@ struct cpdb *cpdb_open(const char *path, struct tt_err *err)
 		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 		return NULL;
 	}
+	/* SQLite's own pathname bound (its journal's name adds 8 bytes). */
+	if (strlen(path) > (size_t)sqlite3_vfs_find(NULL)->mxPathname - 8) {
+		tt_err_set(err, TT_ERR_INVALID, "%s: the path is %zu bytes long; SQLite takes"
+		           " at most %d", "cp.db", strlen(path),
+		           sqlite3_vfs_find(NULL)->mxPathname - 8);
+		free(db);
+		return NULL;
+	}
 	if (sqlite3_open_v2(path, &db->h, SQLITE_OPEN_READWRITE |
 	                    SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
 	                    NULL) != SQLITE_OK) {
@@ -656,19 +664,80 @@ int cpdb_sandbox_migrate_clear(struct cpdb *db, const char *id, uint64_t gen,
 	                   "tit", id, (int64_t)gen, error);
 }
 
-/* cpdb_sandbox_paused: pausing -> paused plus the snapshot row. */
-int cpdb_sandbox_paused(struct cpdb *db, const char *id, uint64_t gen,
-                        int64_t op_rev, const struct cp_snapshot *snap,
-                        struct tt_err *err)
+/* cpdb_snapshot_gens_txn: the generations of id's recorded snapshots,
+ * newest first, at most cap (*n of them). */
+static int cpdb_snapshot_gens_txn(struct cpdb *db, const char *id, uint64_t *out,
+                                  size_t cap, size_t *n, struct tt_err *err)
+{
+	sqlite3_stmt *st = cpdb_prep(db, "SELECT generation FROM snapshots WHERE"
+	                             " sandbox=?1 ORDER BY generation DESC", err);
+	int rc;
+
+	*n = 0;
+	if (st == NULL)
+		return -1;
+	sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
+	while ((rc = sqlite3_step(st)) == SQLITE_ROW && *n < cap)
+		out[(*n)++] = (uint64_t)sqlite3_column_int64(st, 0);
+	sqlite3_finalize(st);
+	return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : cpdb_fail(db, err, "snapshot list");
+}
+
+/* cpdb_snapshot_gens: see db.h. */
+int cpdb_snapshot_gens(struct cpdb *db, const char *id, uint64_t *out, size_t cap,
+                       size_t *n, struct tt_err *err)
+{
+	return cpdb_snapshot_gens_txn(db, id, out, cap, n, err);
+}
+
+/* cpdb_prune_txn: inside the recording transaction: the rows of id past
+ * the newest keep_older + 1 go, and the prune update naming what stays
+ * (the store's files of everything else below gen) is appended for
+ * worker. */
+static int cpdb_prune_txn(struct cpdb *db, const char *id, uint64_t gen,
+                          unsigned keep_older, const char *worker, int64_t now,
+                          int64_t *rev, struct tt_err *err)
+{
+	uint64_t kept[CPDB_KEEP_MAX + 1];
+	size_t n = 0;
+	json_t *body, *keep;
+	int rc;
+
+	if (keep_older > CPDB_KEEP_MAX)
+		keep_older = CPDB_KEEP_MAX;
+	if (cpdb_change(db, err, "prune snapshots", "DELETE FROM snapshots WHERE sandbox=?1"
+	                " AND generation NOT IN (SELECT generation FROM snapshots"
+	                " WHERE sandbox=?1 ORDER BY generation DESC LIMIT ?2)", "ti", id,
+	                (int64_t)keep_older + 1) < 0 ||
+	    cpdb_snapshot_gens_txn(db, id, kept, keep_older + 1, &n, err) < 0)
+		return -1;
+	keep = json_array();
+	for (size_t i = 0; keep != NULL && i < n; i++)
+		json_array_append_new(keep, json_integer((json_int_t)kept[i]));
+	body = keep != NULL ? json_pack("{s:s,s:I,s:o}", "sandbox", id, "generation",
+	                                (json_int_t)gen, "keep", keep) : NULL;
+	rc = body != NULL ? cpdb_feed_insert(db, "prune", worker, body, now, rev, err)
+	                  : tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+	json_decref(body);
+	return rc;
+}
+
+/* cpdb_snapshot_record: CAS to paused, the snapshot row, the pruning. */
+int cpdb_snapshot_record(struct cpdb *db, const char *id, const struct cpdb_record *r,
+                         const struct cp_snapshot *snap, int64_t *prune_rev,
+                         struct tt_err *err)
 {
 	int rc;
 
+	if (snap->generation != r->gen)
+		return 0; /* not this generation's snapshot: nothing changes */
 	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
 		return -1;
 	rc = cpdb_change(db, err, "update", "UPDATE sandboxes SET state='paused',"
 	                 "error=NULL,op_rev=0,progress_bytes=-1,progress_total=-1"
-	                 " WHERE id=?1 AND state='pausing' AND generation=?2"
-	                 " AND op_rev=?3", "tii", id, (int64_t)gen, op_rev);
+	                 " WHERE id=?1 AND state=?2 AND generation=?3"
+	                 " AND (?4 < 0 OR op_rev=?4)", "ttii", id, r->from,
+	                 (int64_t)r->gen, r->op_rev);
 	if (rc <= 0) {
 		cpdb_commit(db, -1, err);
 		return rc;
@@ -676,11 +745,49 @@ int cpdb_sandbox_paused(struct cpdb *db, const char *id, uint64_t gen,
 	rc = cpdb_change(db, err, "update", "INSERT OR REPLACE INTO snapshots(sandbox,"
 	                 "generation,key,size,checksum,created_at)"
 	                 " VALUES(?1,?2,?3,?4,?5,?6)", "tititi", id,
-	                 (int64_t)gen, snap->key, snap->size, snap->checksum,
+	                 (int64_t)r->gen, snap->key, snap->size, snap->checksum,
 	                 snap->created_at);
+	if (rc >= 0 && r->worker != NULL)
+		rc = cpdb_prune_txn(db, id, r->gen, r->keep_older, r->worker, r->now,
+		                    prune_rev, err);
 	if (cpdb_commit(db, rc < 0 ? -1 : 0, err) < 0)
 		return -1;
 	return 1;
+}
+
+/* cpdb_sandbox_paused: pausing -> paused plus the snapshot row (every
+ * older one kept). */
+int cpdb_sandbox_paused(struct cpdb *db, const char *id, uint64_t gen,
+                        int64_t op_rev, const struct cp_snapshot *snap,
+                        struct tt_err *err)
+{
+	struct cpdb_record r = { .from = "pausing", .gen = gen, .op_rev = op_rev };
+
+	return cpdb_snapshot_record(db, id, &r, snap, NULL, err);
+}
+
+/* cpdb_pause_reask: a pause asked again, marked so (see db.h). */
+int cpdb_pause_reask(struct cpdb *db, const struct cp_sandbox *s, int64_t now,
+                     int64_t *rev, struct tt_err *err)
+{
+	char key[CPDB_SNAPKEY_MAX];
+	json_t *body;
+	int rc;
+
+	snprintf(key, sizeof(key), "%s/%llu", s->id, (unsigned long long)s->generation);
+	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
+		return -1;
+	body = json_pack("{s:s,s:I,s:s,s:b}", "sandbox", s->id, "generation",
+	                 (json_int_t)s->generation, "snapshot", key, "again", 1);
+	rc = body ? cpdb_feed_insert(db, "pause", s->worker, body, now, rev, err)
+	          : tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+	json_decref(body);
+	/* A pause still pending waits for the new one's answer instead. */
+	if (rc == 0)
+		rc = cpdb_change(db, err, "update", "UPDATE sandboxes SET op_rev=?2"
+		                 " WHERE id=?1 AND state='pausing' AND generation=?3",
+		                 "tii", s->id, *rev, (int64_t)s->generation);
+	return cpdb_commit(db, rc < 0 ? -1 : 0, err);
 }
 
 /* cpdb_sandbox_cas: a guarded state change, optionally with a retire. */

@@ -155,10 +155,50 @@ int cpdb_sandbox_pause(struct cpdb *db, const struct cp_sandbox *s,
 int cpdb_sandbox_migrate_clear(struct cpdb *db, const char *id, uint64_t gen,
                                const char *error, struct tt_err *err);
 /* cpdb_sandbox_paused: CAS pausing(gen, op_rev) -> paused and records the
- * snapshot (complete, per the worker's ack), in one transaction. 1/0/-1. */
+ * snapshot (complete, per the worker's ack), in one transaction; older
+ * snapshots are all kept (cpdb_snapshot_record prunes). 1/0/-1. */
 int cpdb_sandbox_paused(struct cpdb *db, const char *id, uint64_t gen,
                         int64_t op_rev, const struct cp_snapshot *snap,
                         struct tt_err *err);
+
+/* Snapshot retention (tetherd cp --keep-snapshots N): the newest complete
+ * snapshot of a sandbox and N older ones are kept; the cp decides, the
+ * worker that made the newest removes the store's files (a "prune"
+ * update). */
+#define CPDB_KEEP_DEFAULT 1  /* older snapshots kept by default */
+#define CPDB_KEEP_MAX 64
+/* What recording a complete snapshot changes. */
+struct cpdb_record {
+	const char *from;      /* "pausing": the pause's own ack; "failed": a
+	                        * late one, after the pause had failed */
+	uint64_t gen;          /* the sandbox's generation, the snapshot's */
+	int64_t op_rev;        /* >= 0: the pending pause's rev must be this */
+	unsigned keep_older;   /* older complete snapshots kept (<= KEEP_MAX) */
+	const char *worker;    /* gets the prune update; NULL: no pruning */
+	int64_t now;
+};
+/* cpdb_snapshot_record: in one transaction: CAS from(gen[, op_rev]) ->
+ * paused (error cleared), the snapshot row, and, with r->worker, the rows
+ * past the newest keep_older + 1 deleted and a prune update {sandbox,
+ * generation: gen, keep: [the generations still recorded]} appended for
+ * r->worker (*prune_rev): it removes the store's complete snapshots of
+ * the sandbox below gen that are not kept, including any the cp never
+ * recorded. 1 = recorded, 0 = the sandbox was not in that state (nothing
+ * changed), -1 = error. */
+int cpdb_snapshot_record(struct cpdb *db, const char *id, const struct cpdb_record *r,
+                         const struct cp_snapshot *snap, int64_t *prune_rev,
+                         struct tt_err *err);
+/* cpdb_snapshot_gens: the generations with a recorded snapshot, newest
+ * first (at most cap; *n of them). */
+int cpdb_snapshot_gens(struct cpdb *db, const char *id, uint64_t *out, size_t cap,
+                       size_t *n, struct tt_err *err);
+/* cpdb_pause_reask: appends a pause of s's generation again for its worker
+ * (body marked "again": true, so it is asked once more at most), for an
+ * ack that covered the pause without its result: the worker answers from
+ * the store. A sandbox still pausing then waits for that rev (op_rev; its
+ * op_at, the bound on the whole pause, stays). 0 and *rev, or -1. */
+int cpdb_pause_reask(struct cpdb *db, const struct cp_sandbox *s, int64_t now,
+                     int64_t *rev, struct tt_err *err);
 /* cpdb_sandbox_cas: CAS from(gen[, op_rev when >= 0]) -> to with error
  * (NULL clears); with retire_worker, also appends retire{sandbox, gen} for
  * that worker (*retire_rev). Clears op_rev and progress. 1/0/-1. */

@@ -218,9 +218,12 @@ static void ack_lifecycle(struct cp_park *p, const struct cp_sandbox *sb)
 	json_t *o;
 
 	if (p->what == CP_WAIT_PAUSE || p->what == CP_WAIT_MIGRATE) {
-		if (strcmp(sb->state, "pausing") == 0 && sb->generation == p->gen &&
-		    sb->op_rev == p->rev)
+		if (strcmp(sb->state, "pausing") == 0 && sb->generation == p->gen) {
+			/* still this pause; asked again (cpdb_pause_reask) when
+			 * its rev moved: that one's ack answers */
+			p->rev = sb->op_rev;
 			return;
+		}
 		/* (a resume elsewhere is a relaunch after a failed pause) */
 		if (p->what == CP_WAIT_MIGRATE && strcmp(sb->state, "resuming") == 0 &&
 		    sb->generation == p->gen + 1 && strcmp(sb->worker, p->target) == 0) {

@@ -37,6 +37,7 @@
 #include "metrics.h"
 #include "node/mgrconn.h"
 #include "node/node.h"
+#include "node/paths.h"
 #include "node/ws_exec.h"
 #include "tetherd/roles.h"
 #include "wire.h"
@@ -1403,10 +1404,12 @@ static int node_parse(struct node *n, int argc, char **argv, struct tt_err *err)
 	if (strncmp(n->cp_url, "http://", 7) != 0 &&
 	    strncmp(n->cp_url, "https://", 8) != 0)
 		return tt_err_set(err, TT_ERR_INVALID, "--cp wants an http(s) URL");
-	if (snprintf(n->sock_path, sizeof(n->sock_path), "%s/manager.sock",
-	             n->state_dir) >= 108)
-		return tt_err_set(err, TT_ERR_INVALID,
-		                  "state dir too long for a unix socket path");
+	/* Unix socket paths may be of any length (unixaddr.h); the state
+	 * dir's own limit is the manager's (node/paths.h). */
+	if (strlen(n->state_dir) > TT_WORKER_STATE_MAX)
+		return tt_err_set(err, TT_ERR_INVALID, "--state is %zu bytes long; at most %d",
+		                  strlen(n->state_dir), TT_WORKER_STATE_MAX);
+	snprintf(n->sock_path, sizeof(n->sock_path), "%s/manager.sock", n->state_dir);
 	return node_read_token(n, token_file, err);
 }
 

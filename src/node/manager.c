@@ -42,6 +42,7 @@
 #include "metrics.h"
 #include "node/bridgectl.h"
 #include "node/ns.h"
+#include "node/paths.h"
 #include "snapshot.h"
 #include "snapstore.h"
 #include "node/records.h"
@@ -49,6 +50,7 @@
 #include "relay.h"
 #include "tetherd/roles.h"
 #include "timefmt.h"
+#include "unixaddr.h"
 #include "uvutil.h"
 #include "wire.h"
 #include "wire_json.h"
@@ -617,8 +619,7 @@ static void handle_data_op(struct mgr_conn *c)
 			return;
 		}
 	}
-	if (ex == NULL || sandbox_dir(m, sbx, path, sizeof(path)) < 0 ||
-	    strlen(path) + sizeof("/bridge.sock") > sizeof(((struct sockaddr_un *)0)->sun_path)) {
+	if (ex == NULL || sandbox_dir(m, sbx, path, sizeof(path) - sizeof("/bridge.sock")) < 0) {
 		conn_fail(c, "transport", "no bridge for this execution");
 		return;
 	}
@@ -631,7 +632,8 @@ static void handle_data_op(struct mgr_conn *c)
 		return;
 	}
 	c->connect.data = c;
-	uv_pipe_connect(&c->connect, c->bridge, path, bridge_connected);
+	/* Any length of state path (unixaddr.h). */
+	uvutil_pipe_connect(&c->connect, c->bridge, path, bridge_connected);
 }
 
 /* ---- feed apply --------------------------------------------------------- */
@@ -898,11 +900,10 @@ static int bridge_take(struct manager *m, struct mgr_exec *ex, const char *dir,
 		.init_start = ex->sb.init_start_time, .secret = secret,
 	};
 	char sock[PATH_MAX];
-	struct sockaddr_un sa;
 	struct tt_err e2 = { 0 };
 
-	snprintf(sock, sizeof(sock), "%.4000s/bridge.sock", dir);
-	if (strlen(sock) >= sizeof(sa.sun_path))
+	/* The bridge binds it at any length (unixaddr.h). */
+	if ((size_t)snprintf(sock, sizeof(sock), "%s/bridge.sock", dir) >= sizeof(sock))
 		return tt_err_set(err, TT_ERR_INVALID, "bridge socket path too long");
 	unlink(sock);
 	a.listen_path = sock;
@@ -1644,6 +1645,47 @@ static void snapshots_remove(struct manager *m, const char *sbx)
 	snapstore_close(s);
 }
 
+#define MGR_PRUNE_KEEP_MAX 256
+
+/* apply_prune: prune {sandbox, generation, keep:[...]}: the cp recorded
+ * the complete snapshot `generation` (its newest) and keeps the ones in
+ * keep; every other complete snapshot of the sandbox below it leaves the
+ * shared store (also one the cp never recorded: a pause whose answer was
+ * lost before a newer one was acknowledged). Nothing at or above
+ * generation is touched. The cp decides what stays; we, who own the
+ * store's files, remove them. */
+static int apply_prune(struct manager *m, json_t *u, uint64_t rev, struct tt_err *err)
+{
+	const char *sbx = str_field(u, "sandbox", TT_SBX_ID_LEN, false);
+	uint64_t gen = u64_field(u, "generation");
+	json_t *jkeep = json_object_get(u, "keep"), *v;
+	uint64_t keep[MGR_PRUNE_KEEP_MAX];
+	struct snapstore *s = NULL;
+	unsigned removed = 0;
+	size_t n = 0, i;
+	int rc;
+
+	if (sbx == NULL || !sbx_id_valid(sbx) || gen == 0 || !json_is_array(jkeep) ||
+	    json_array_size(jkeep) > MGR_PRUNE_KEEP_MAX)
+		return tt_err_set(err, TT_ERR_MALFORMED, "prune: bad or missing fields");
+	json_array_foreach(jkeep, i, v) {
+		if (!json_is_integer(v) || json_integer_value(v) <= 0)
+			return tt_err_set(err, TT_ERR_MALFORMED, "prune: bad keep list");
+		keep[n++] = (uint64_t)json_integer_value(v);
+	}
+	if (m->snap_dir[0]) {
+		rc = snapstore_dir_open(m->snap_dir, &s, err) < 0 ? -1 :
+		     snapstore_prune(s, sbx, gen, keep, n, &removed, err);
+		snapstore_close(s);
+		if (removed > 0)
+			log_info("pruned %u snapshot(s) of %s older than generation %" PRIu64,
+			         removed, sbx, gen);
+		if (rc < 0)
+			return -1;
+	}
+	return records_set_applied_rev(m->db, rev, err);
+}
+
 /* apply_destroy: destroy {sandbox}: retire, stop, delete data and record. */
 static int apply_destroy(struct manager *m, json_t *u, uint64_t rev, struct tt_err *err)
 {
@@ -1699,6 +1741,8 @@ static int apply_one(struct manager *m, json_t *u, uint64_t rev, struct tt_err *
 		rc = apply_retire(m, u, rev, err);
 	else if (strcmp(kind, "destroy") == 0)
 		rc = apply_destroy(m, u, rev, err);
+	else if (strcmp(kind, "prune") == 0)
+		rc = apply_prune(m, u, rev, err);
 	else
 		rc = tt_err_set(err, TT_ERR_INVALID, "unknown update kind %.32s", kind);
 	/* A failed update is still consumed (its result says why), so the
@@ -1925,6 +1969,88 @@ static void pause_send_progress(struct mgr_pause *p, uint64_t done, uint64_t tot
 	p->sent = done;
 }
 
+/* layer_discard: the layer of sbx once its snapshot is published: it
+ * lives in the store now, and resumes always restore it. Its image goes
+ * (unmounted first), then the mount point. */
+static void layer_discard(struct manager *m, const char *sbx)
+{
+	_cleanup_close_ int dfd = -1;
+	struct tt_err err = { 0 };
+	char dir[PATH_MAX];
+
+	if (sandbox_dir(m, sbx, dir, sizeof(dir)) < 0)
+		return;
+	if (ns_layer_remove(dir, &err) < 0) {
+		log_warn("removing the layer of %s: %s", sbx, err.msg);
+		return;
+	}
+	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd < 0) {
+		if (errno != ENOENT)
+			log_warn("removing the layer of %s: open %s: %s", sbx, dir, strerror(errno));
+		return;
+	}
+	if (snapshot_rm_tree(dfd, "layer", &err) < 0)
+		log_warn("removing the layer of %s: %s", sbx, err.msg);
+}
+
+/* pause_result_ok: a pause's successful result: the published snapshot
+ * (key, generation, size, checksum) the cp records. */
+static json_t *pause_result_ok(uint64_t rev, const char *sbx, uint64_t gen,
+                               const struct snapstore_info *info)
+{
+	char key[SNAPSTORE_KEY_MAX], sum[2 * SNAPSTORE_HASH_LEN + 1];
+
+	sodium_bin2hex(sum, sizeof(sum), info->blake2b, sizeof(info->blake2b));
+	snapstore_key(key, sbx, gen, NULL);
+	return json_pack("{s:I,s:b,s:{s:s,s:I,s:I,s:s+}}", "rev", (json_int_t)rev, "ok", 1,
+	                 "snapshot", "key", key, "generation", (json_int_t)gen, "size",
+	                 (json_int_t)info->size, "checksum", "blake2b:", sum);
+}
+
+/* pause_published: a pause of an execution that no longer runs here,
+ * whose snapshot is complete in the store: the pause ran and published
+ * it, and its answer was lost (a manager killed between publishing and
+ * answering, a node-api restarted before acknowledging; the cp asks
+ * again). Answered from the store, so the cp records that snapshot
+ * rather than fail the pause and later resume from an older one that
+ * lacks writes the execution acknowledged; its layer (in the store now)
+ * goes. NULL when that does not apply: the pause runs, or fails, as
+ * before. A snapshot is only ever published after its execution was
+ * retired and drained, so it holds every write that was acknowledged. */
+static json_t *pause_published(struct manager *m, json_t *u, uint64_t rev)
+{
+	const char *sbx = str_field(u, "sandbox", TT_SBX_ID_LEN, false);
+	const char *snap = str_field(u, "snapshot", SNAPSTORE_KEY_MAX, false);
+	uint64_t gen = u64_field(u, "generation");
+	struct snapstore_info info = { 0 };
+	struct snapstore *s = NULL;
+	struct tt_err err = { 0 };
+	const struct rec_exec *cur;
+	char key[SNAPSTORE_KEY_MAX];
+	int rc;
+
+	if (sbx == NULL || !sbx_id_valid(sbx) || gen == 0 || snap == NULL ||
+	    snapstore_key(key, sbx, gen, NULL) < 0 || strcmp(key, snap) != 0 ||
+	    !m->snap_dir[0])
+		return NULL;
+	cur = records_get(m->db, sbx);
+	if (cur == NULL || cur->id.gen != gen ||
+	    (!cur->retired && cur->state == REC_RUNNING && exec_find(m, sbx) != NULL))
+		return NULL;
+	rc = snapstore_dir_open(m->snap_dir, &s, &err) == 0 &&
+	     snapstore_stat(s, sbx, gen, &info, &err) == 0 && info.complete ? 0 : -1;
+	snapstore_close(s);
+	if (rc < 0)
+		return NULL;
+	log_info("pause of %s generation %" PRIu64 " (rev %" PRIu64 "): its snapshot %s "
+	         "was published already (%" PRIu64 " bytes); answered from the store", sbx,
+	         gen, rev, key, info.size);
+	mark_state(m, sbx, REC_STOPPED);
+	layer_discard(m, sbx);
+	return pause_result_ok(rev, sbx, gen, &info);
+}
+
 /* pause_end: stops the (retired) execution's processes, records the
  * result and resumes the feed.apply. */
 static void pause_end(struct mgr_pause *p, int rc)
@@ -1933,7 +2059,6 @@ static void pause_end(struct mgr_pause *p, int rc)
 	struct mgr_apply *ap = p->ap;
 	struct mgr_exec *ex = exec_find(m, p->sbx);
 	struct tt_err e2 = { 0 };
-	char key[SNAPSTORE_KEY_MAX], sum[2 * SNAPSTORE_HASH_LEN + 1], dir[PATH_MAX];
 	json_t *r;
 
 	/* Only now do the processes go: the snapshot is published (or the
@@ -1945,24 +2070,12 @@ static void pause_end(struct mgr_pause *p, int rc)
 	}
 	mark_state(m, p->sbx, REC_STOPPED);
 	if (rc == 0) {
-		_cleanup_close_ int dfd = -1;
-
-		sodium_bin2hex(sum, sizeof(sum), p->info.blake2b, sizeof(p->info.blake2b));
-		snapstore_key(key, p->sbx, p->gen, NULL);
-		r = json_pack("{s:I,s:b,s:{s:s,s:I,s:I,s:s+}}", "rev", (json_int_t)p->rev,
-		              "ok", 1, "snapshot", "key", key, "generation",
-		              (json_int_t)p->gen, "size", (json_int_t)p->info.size,
-		              "checksum", "blake2b:", sum);
-		log_info("paused %s generation %" PRIu64 ": snapshot %s, %" PRIu64
-		         " bytes, %" PRId64 " ms", p->sbx, p->gen, key, p->info.size,
+		r = pause_result_ok(p->rev, p->sbx, p->gen, &p->info);
+		log_info("paused %s generation %" PRIu64 ": snapshot %s/%" PRIu64 ", %" PRIu64
+		         " bytes, %" PRId64 " ms", p->sbx, p->gen, p->sbx, p->gen, p->info.size,
 		         now_ms() - p->started_ms);
-		/* The layer now lives in the store; resumes always restore it.
-		 * exec_stop unmounted it; its image goes, then the mount point. */
-		if (sandbox_dir(m, p->sbx, dir, sizeof(dir)) == 0 &&
-		    (ns_layer_remove(dir, &e2) < 0 ||
-		     (dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
-		     snapshot_rm_tree(dfd, "layer", &e2) < 0))
-			log_warn("removing the layer of %s: %s", p->sbx, e2.msg);
+		/* exec_stop unmounted it; the store holds it now. */
+		layer_discard(m, p->sbx);
 	} else {
 		log_warn("pause of %s generation %" PRIu64 " failed: %s", p->sbx, p->gen,
 		         p->err.msg);
@@ -2227,12 +2340,26 @@ static void apply_continue(struct mgr_apply *ap)
 			continue;
 		}
 		if (rev <= records_applied_rev(m->db)) {
-			/* Already applied (a replay after a lost ack). */
-			json_array_append_new(ap->results, json_pack("{s:I,s:b}", "rev",
-			                      (json_int_t)rev, "ok", 1));
+			/* Already applied (a replay after a lost ack); a pause's
+			 * answer is its snapshot, told again from the store. */
+			json_t *done = kind != NULL && strcmp(kind, "pause") == 0
+			               ? pause_published(m, u, rev) : NULL;
+
+			json_array_append_new(ap->results, done != NULL ? done :
+			                      json_pack("{s:I,s:b}", "rev", (json_int_t)rev,
+			                                "ok", 1));
 			continue;
 		}
 		if (kind != NULL && strcmp(kind, "pause") == 0) {
+			json_t *done = pause_published(m, u, rev);
+
+			if (done != NULL) {
+				if (records_set_applied_rev(m->db, rev, &err) < 0)
+					log_error("persisting applied revision %" PRIu64 ": %s",
+					          rev, err.msg);
+				json_array_append_new(ap->results, done);
+				continue;
+			}
 			if (pause_start(ap, u, rev, &err) == 0)
 				return; /* pause_end continues */
 			rc = -1;
@@ -2573,10 +2700,8 @@ static int bridge_adopt(struct manager *m, struct mgr_exec *ex, const struct rec
                         struct tt_err *err)
 {
 	static uint8_t buf[WIRE_PAYLOAD_MAX + 1];
-	struct timeval tv = { .tv_sec = HELLO_TIMEOUT_MS / 1000 };
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	uint8_t chal[HELLO_CHALLENGE_LEN], proof[HELLO_PROOF_LEN];
-	char dir[PATH_MAX], b64[HELLO_B64_LEN + 1];
+	char path[PATH_MAX], b64[HELLO_B64_LEN + 1];
 	_cleanup_close_ int fd = -1;
 	struct wire_frame f;
 	json_t *o;
@@ -2584,15 +2709,13 @@ static int bridge_adopt(struct manager *m, struct mgr_exec *ex, const struct rec
 
 	if (!r->has_adopt_key)
 		return tt_err_set(err, TT_ERR_VERIFY, "recorded without an adoption key");
-	if (sandbox_dir(m, r->id.sbx, dir, sizeof(dir)) < 0 ||
-	    (size_t)snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/bridge.sock", dir) >=
-	    sizeof(sa.sun_path))
+	if (sandbox_dir(m, r->id.sbx, path, sizeof(path) - sizeof("/bridge.sock")) < 0)
 		return tt_err_set(err, TT_ERR_INVALID, "bridge socket path too long");
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) < 0 ||
-	    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) < 0 ||
-	    connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-		return tt_err_sys(err, TT_ERR_TRANSPORT, "connecting to its bridge");
+	strcat(path, "/bridge.sock");
+	/* Any length of state path (unixaddr.h). */
+	fd = unixaddr_connect(path, HELLO_TIMEOUT_MS, err);
+	if (fd < 0)
+		return -1;
 	if (verify_peer(fd, &ex->bridge_id, err) < 0)
 		return -1;
 	if (wire_recv(fd, &f, buf, sizeof(buf), err) != 1)
@@ -2830,7 +2953,12 @@ static int parse_args(struct manager *m, int argc, char **argv)
 		default: return -1;
 		}
 	}
-	if (!m->state_dir[0] || strlen(m->state_dir) > 900 || !m->sock_path[0] || !m->worker_id[0] || !have_pid ||
+	if (strlen(m->state_dir) > TT_WORKER_STATE_MAX) {
+		fprintf(stderr, "manager: --state is %zu bytes long; at most %d\n",
+		        strlen(m->state_dir), TT_WORKER_STATE_MAX);
+		return -1;
+	}
+	if (!m->state_dir[0] || !m->sock_path[0] || !m->worker_id[0] || !have_pid ||
 	    !have_uid || m->peer_pid <= 0) {
 		fprintf(stderr, "usage: tetherd manager --state DIR --socket PATH --worker-id W"
 		                " --peer-pid PID --peer-uid UID [--guest-bin PATH]"

@@ -8,6 +8,7 @@
 #include "cleanup.h"
 #include "log.h"
 #include "metrics.h"
+#include "uvutil.h"
 #include "wire_json.h"
 
 #define MGRCONN_READ_CHUNK (64u * 1024u)
@@ -639,8 +640,9 @@ struct mgrconn *mgrconn_open(uv_loop_t *loop, const char *path, json_t *req,
 	if (pool != NULL)
 		pool->refs++;
 	metrics_inc("tether_node_manager_connections_total", "conn=\"new\"");
-	/* Connect errors (absent socket, refused) arrive in the callback. */
-	uv_pipe_connect(&c->connect_req, &c->pipe, path, mgrconn_on_connect);
+	/* Connect errors (absent socket, refused) arrive in the callback; a
+	 * socket path of any length (unixaddr.h). */
+	uvutil_pipe_connect(&c->connect_req, &c->pipe, path, mgrconn_on_connect);
 	return c;
 }
 

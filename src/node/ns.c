@@ -23,6 +23,7 @@
 #include <linux/seccomp.h>
 #include <net/if.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -658,22 +659,85 @@ static int ns_read_ready(int fd, int pidfd, int64_t deadline, struct tt_err *err
 	return 0;
 }
 
-/* ns_kill_reap: SIGKILL the init through its pidfd and wait for it. */
+/* Inits that had not exited NS_REAP_WAIT_MS after their SIGKILL (stuck in
+ * the kernel): their pids, reaped by a later ns_kill_reap or
+ * ns_reap_pending. A pid cannot be reused while it is our zombie, so
+ * waitpid on it reaches that very process. */
+#define NS_REAP_WAIT_MS 5000
+#define NS_UNREAPED_MAX 256
+static pid_t ns_unreaped[NS_UNREAPED_MAX];
+static size_t ns_unreaped_n;
+static pthread_mutex_t ns_unreaped_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* ns_reap_pending: see ns.h. */
+size_t ns_reap_pending(void)
+{
+	size_t left;
+
+	pthread_mutex_lock(&ns_unreaped_mu);
+	for (size_t i = 0; i < ns_unreaped_n;) {
+		pid_t r = waitpid(ns_unreaped[i], NULL, WNOHANG);
+
+		if (r == 0 || (r < 0 && errno == EINTR)) {
+			i++;
+			continue;
+		}
+		/* Reaped, or not ours any more (ECHILD): off the list. */
+		ns_unreaped[i] = ns_unreaped[--ns_unreaped_n];
+	}
+	left = ns_unreaped_n;
+	pthread_mutex_unlock(&ns_unreaped_mu);
+	return left;
+}
+
+/* ns_unreaped_add: remembers a killed init still to be reaped. */
+static void ns_unreaped_add(pid_t pid)
+{
+	pthread_mutex_lock(&ns_unreaped_mu);
+	if (ns_unreaped_n < NS_UNREAPED_MAX)
+		ns_unreaped[ns_unreaped_n++] = pid;
+	else
+		log_warn("ns: init pid %d left unreaped (too many pending)", (int)pid);
+	pthread_mutex_unlock(&ns_unreaped_mu);
+}
+
+/* ns_kill_reap: SIGKILL the init through its pidfd and reap it. The pidfd
+ * may be non-blocking (the manager watches it with libuv, which sets
+ * O_NONBLOCK): waitid then says EAGAIN until the init has exited, so it
+ * is polled first; a blocking waitid on such a pidfd left every stopped
+ * init a zombie of the manager. Bounded: an init that outlives its
+ * SIGKILL by NS_REAP_WAIT_MS is reaped later (ns_reap_pending). */
 static void ns_kill_reap(struct ns_sandbox *sb)
 {
+	int64_t deadline = ns_now_ms() + NS_REAP_WAIT_MS;
+	siginfo_t si;
+	int rc;
+
+	ns_reap_pending();
 	/* Privileged: killing our own child; the pidfd cannot hit a reused pid. */
 	if (syscall(SYS_pidfd_send_signal, sb->pidfd, SIGKILL, NULL, 0) < 0 && errno != ESRCH)
 		log_warn("ns: pidfd_send_signal(%d): %s", (int)sb->init_pid, strerror(errno));
-	siginfo_t si;
-	memset(&si, 0, sizeof si);
-	int rc;
-	do
-		rc = waitid(P_PIDFD, (id_t)sb->pidfd, &si, WEXITED);
-	while (rc < 0 && errno == EINTR);
-	if (rc == 0)
-		sb->exit_status = si.si_code == CLD_EXITED ? W_EXITCODE(si.si_status, 0)
-		                                           : si.si_status;
-	/* ECHILD: the caller reaped it already; it is gone either way. */
+	for (;;) {
+		memset(&si, 0, sizeof si);
+		rc = waitid(P_PIDFD, (id_t)sb->pidfd, &si, WEXITED | WNOHANG);
+		if (rc == 0 && si.si_pid != 0)
+			break;
+		if (rc < 0 && errno == EINTR)
+			continue;
+		if (rc < 0 && errno != EAGAIN)
+			return; /* ECHILD: reaped already, or not our child (adopted) */
+		int64_t left = deadline - ns_now_ms();
+		if (left <= 0) {
+			log_warn("ns: init pid %d has not exited %d ms after SIGKILL; reaped later",
+			         (int)sb->init_pid, NS_REAP_WAIT_MS);
+			ns_unreaped_add(sb->init_pid);
+			return;
+		}
+		struct pollfd pf = { .fd = sb->pidfd, .events = POLLIN };
+		poll(&pf, 1, (int)(left < 1000 ? left : 1000));
+	}
+	sb->exit_status = si.si_code == CLD_EXITED ? W_EXITCODE(si.si_status, 0)
+	                                           : si.si_status;
 }
 
 void ns_sandbox_init(struct ns_sandbox *sb)

@@ -12,6 +12,7 @@
 #define TT_NS_H
 
 #include <limits.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -206,9 +207,15 @@ int ns_mntns_clean(struct tt_err *err);
  * not go on. Needs root. */
 int ns_netns_make(bool *stuck, struct tt_err *err);
 /* ns_sandbox_stop: SIGKILL via pidfd (the whole pid namespace dies with its
- * init), reap, remove the cgroups, close fds. Idempotent; a zeroed or
- * already stopped sandbox is fine. */
+ * init), reap (also through a non-blocking pidfd; an init that has not
+ * exited within 5 s is reaped later, see ns_reap_pending), remove the
+ * cgroups, close fds. Idempotent; a zeroed or already stopped sandbox is
+ * fine. */
 int ns_sandbox_stop(struct ns_sandbox *sb, struct tt_err *err);
+/* ns_reap_pending: reaps the killed inits ns_sandbox_stop could not wait
+ * for (never blocks); returns how many are still to be reaped. Every
+ * ns_sandbox_stop calls it too. */
+size_t ns_reap_pending(void);
 /* ns_sandbox_freeze: stops every process of the sandbox (cgroup v1
  * freezer, SPEC §7 pause): moves the tasks of its pids cgroup (found from
  * /proc/<init>/cgroup, so adopted executions work too) into a freezer

@@ -326,6 +326,13 @@ int records_open(const char *path, struct records **out, struct tt_err *err)
 	*out = NULL;
 	if (db == NULL)
 		return tt_err_set(err, TT_ERR_NOMEM, "runtime.db: out of memory");
+	/* SQLite's own pathname bound (its journal's name adds 8 bytes). */
+	if (strlen(path) > (size_t)sqlite3_vfs_find(NULL)->mxPathname - 8) {
+		free(db);
+		return tt_err_set(err, TT_ERR_INVALID, "runtime.db: its path is %zu bytes long;"
+		                  " SQLite takes at most %d", strlen(path),
+		                  sqlite3_vfs_find(NULL)->mxPathname - 8);
+	}
 	/* It holds adoption keys: 0600 whatever the umask or the state dir's
 	 * mode (SQLite gives its -wal and -shm files the database's mode). */
 	if (records_private(path, err) < 0) {

@@ -330,6 +330,96 @@ check "a migrate whose caller left: the install on the target follows the pause 
 ack w2 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null
 check "... and the sandbox runs on the target" test "$(sbx "$M")" = "running 2 w2"
 
+# --- snapshots: retention, and late or lost pause answers (issue 12) --------
+# resume_on W SBX GEN: resumes SBX on W and acks its install (gen GEN).
+resume_on() {
+	go rz POST "/v1/sandboxes/$2/resume" "{\"worker\":\"$1\"}"
+	feedfor "$1" install "$2"; local irev; irev=$(upd "$1" install "$2" rev)
+	ack "$1" "$irev" "{\"rev\":$irev,\"ok\":true}" >/dev/null; waitgo
+	[ "$(sbx "$2")" = "running $3 $1" ]
+}
+# pause_on W SBX GEN: pauses SBX (on W) and acks with its snapshot.
+pause_on() {
+	go pz POST "/v1/sandboxes/$2/pause" ''
+	feedfor "$1" pause "$2"; local prev; prev=$(upd "$1" pause "$2" rev)
+	ack "$1" "$prev" "{\"rev\":$prev,$(snapok "$2" "$3")}" >/dev/null; waitgo
+	[ "$(sbx "$2")" = "paused $3 $1" ]
+}
+go c5 POST /v1/sandboxes '{"worker":"w1"}'
+P=
+for _ in 1 2 3 4 5; do # past the prunes queued for w1 before it
+	feed w1 2
+	P=$(python3 -c "import json; u=[u for u in json.load(open('$ST/feed.w1'))['updates'] if u['kind']=='install']; print(u[-1]['sandbox'] if u else '')")
+	[ -n "$P" ] && break
+done
+IREV=$(upd w1 install "$P" rev); ack w1 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
+pause_on w1 "$P" 1 && resume_on w1 "$P" 2 && pause_on w1 "$P" 2 && resume_on w1 "$P" 3 &&
+	pause_on w1 "$P" 3
+okrc $? "three pauses and resumes of a fresh sandbox on w1"
+feedfor w1 prune "$P"
+check "each recorded snapshot is followed by a prune for w1: generation 3 keeps [3, 2]" \
+	test "$(python3 -c "
+import json
+u=[u for u in json.load(open('$ST/feed.w1'))['updates'] if u['kind']=='prune' and u['sandbox']=='$P']
+print(u[-1]['generation'], u[-1]['keep'])")" = "3 [3, 2]"
+check "... and the sandbox names snapshot 3" test "$(sbx "$P" >/dev/null; jfield '["snapshot"]["generation"]')" = 3
+
+# The worker goes down during the pause, after publishing its snapshot:
+# the pause fails; when the worker is back, its answer is taken.
+resume_on w1 "$P" 4; okrc $? "resumed: running gen 4 on w1"
+go p6 POST "/v1/sandboxes/$P/pause" ''
+feedfor w1 pause "$P"; PREV=$(upd w1 pause "$P" rev)
+dead w1; waitgo
+check "w1 went down during the pause: failed 4" test "$(sbx "$P")" = "failed 4 w1"
+alive w1
+ack w1 "$PREV" "{\"rev\":$PREV,$(snapok "$P" 4)}" >/dev/null
+check "its late answer with a complete snapshot: recorded, the sandbox paused at 4" \
+	test "$(sbx "$P") $(jfield '["snapshot"]["generation"]')" = "paused 4 w1 4"
+go r6 POST "/v1/sandboxes/$P/resume" '{"worker":"w1"}'
+feedfor w1 install "$P"; IREV=$(upd w1 install "$P" rev)
+check "the resume restores snapshot 4, not 3 (which lacks gen 4's writes)" \
+	test "$(upd w1 install "$P" generation) $(upd w1 install "$P" snapshot)" = "5 $P/4"
+ack w1 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
+
+# An ack that covers the pause without its result (the node-api restarted
+# between applying and acknowledging): asked again, the answer is taken.
+go p7 POST "/v1/sandboxes/$P/pause" ''
+feedfor w1 pause "$P"; PREV=$(upd w1 pause "$P" rev)
+ack w1 "$PREV" '{"rev":0,"ok":true}' >/dev/null
+feedfor w1 pause "$P"
+check "an ack without the pause's result: the pause is asked again (marked again), still pausing" \
+	test "$(python3 -c "
+import json
+u=[u for u in json.load(open('$ST/feed.w1'))['updates'] if u['kind']=='pause' and u['sandbox']=='$P']
+print(u[-1]['generation'], u[-1].get('again'), u[-1]['rev'] > $PREV)") $(sbx "$P")" = "5 True True pausing 5 w1"
+AREV=$(python3 -c "
+import json
+print([u for u in json.load(open('$ST/feed.w1'))['updates'] if u['kind']=='pause' and u['sandbox']=='$P'][-1]['rev'])")
+ack w1 "$AREV" "{\"rev\":$AREV,$(snapok "$P" 5)}" >/dev/null; waitgo
+check "... answered with the snapshot: paused 5, snapshot 5, the caller told 200" \
+	test "$(cat "$ST/p7.code") $(sbx "$P") $(jfield '["snapshot"]["generation"]')" = "200 paused 5 w1 5"
+
+# The same after the pause had failed: asked again once the worker acks.
+resume_on w1 "$P" 6; okrc $? "resumed: running gen 6 on w1"
+go p8 POST "/v1/sandboxes/$P/pause" ''
+feedfor w1 pause "$P"
+dead w1; waitgo
+check "the pause of gen 6 failed with w1 down" test "$(sbx "$P")" = "failed 6 w1"
+alive w1; feedfor w1 retire "$P"
+ack w1 "${AFTER[w1]}" '{"rev":0,"ok":true}' >/dev/null
+feedfor w1 pause "$P"
+AREV=$(python3 -c "
+import json
+u=[u for u in json.load(open('$ST/feed.w1'))['updates'] if u['kind']=='pause' and u['sandbox']=='$P' and u.get('again')]
+print(u[-1]['rev'] if u else 0)")
+ack w1 "$AREV" "{\"rev\":$AREV,$(snapok "$P" 6)}" >/dev/null
+check "a failed pause acknowledged without its result is asked again; the answer makes it paused at 6" \
+	test "$AREV $(sbx "$P") $(jfield '["snapshot"]["generation"]')" != "0 paused 6 w1 6" -a \
+	"$(sbx "$P") $(jfield '["snapshot"]["generation"]')" = "paused 6 w1 6"
+ack w1 "${AFTER[w1]}" '{"rev":0,"ok":true}' >/dev/null
+feed w1 1
+check "... and asked only once (no second again)" test "$(count w1 pause "$P")" = 0
+
 check "cp log records the forced resume" grep -q "forced resume: retire gen 6 on w1" "$ST/cp.log"
 curl -sf "$U/metrics" >"$ST/metrics"
 check "metrics count forced resumes since the restart" grep -q '^tether_cp_forced_resumes_total 2$' "$ST/metrics"

@@ -318,6 +318,163 @@ static void test_pause_cas(void **state)
 	assert_int_equal(cpdb_sandbox_pause(f->db, &got, NULL, NULL, 201, &rev2, &err), 0);
 }
 
+/* gens_str: the recorded snapshot generations of id, newest first. */
+static void gens_str(struct dbfix *f, const char *id, char *out, size_t cap)
+{
+	struct tt_err err = { 0 };
+	uint64_t g[16];
+	size_t n = 0, at = 0;
+
+	assert_int_equal(cpdb_snapshot_gens(f->db, id, g, 16, &n, &err), 0);
+	out[0] = '\0';
+	for (size_t i = 0; i < n; i++)
+		at += (size_t)snprintf(out + at, cap - at, "%s%llu", i ? " " : "",
+		                       (unsigned long long)g[i]);
+}
+
+/* pause_resume: pauses sb's generation (acked with its snapshot through
+ * cpdb_snapshot_record, keeping keep older), then resumes it on w1; sb
+ * is refreshed. The prune update's rev in *prune_rev. */
+static void pause_resume(struct dbfix *f, struct cp_sandbox *sb, unsigned keep,
+                         int64_t *prune_rev)
+{
+	struct tt_err err = { 0 };
+	struct cp_snapshot sn = snap_of(sb->id, sb->generation);
+	struct cpdb_record r = { .from = "pausing", .gen = sb->generation, .keep_older = keep,
+	                         .worker = "w1", .now = 300 };
+	int64_t rev, irev;
+	uint64_t g;
+
+	assert_int_equal(cpdb_sandbox_pause(f->db, sb, NULL, NULL, 200, &rev, &err), 1);
+	r.op_rev = rev;
+	assert_int_equal(cpdb_snapshot_record(f->db, sb->id, &r, &sn, prune_rev, &err), 1);
+	assert_int_equal(cpdb_sandbox_get(f->db, sb->id, sb, &err), 1);
+	assert_string_equal(sb->state, "paused");
+	assert_int_equal(cpdb_sandbox_resume(f->db, sb->id, &(struct cpdb_resume){
+	                 .from = "paused", .gen = sb->generation, .worker = "w1",
+	                 .snapshot_key = sn.key }, 400, &g, &irev, NULL, &err), 1);
+	assert_int_equal(cpdb_sandbox_set_state(f->db, sb->id, "running", NULL, &err), 0);
+	assert_int_equal(cpdb_sandbox_get(f->db, sb->id, sb, &err), 1);
+}
+
+/* Retention: recording a snapshot keeps it and the configured number of
+ * older ones in cp.db, and appends, in the same transaction, a prune
+ * update for the worker naming what stays below it; 5 pauses with one
+ * older kept leave 2 recorded; keep 0 leaves only the newest. */
+static void test_snapshot_retention(void **state)
+{
+	struct dbfix *f = *state;
+	const char *id = "sbx_bbbbbbbbbbbbbbbbbbbbbbbbbb";
+	struct cp_sandbox sb;
+	int64_t prune_rev = 0, latest;
+	struct tt_err err = { 0 };
+	char got[64];
+	json_t *u;
+
+	running_sbx(f, id, &sb);
+	for (int i = 1; i <= 5; i++)
+		pause_resume(f, &sb, CPDB_KEEP_DEFAULT, &prune_rev);
+	gens_str(f, id, got, sizeof(got));
+	assert_string_equal(got, "5 4");
+	/* The last prune: generation 5, keep [5, 4], for w1 only. */
+	assert_int_equal(cpdb_feed_get(f->db, prune_rev, got, sizeof(got), &u, &err), 1);
+	assert_string_equal(got, "prune");
+	assert_string_equal(json_string_value(json_object_get(u, "sandbox")), id);
+	assert_int_equal(json_integer_value(json_object_get(u, "generation")), 5);
+	assert_int_equal(json_array_size(json_object_get(u, "keep")), 2);
+	assert_int_equal(json_integer_value(json_array_get(json_object_get(u, "keep"), 0)), 5);
+	assert_int_equal(json_integer_value(json_array_get(json_object_get(u, "keep"), 1)), 4);
+	json_decref(u);
+	u = cpdb_feed_since(f->db, "w2", prune_rev - 1, 10, &err);
+	assert_int_equal(json_array_size(u), 0);
+	json_decref(u);
+	/* keep 0: only the newest. */
+	pause_resume(f, &sb, 0, &prune_rev);
+	gens_str(f, id, got, sizeof(got));
+	assert_string_equal(got, "6");
+	/* Without a worker (cpdb_sandbox_paused): everything kept, no update. */
+	{
+		struct cp_snapshot sn = snap_of(id, 7);
+		int64_t rev;
+
+		assert_int_equal(cpdb_sandbox_pause(f->db, &sb, NULL, NULL, 200, &rev, &err), 1);
+		assert_int_equal(cpdb_sandbox_paused(f->db, id, 7, rev, &sn, &err), 1);
+		assert_int_equal(cpdb_feed_latest(f->db, &latest, &err), 0);
+		assert_int_equal(latest, rev);
+	}
+	gens_str(f, id, got, sizeof(got));
+	assert_string_equal(got, "7 6");
+}
+
+/* A pause that failed (timed out: failed + retire) whose complete
+ * snapshot arrives late: recorded, the sandbox paused; not once it moved
+ * on to another generation; a snapshot of another generation is never
+ * recorded. A pause asked again: the same pause, marked, for its worker;
+ * a pending one waits for the new rev. */
+static void test_late_snapshot(void **state)
+{
+	struct dbfix *f = *state;
+	const char *id = "sbx_cccccccccccccccccccccccccc";
+	struct tt_err err = { 0 };
+	struct cp_sandbox sb, got;
+	struct cp_snapshot sn = snap_of(id, 1), latest;
+	struct cpdb_record late = { .from = "failed", .gen = 1, .op_rev = -1,
+	                            .keep_older = 1, .worker = "w1", .now = 500 };
+	int64_t rev, again, rr, prune_rev = 0;
+	uint64_t g;
+	json_t *u;
+
+	running_sbx(f, id, &sb);
+	assert_int_equal(cpdb_sandbox_pause(f->db, &sb, NULL, NULL, 200, &rev, &err), 1);
+	assert_int_equal(cpdb_sandbox_get(f->db, id, &sb, &err), 1);
+	/* Asked again while pending: op_rev follows. */
+	assert_int_equal(cpdb_pause_reask(f->db, &sb, 250, &again, &err), 0);
+	assert_true(again > rev);
+	u = last_update(f, "w1");
+	assert_string_equal(json_string_value(json_object_get(u, "kind")), "pause");
+	assert_int_equal(json_integer_value(json_object_get(u, "generation")), 1);
+	assert_string_equal(json_string_value(json_object_get(u, "snapshot")), sn.key);
+	assert_true(json_is_true(json_object_get(u, "again")));
+	json_decref(u);
+	assert_int_equal(cpdb_sandbox_get(f->db, id, &got, &err), 1);
+	assert_string_equal(got.state, "pausing");
+	assert_int_equal(got.op_rev, again);
+	assert_int_equal(got.op_at, sb.op_at);
+	/* It times out: failed, retire appended. */
+	assert_int_equal(cpdb_sandbox_cas(f->db, id, "pausing", 1, again, "failed",
+	                                  "did not acknowledge in time", "w1", 260, &rr,
+	                                  &err), 1);
+	/* A wrong generation's snapshot changes nothing. */
+	{
+		struct cp_snapshot other = snap_of(id, 2);
+
+		assert_int_equal(cpdb_snapshot_record(f->db, id, &late, &other, &prune_rev,
+		                                      &err), 0);
+	}
+	assert_int_equal(cpdb_snapshot_latest(f->db, id, &latest, &err), 0);
+	/* The late one: recorded, paused, error cleared. */
+	assert_int_equal(cpdb_snapshot_record(f->db, id, &late, &sn, &prune_rev, &err), 1);
+	assert_int_equal(cpdb_sandbox_get(f->db, id, &got, &err), 1);
+	assert_string_equal(got.state, "paused");
+	assert_string_equal(got.error, "");
+	assert_int_equal(cpdb_snapshot_latest(f->db, id, &latest, &err), 1);
+	assert_int_equal(latest.generation, 1);
+	assert_true(prune_rev > rr);
+	/* Twice: nothing (it is paused now). */
+	assert_int_equal(cpdb_snapshot_record(f->db, id, &late, &sn, &prune_rev, &err), 0);
+	/* Resumed (gen 2), then gen 2 fails: a late gen-1 snapshot is not
+	 * this generation's any more. */
+	assert_int_equal(cpdb_sandbox_resume(f->db, id, &(struct cpdb_resume){
+	                 .from = "paused", .gen = 1, .worker = "w1", .snapshot_key = sn.key },
+	                 600, &g, &rev, NULL, &err), 1);
+	assert_int_equal(cpdb_sandbox_cas(f->db, id, "resuming", 2, -1, "failed", "boom",
+	                                  NULL, 610, NULL, &err), 1);
+	assert_int_equal(cpdb_snapshot_record(f->db, id, &late, &sn, &prune_rev, &err), 0);
+	assert_int_equal(cpdb_sandbox_get(f->db, id, &got, &err), 1);
+	assert_string_equal(got.state, "failed");
+	assert_int_equal(got.generation, 2);
+}
+
 /* Resume allocates N+1 together with its install; a racing resume from
  * the same view loses; generations continue across reopen; a failure
  * appends the retire in the same transaction. */
@@ -429,6 +586,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_feed_per_worker, setup,
 		                                teardown),
 		cmocka_unit_test_setup_teardown(test_pause_cas, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_snapshot_retention, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_late_snapshot, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_resume_generations, setup,
 		                                teardown),
 		cmocka_unit_test_setup_teardown(test_migrate_old_schema, setup,

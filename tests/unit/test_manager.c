@@ -627,14 +627,15 @@ static void test_retire_and_replace(void **state)
 	free(tok2);
 }
 
-/* pause_update: pause {sandbox, generation, snapshot "<sbx>/<gen>"}. */
+/* pause_update: pause {sandbox, generation, snapshot "<sbx>/<gen>"} of
+ * the_sbx. */
 static json_t *pause_update(uint64_t rev, uint64_t gen)
 {
 	char key[64];
 
-	snprintf(key, sizeof(key), "%s/%llu", SBX, (unsigned long long)gen);
+	snprintf(key, sizeof(key), "%s/%llu", the_sbx, (unsigned long long)gen);
 	return json_pack("{s:I,s:s,s:s,s:s,s:I,s:s}", "rev", (json_int_t)rev, "kind",
-	                 "pause", "worker", "w1", "sandbox", SBX, "generation",
+	                 "pause", "worker", "w1", "sandbox", the_sbx, "generation",
 	                 (json_int_t)gen, "snapshot", key);
 }
 
@@ -709,16 +710,34 @@ static void test_pause_and_restore(void **state)
 	snprintf(path, sizeof(path), "%s/snapshots/%s/6.meta", state_dir, SBX);
 	assert_int_equal(stat(path, &st), 0);
 
-	/* Retired: RefreshRoute; a second pause has nothing to pause. */
+	/* Retired: RefreshRoute. The same pause asked again (its answer was
+	 * lost on the way to the cp) gets the published snapshot again, from
+	 * the store: the same checksum, nothing paused twice. */
 	call(exec_req(tok6, "true"), &a);
 	expect_decision(&a, "refresh_route", "retired");
 	answer_free(&a);
-	call(json_pack("{s:s,s:[o]}", "op", "feed.apply", "updates", pause_update(8, 6)), &a);
-	res = json_array_get(json_object_get(a.result, "results"), 0);
-	assert_true(json_is_false(json_object_get(res, "ok")));
-	assert_non_null(strstr(json_string_value(json_object_get(res, "error")),
-	                       "not running here"));
-	answer_free(&a);
+	{
+		char sum1[80];
+		struct answer b;
+
+		call(json_pack("{s:s,s:[o]}", "op", "feed.apply", "updates", pause_update(7, 6)),
+		     &a);
+		call(json_pack("{s:s,s:[o]}", "op", "feed.apply", "updates", pause_update(8, 6)),
+		     &b);
+		res = json_array_get(json_object_get(a.result, "results"), 0);
+		assert_true(json_is_true(json_object_get(res, "ok")));
+		snprintf(sum1, sizeof(sum1), "%s", json_string_value(json_object_get(
+		         json_object_get(res, "snapshot"), "checksum")));
+		assert_int_equal(strlen(sum1), 8 + 64);
+		res = json_array_get(json_object_get(b.result, "results"), 0);
+		assert_true(json_is_true(json_object_get(res, "ok")));
+		assert_string_equal(json_string_value(json_object_get(json_object_get(res,
+		                    "snapshot"), "checksum")), sum1);
+		assert_string_equal(json_string_value(json_object_get(json_object_get(res,
+		                    "snapshot"), "key")), key);
+		answer_free(&a);
+		answer_free(&b);
+	}
 
 	/* Resume from the snapshot: same bytes, including the drained write. */
 	assert_true(feed(install_from(9, 7, key)));
@@ -1195,6 +1214,323 @@ static void test_spare_bridge(void **state)
 	free(tok15);
 }
 
+/* ---- a pause whose answer was lost ------------------------------------------ */
+
+#define SBX5 "sbx_efghijklmnopqrstuvwxyzabcd"
+
+static json_t *sbx_update(uint64_t rev, const char *kind, uint64_t gen);
+
+/* store_gens: the generations of the_sbx in the snapshot store ("1 3"),
+ * as files with their publication record. */
+static void store_gens(char *out, size_t cap)
+{
+	size_t at = 0;
+
+	out[0] = '\0';
+	for (unsigned g = 1; g <= 9; g++) {
+		char path[256];
+		struct stat st;
+
+		snprintf(path, sizeof(path), "%s/snapshots/%s/%u.meta", state_dir, the_sbx, g);
+		if (stat(path, &st) == 0)
+			at += (size_t)snprintf(out + at, cap - at, "%s%u", at ? " " : "", g);
+	}
+}
+
+/* prune_update: prune {sandbox, generation, keep} of the_sbx. */
+static json_t *prune_update(uint64_t rev, uint64_t gen, json_t *keep)
+{
+	return json_pack("{s:I,s:s,s:s,s:s,s:I,s:o}", "rev", (json_int_t)rev, "kind",
+	                 "prune", "worker", "w1", "sandbox", the_sbx, "generation",
+	                 (json_int_t)gen, "keep", keep);
+}
+
+/* test_pause_answer_lost: the manager is killed once its pause has
+ * published the snapshot, before the answer went out; its successor,
+ * given the same pause again, answers with that snapshot from the store
+ * (before: "not running here", or ok without a snapshot, and the cp
+ * failed the pause and later resumed from an older snapshot, losing the
+ * writes this one holds). Then the cp's prune updates: what they do not
+ * keep below their generation leaves the store, nothing newer does. */
+static void test_pause_answer_lost(void **state)
+{
+	char *tok1, *tok2, key[64], path[256], got[64];
+	struct answer a;
+	json_t *res, *snap;
+	struct stat st;
+	int fd, wst;
+
+	(void)state;
+	the_sbx = SBX5;
+	tok1 = mint(sk, 1, "w1", TT_OP_EXEC);
+	tok2 = mint(sk, 2, "w1", TT_OP_EXEC);
+	assert_true(feed(install(50, 1, "w1")));
+	call(exec_req(tok1, "echo acknowledged >/workspace/a && head -c 4000000 /dev/urandom"
+	                    " >/home/r"), &a);
+	expect_decision(&a, "allow", "ok");
+	answer_free(&a);
+	/* The pause goes out; the manager dies as soon as it published. */
+	fd = connect_mgr();
+	assert_true(fd >= 0);
+	{
+		json_t *req = json_pack("{s:s,s:[o]}", "op", "feed.apply", "updates",
+		                        pause_update(51, 1));
+
+		assert_int_equal(wire_send_json(fd, WIRE_REQUEST, req, NULL), 0);
+		json_decref(req);
+	}
+	snprintf(path, sizeof(path), "%s/snapshots/%s/1.meta", state_dir, the_sbx);
+	for (int i = 0; i < 20000 && stat(path, &st) < 0; i++)
+		usleep(500);
+	assert_int_equal(kill(mgr_pid, SIGKILL), 0);
+	assert_int_equal(waitpid(mgr_pid, &wst, 0), mgr_pid);
+	close(fd);
+	assert_int_equal(stat(path, &st), 0);
+	start_manager();
+	/* The same pause again (the node re-delivers it, or the cp asks). */
+	call(json_pack("{s:s,s:[o]}", "op", "feed.apply", "updates", pause_update(51, 1)), &a);
+	res = json_array_get(json_object_get(a.result, "results"), 0);
+	assert_true(json_is_true(json_object_get(res, "ok")));
+	snap = json_object_get(res, "snapshot");
+	snprintf(key, sizeof(key), "%s/1", the_sbx);
+	assert_string_equal(json_string_value(json_object_get(snap, "key")), key);
+	assert_true(json_integer_value(json_object_get(snap, "size")) > 4000000);
+	assert_int_equal(strlen(json_string_value(json_object_get(snap, "checksum"))), 8 + 64);
+	answer_free(&a);
+	/* Its layer is in the store now: the image is gone. */
+	snprintf(path, sizeof(path), "%s/sandboxes/%s/layer.img", state_dir, the_sbx);
+	assert_int_equal(stat(path, &st), -1);
+	/* Resumed from it: the acknowledged write is there. */
+	assert_true(feed(install_from(52, 2, key)));
+	call(exec_req(tok2, "cat /workspace/a"), &a);
+	expect_decision(&a, "allow", "ok");
+	assert_string_equal(a.out, "acknowledged\n");
+	answer_free(&a);
+
+	/* Gens 2 and 3 paused too: 1 2 3 in the store. */
+	assert_true(feed(pause_update(53, 2)));
+	snprintf(key, sizeof(key), "%s/2", the_sbx);
+	assert_true(feed(install_from(54, 3, key)));
+	assert_true(feed(pause_update(55, 3)));
+	store_gens(got, sizeof(got));
+	assert_string_equal(got, "1 2 3");
+	/* 3 acknowledged, 2 kept: 1 goes. */
+	assert_true(feed(prune_update(56, 3, json_pack("[i,i]", 3, 2))));
+	store_gens(got, sizeof(got));
+	assert_string_equal(got, "2 3");
+	/* An older prune arriving late removes nothing at or above its own
+	 * generation, whatever it keeps. */
+	assert_true(feed(prune_update(57, 2, json_pack("[]"))));
+	store_gens(got, sizeof(got));
+	assert_string_equal(got, "2 3");
+	/* Malformed: refused, nothing removed. */
+	assert_false(feed(prune_update(58, 3, json_pack("[s]", "x"))));
+	store_gens(got, sizeof(got));
+	assert_string_equal(got, "2 3");
+	assert_true(feed(sbx_update(59, "destroy", 0)));
+	store_gens(got, sizeof(got));
+	assert_string_equal(got, "");
+	the_sbx = SBX;
+	free(tok1);
+	free(tok2);
+}
+
+/* ---- every child reaped ---------------------------------------------------- */
+
+/* zombie_children: children of pid (every thread's, from
+ * /proc/<pid>/task/<tid>/children) in state Z. */
+static int zombie_children(pid_t pid)
+{
+	char path[96];
+	struct dirent *e;
+	int zombies = 0;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	d = opendir(path);
+	assert_non_null(d);
+	while ((e = readdir(d)) != NULL) {
+		char cpath[400], kids[8192];
+		size_t len;
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(cpath, sizeof(cpath), "%s/%s/children", path, e->d_name);
+		if ((f = fopen(cpath, "re")) == NULL)
+			continue;
+		len = fread(kids, 1, sizeof(kids) - 1, f);
+		fclose(f);
+		kids[len] = '\0';
+		for (char *tok = strtok(kids, " \n"); tok != NULL; tok = strtok(NULL, " \n")) {
+			char spath[64], line[512] = "", *paren;
+			FILE *sf;
+
+			snprintf(spath, sizeof(spath), "/proc/%s/stat", tok);
+			if ((sf = fopen(spath, "re")) == NULL)
+				continue;
+			if (fgets(line, sizeof(line), sf) == NULL)
+				line[0] = '\0';
+			fclose(sf);
+			paren = strrchr(line, ')');
+			if (paren != NULL && paren[1] == ' ' && paren[2] == 'Z')
+				zombies++;
+		}
+	}
+	closedir(d);
+	return zombies;
+}
+
+/* settled_zombies: the manager's zombie children once what it reaps on
+ * its own (a watcher's callback) had 2 s. */
+static int settled_zombies(void)
+{
+	int z = 0;
+
+	for (int i = 0; i < 200; i++) {
+		if ((z = zombie_children(mgr_pid)) == 0)
+			return 0;
+		usleep(10000);
+	}
+	return z;
+}
+
+/* fresh_sbx: a sandbox id never installed before, numbered i. */
+static void fresh_sbx(char *out, size_t cap, unsigned i)
+{
+	static const char b32[] = "abcdefghijklmnopqrstuvwxyz234567";
+
+	snprintf(out, cap, "sbx_reapreapreapreapreapree%c%c%c", b32[(i >> 10) & 31],
+	         b32[(i >> 5) & 31], b32[i & 31]);
+}
+
+/* sbx_update: a retire or destroy of the_sbx (gen 0: none named). */
+static json_t *sbx_update(uint64_t rev, const char *kind, uint64_t gen)
+{
+	json_t *u = json_pack("{s:I,s:s,s:s,s:s}", "rev", (json_int_t)rev, "kind", kind,
+	                      "worker", "w1", "sandbox", the_sbx);
+
+	if (gen > 0)
+		json_object_set_new(u, "generation", json_integer((json_int_t)gen));
+	return u;
+}
+
+/* wait_state: the_sbx reaches state want in the manager's status (5 s). */
+static bool wait_state(const char *want)
+{
+	char st[32];
+
+	for (int i = 0; i < 500; i++) {
+		exec_state(st, sizeof(st));
+		if (strcmp(st, want) == 0)
+			return true;
+		usleep(10000);
+	}
+	return false;
+}
+
+/* test_children_reaped: every child the manager starts is reaped on every
+ * way it ends: rm (destroy), retire, pause, a lost execution (its init or
+ * its bridge killed from outside), a failed start, spares dropped. Before
+ * the fix each stopped init stayed a zombie (a non-blocking pidfd made the
+ * reaping waitid fail with EAGAIN): a long-lived worker ran out of pids. */
+static void test_children_reaped(void **state)
+{
+	char ids[8][TT_SBX_ID_LEN + 1], key[64], *tok;
+	uint64_t rev = 100;
+	struct answer a;
+	pid_t pid;
+
+	(void)state;
+	assert_int_equal(settled_zombies(), 0);
+	/* create / exec / rm, 12 times. */
+	for (unsigned i = 0; i < 12; i++) {
+		fresh_sbx(ids[0], sizeof(ids[0]), i);
+		the_sbx = ids[0];
+		tok = mint(sk, 1, "w1", TT_OP_EXEC);
+		assert_true(feed(install(rev++, 1, "w1")));
+		call(exec_req(tok, "true"), &a);
+		expect_decision(&a, "allow", "ok");
+		answer_free(&a);
+		free(tok);
+		assert_true(feed(sbx_update(rev++, "destroy", 0)));
+	}
+	assert_int_equal(settled_zombies(), 0);
+
+	/* pause, resume from the snapshot, retire, resume again, rm. */
+	fresh_sbx(ids[1], sizeof(ids[1]), 100);
+	the_sbx = ids[1];
+	assert_true(feed(install(rev++, 1, "w1")));
+	snprintf(key, sizeof(key), "%s/1", the_sbx);
+	assert_true(feed(pause_update(rev++, 1)));
+	assert_int_equal(settled_zombies(), 0);
+	assert_true(feed(install_from(rev++, 2, key)));
+	{
+		/* A pause of gen 1 now that gen 2 runs: nothing to pause (its
+		 * snapshot is published, but gen 1 is not what runs here). */
+		struct answer b;
+		json_t *res;
+
+		call(json_pack("{s:s,s:[o]}", "op", "feed.apply", "updates",
+		               pause_update(rev++, 1)), &b);
+		res = json_array_get(json_object_get(b.result, "results"), 0);
+		assert_true(json_is_false(json_object_get(res, "ok")));
+		assert_non_null(strstr(json_string_value(json_object_get(res, "error")),
+		                       "not running here"));
+		answer_free(&b);
+	}
+	assert_true(feed(sbx_update(rev++, "retire", 2)));
+	assert_int_equal(settled_zombies(), 0);
+	assert_true(feed(install_from(rev++, 3, key)));
+
+	/* Lost: its init killed from outside. */
+	pid = manager_init_pid();
+	assert_true(pid > 0);
+	assert_int_equal(kill(pid, SIGKILL), 0);
+	assert_true(wait_state("lost"));
+	assert_int_equal(settled_zombies(), 0);
+	assert_true(feed(sbx_update(rev++, "destroy", 0)));
+
+	/* Lost: its bridge killed (the manager stops its init). */
+	fresh_sbx(ids[2], sizeof(ids[2]), 101);
+	the_sbx = ids[2];
+	assert_true(feed(install(rev++, 1, "w1")));
+	pid = manager_bridge_pid();
+	assert_int_equal(kill(pid, SIGKILL), 0);
+	assert_true(wait_state("lost"));
+	assert_int_equal(settled_zombies(), 0);
+	assert_true(feed(sbx_update(rev++, "destroy", 0)));
+
+	/* Spares killed while waiting: reaped when the next create looks. */
+	pid = manager_spare_sandbox_pid();
+	assert_true(pid > 0);
+	assert_int_equal(kill(pid, SIGKILL), 0);
+	assert_int_equal(kill(manager_spare_pid(), SIGKILL), 0);
+	fresh_sbx(ids[3], sizeof(ids[3]), 102);
+	the_sbx = ids[3];
+	assert_true(feed(install(rev++, 1, "w1")));
+	assert_int_equal(settled_zombies(), 0);
+	assert_true(feed(sbx_update(rev++, "destroy", 0)));
+
+	/* A start that fails: an agent that exits at once (an upgrade gone
+	 * wrong); spares and the create's own launch fail alike. */
+	{
+		char cmd[600];
+
+		snprintf(cmd, sizeof(cmd), "printf '#!/bin/sh\\nexit 3\\n' >%s.new && "
+		         "chmod 0755 %s.new && mv -f %s.new %s", guest_copy, guest_copy,
+		         guest_copy, guest_copy);
+		assert_int_equal(system(cmd), 0);
+	}
+	fresh_sbx(ids[4], sizeof(ids[4]), 103);
+	the_sbx = ids[4];
+	assert_false(feed(install(rev++, 1, "w1")));
+	assert_int_equal(settled_zombies(), 0);
+	assert_int_equal(guest_install(), 0);
+	assert_true(feed(sbx_update(rev++, "destroy", 0)));
+	the_sbx = SBX;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1207,6 +1543,8 @@ int main(void)
 		cmocka_unit_test(test_pause_and_restore),
 		cmocka_unit_test(test_bridge_impostor),
 		cmocka_unit_test(test_spare_bridge),
+		cmocka_unit_test(test_pause_answer_lost),
+		cmocka_unit_test(test_children_reaped),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

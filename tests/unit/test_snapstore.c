@@ -207,6 +207,66 @@ static void test_roundtrip(void **state)
 	}
 }
 
+/* list_str: the complete generations of SBX, "1 2 3". */
+static void list_str(struct env *e, char *out, size_t cap)
+{
+	struct tt_err err = { 0 };
+	uint64_t *gens = NULL;
+	size_t n = 0, at = 0;
+
+	assert_int_equal(snapstore_list(e->s, SBX, &gens, &n, &err), 0);
+	out[0] = '\0';
+	for (size_t i = 0; i < n; i++)
+		at += (size_t)snprintf(out + at, cap - at, "%s%llu", i ? " " : "",
+		                       (unsigned long long)gens[i]);
+	free(gens);
+}
+
+/* Pruning after a newer snapshot was acknowledged: every complete
+ * snapshot below it goes but the ones kept; it and newer ones (a pause
+ * publishing now) are never touched; content without its record is
+ * left to gc; pruning again is a no-op. */
+static void test_prune(void **state)
+{
+	struct env *e = *state;
+	struct tt_err err = { 0 };
+	uint64_t keep[2] = { 5, 4 };
+	unsigned removed = 9;
+	char got[64];
+
+	for (uint64_t g = 1; g <= 6; g++)
+		assert_int_equal(put_layer(e, e->s, g, &err), 0);
+	list_str(e, got, sizeof(got));
+	assert_string_equal(got, "1 2 3 4 5 6");
+	/* 5 acknowledged, 4 kept as the one older; 6 is newer: untouched. */
+	assert_int_equal(snapstore_prune(e->s, SBX, 5, keep, 2, &removed, &err), 0);
+	assert_int_equal(removed, 3);
+	list_str(e, got, sizeof(got));
+	assert_string_equal(got, "4 5 6");
+	{
+		char path[160];
+		struct stat st;
+
+		snprintf(path, sizeof(path), "%s/%s/1.snap", e->root, SBX);
+		assert_int_equal(stat(path, &st), -1);
+		snprintf(path, sizeof(path), "%s/%s/1.meta", e->root, SBX);
+		assert_int_equal(stat(path, &st), -1);
+	}
+	assert_int_equal(snapstore_prune(e->s, SBX, 5, keep, 2, &removed, &err), 0);
+	assert_int_equal(removed, 0);
+	/* Nothing kept but the acknowledged one (--keep-snapshots 0). */
+	assert_int_equal(snapstore_prune(e->s, SBX, 6, (uint64_t[]){ 6 }, 1, &removed, &err), 0);
+	assert_int_equal(removed, 2);
+	list_str(e, got, sizeof(got));
+	assert_string_equal(got, "6");
+	/* The survivor restores; a sandbox with nothing stored is fine. */
+	assert_int_equal(snapstore_get_tree(e->s, SBX, 6, e->basefd, "after-prune", NULL,
+	                                    NULL, &err), 0);
+	expect_notes(e, "after-prune");
+	assert_int_equal(snapstore_prune(e->s, "sbx_other", 9, NULL, 0, &removed, &err), 0);
+	assert_int_equal(removed, 0);
+}
+
 static void test_bad_expect_and_abort(void **state)
 {
 	struct env *e = *state;
@@ -436,6 +496,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_keys, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_roundtrip, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_prune, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_expect_and_abort, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_killed_writer, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_concurrent_commits, setup, teardown),

@@ -89,6 +89,12 @@ struct edgews {
 	struct route_ticket ticket;
 	bool waiting, fetching, retried;
 	int wait_s;                  /* the caller's X-Tether-Wait */
+	/* a node or cp that refused the connection (restarting: nothing
+	 * ran) is tried again, with a backoff, until deadline_us */
+	lws_sorted_usec_list_t retry_sul;
+	bool retry_pending;
+	unsigned retry_ms;
+	uint64_t deadline_us;
 	CURL *easy;                  /* capability fetch in flight (owned) */
 	struct curl_slist *hdrs;
 	char *ans;                   /* its answer (owned, bounded) */
@@ -102,6 +108,7 @@ struct edgews {
 };
 
 static void ews_resolve(struct edgews *x);
+static bool ews_retry_later(struct edgews *x);
 
 /* edgews_setup: see ws.h. */
 void edgews_setup(struct httpc *hc, const char *cp_url, struct routes *routes)
@@ -144,6 +151,8 @@ static void ews_maybe_free(struct edgews *x)
 {
 	if (x->cwsi != NULL || x->bwsi != NULL || x->easy != NULL)
 		return;
+	if (x->retry_pending)
+		lws_sul_cancel(&x->retry_sul);
 	ws_close_cancel(&x->close);
 	if (x->waiting)
 		routes_cancel_wait(ews_env.routes, &x->waiter);
@@ -326,6 +335,15 @@ static void ews_cap_done(CURL *easy, CURLcode rc, void *arg)
 		ews_maybe_free(x);
 		return;
 	}
+	if (rc == CURLE_COULDNT_CONNECT) {
+		if (x->fetching)
+			routes_abort(ews_env.routes, x->keyhash, x->sbx);
+		x->fetching = false;
+		if (ews_retry_later(x)) {
+			json_decref(j);
+			return; /* the cp restarts: asked again */
+		}
+	}
 	if (rc != CURLE_OK || (status != 200 && status != 201)) {
 		const char *code = json_string_value(json_object_get(j, "error"));
 		const char *msg = json_string_value(json_object_get(j, "message"));
@@ -443,7 +461,17 @@ static int ews_on_decision(struct edgews *x, const uint8_t *msg, size_t len)
 	char reason[EWS_REASON_MAX + 1];
 
 	if (type != NULL && strcmp(type, "error") == 0) {
-		/* the node failed before admission (manager unreachable…) */
+		/* the node failed before admission (manager unreachable…):
+		 * "unavailable" means nothing ran, so it is tried again */
+		const char *e = json_string_value(json_object_get(j, "error"));
+
+		if (e != NULL && strcmp(e, "unavailable") == 0 && ews_retry_later(x)) {
+			json_decref(j);
+			routes_drop_if(ews_env.routes, x->keyhash, x->sbx, x->rt.version);
+			lws_set_opaque_user_data(x->bwsi, NULL);
+			x->bwsi = NULL;
+			return -1;
+		}
 		json_decref(j);
 		x->backend_final = true;
 		ews_to_client(x, LWS_WRITE_TEXT, msg, len);
@@ -530,6 +558,39 @@ static int ews_from_backend(struct edgews *x, const uint8_t *msg, size_t len,
 	return 0;
 }
 
+/* ews_retry_fire: the backoff is over: the route is resolved again. */
+static void ews_retry_fire(lws_sorted_usec_list_t *sul)
+{
+	struct edgews *x = lws_container_of(sul, struct edgews, retry_sul);
+
+	x->retry_pending = false;
+	if (x->cwsi == NULL || x->st == EWS_CLOSING) {
+		ews_maybe_free(x);
+		return;
+	}
+	ews_resolve(x);
+}
+
+/* ews_retry_later: the next hop refused the connection (it restarts; the
+ * start message reached no one): tried again after 50 ms doubling to 1 s
+ * on a freshly resolved route, while the caller's X-Tether-Wait lasts
+ * (SPEC §7). The client's WebSocket stays open meanwhile. */
+static bool ews_retry_later(struct edgews *x)
+{
+	x->retry_ms = x->retry_ms ? x->retry_ms * 2 : 50;
+	if (x->retry_ms > 1000)
+		x->retry_ms = 1000;
+	if (x->cwsi == NULL || x->st == EWS_CLOSING ||
+	    ews_now_us() + x->retry_ms * 1000u > x->deadline_us)
+		return false;
+	x->st = EWS_ROUTE;
+	x->retry_pending = true;
+	lws_sul_schedule(x->ctx, 0, &x->retry_sul, ews_retry_fire,
+	                 (lws_usec_t)x->retry_ms * 1000);
+	metrics_inc("tether_edge_connect_retries_total", "to=\"stream\"");
+	return true;
+}
+
 /* ews_backend_gone: the node's connection failed or closed. */
 static void ews_backend_gone(struct edgews *x, bool connect_error, const char *why)
 {
@@ -540,6 +601,8 @@ static void ews_backend_gone(struct edgews *x, bool connect_error, const char *w
 	}
 	routes_drop_if(ews_env.routes, x->keyhash, x->sbx, x->rt.version);
 	metrics_inc("tether_edge_upstream_failures_total", "upstream=\"node\"");
+	if ((connect_error || x->st == EWS_CONNECT) && ews_retry_later(x))
+		return; /* nothing ran: the node restarts or moved */
 	if (connect_error || x->st == EWS_CONNECT)
 		ews_error(x, 1011, "unavailable",
 		          "exec on %s: cannot reach worker node %s (%s); the command "
@@ -598,6 +661,7 @@ static int ews_filter(struct lws *wsi, struct edgews_pss *pss)
 	x->ctx = lws_get_context(wsi);
 	x->vh = lws_get_vhost(wsi);
 	x->t0_us = ews_now_us();
+	x->deadline_us = x->t0_us + (uint64_t)x->wait_s * 1000000u;
 	pss->x = x;
 	return 0;
 }

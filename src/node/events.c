@@ -32,7 +32,7 @@
 #define EV_PENDING_MAX 4096       /* lost reports held for the cp */
 #define EV_ANSWER_MAX (64u << 10)
 #define EV_DRAIN_POLL_MS 250u
-#define EV_DRAIN_CP_MS 10000u     /* give up draining without the cp */
+#define EV_DRAIN_CP_MS 3000u      /* give up draining without the cp */
 
 /* One POST to the cp: its header list holds the node token. */
 struct ev_post {

@@ -236,7 +236,7 @@ static int teardown(void **state)
 	struct tfix *f = *state;
 
 	httpc_free(f->hc);
-	lws_context_destroy(f->ctx);
+	http_server_free(f->ctx);
 	uv_close((uv_handle_t *)&slow_timer, NULL);
 	uv_run(&f->loop, UV_RUN_DEFAULT);
 	assert_int_equal(uv_loop_close(&f->loop), 0);

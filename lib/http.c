@@ -576,6 +576,15 @@ int http_callback_default(struct lws *wsi, enum lws_callback_reasons reason,
 	return lws_callback_http_dummy(wsi, reason, user, in, len);
 }
 
+/* http_request_started: see http.h. */
+void http_request_started(struct lws *wsi)
+{
+	long long len;
+
+	if (http_body_framing(wsi, &len) != HTTP_BODY_SIZED || len <= 0)
+		lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0);
+}
+
 /* http_ws_exec_path: see http.h. */
 int http_ws_exec_path(struct lws *wsi, char *sbx, size_t cap)
 {

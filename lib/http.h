@@ -105,6 +105,13 @@ void http_server_set_fds_per_conn(unsigned n);
  *   bounds above answers 414/431 and closes. */
 int http_callback_default(struct lws *wsi, enum lws_callback_reasons reason,
                           void *user, void *in, size_t len);
+/* http_request_started: the first call of every LWS_CALLBACK_HTTP. lws
+ * 4.1.6 arms a HTTP_BODY_IDLE_SECS timeout at each request's start and
+ * clears it only when a request body is complete: a request without a body
+ * whose answer took that long (a 30 s feed long-poll, a download through
+ * the edge) was cut. Without a body, the answer may take as long as it
+ * takes; with one, lws' body timeout stays until the body is in. */
+void http_request_started(struct lws *wsi);
 /* http_request_bounds: 0, or 414 / 431 for a request over the bounds. */
 int http_request_bounds(struct lws *wsi);
 /* http_ws_exec_path: the sandbox id (into sbx) of an HTTP/1.1 upgrade of

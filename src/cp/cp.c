@@ -1314,6 +1314,7 @@ static int cp_http_cb(struct lws *wsi, enum lws_callback_reasons reason,
 
 	switch (reason) {
 	case LWS_CALLBACK_HTTP:
+		http_request_started(wsi); /* a long-poll is not cut at 30 s */
 		cp = cp_of(wsi);
 		http_body_free(&s->body);
 		s->body.max = HTTP_BODY_MAX_DEFAULT;

@@ -1121,6 +1121,7 @@ static int edge_cb(struct lws *wsi, enum lws_callback_reasons reason,
 
 	switch (reason) {
 	case LWS_CALLBACK_HTTP:
+		http_request_started(wsi); /* a long download is not cut at 30 s */
 		if (pss->x != NULL) { /* pipelined before the last one finished */
 			xreq_detach(pss->x);
 			pss->x = NULL;

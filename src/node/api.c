@@ -1227,6 +1227,7 @@ static int api_callback(struct lws *wsi, enum lws_callback_reasons reason,
 
 	switch (reason) {
 	case LWS_CALLBACK_HTTP:
+		http_request_started(wsi);
 		if (pss->op != NULL) { /* a pipelined request on a busy session */
 			pss->op->wsi = NULL;
 			op_free(pss->op);

@@ -214,8 +214,10 @@ static void http_lws_log(int level, const char *line)
 	(void)level;
 	while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
 		n--;
-	if (strncmp(line, "accept: errno ", 14) == 0)
-		http_accept_failed(atoi(line + 14));
+	if (strncmp(line, "accept: errno ", 14) == 0) {
+		http_accept_failed(atoi(line + 14)); /* it logs the pause */
+		return;
+	}
 	log_error("lws: %.*s", (int)n, line);
 }
 

@@ -18,6 +18,9 @@ line:
         ("\\n" in it become CRLF), "closed" without an answer
   flood PORT N SECS                 opens up to N connections (1 s each),
         prints how many were accepted by the kernel, holds them SECS
+  slowget PORT PATH AUTH RATE OUT   GET PATH reading at most RATE bytes a
+        second through a 32 KiB receive buffer into OUT; prints the status,
+        the bytes and the seconds it took
   hammer PORT N AUTH PATH           N keep-alive GETs of PATH with AUTH
         ("Authorization: AUTH") on few connections, prints the statuses seen
 """
@@ -190,6 +193,38 @@ def flood(port, n, secs):
     time.sleep(float(secs))
 
 
+def slowget(port, path, auth, rate, out):
+    rate = float(rate)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)
+    s.settimeout(60)
+    s.connect(("127.0.0.1", int(port)))
+    t0 = time.time()
+    s.sendall((f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\n\r\n").encode())
+    first, buf = read_head(s)
+    head, body = buf.split(b"\r\n\r\n", 1) if b"\r\n\r\n" in buf else (buf, b"")
+    clen = -1
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            clen = int(line.split(b":")[1])
+    with open(out, "wb") as f:
+        got = len(body)
+        f.write(body)
+        try:
+            while got < clen:
+                d = s.recv(4096)
+                if not d:
+                    break
+                f.write(d)
+                got += len(d)
+                ahead = got / rate - (time.time() - t0)
+                if ahead > 0:
+                    time.sleep(ahead)
+        except OSError:
+            pass
+    print(status_of(first), got, int(time.time() - t0))
+
+
 def hammer(port, n, auth, path):
     seen = {}
     s = None
@@ -224,4 +259,4 @@ def hammer(port, n, auth, path):
 if __name__ == "__main__":
     mode, args = sys.argv[1], sys.argv[2:]
     {"upgrade": upgrade, "idle": idle, "h2c": h2c, "raw": raw,
-     "flood": flood, "hammer": hammer}[mode](*args)
+     "flood": flood, "hammer": hammer, "slowget": slowget}[mode](*args)

@@ -540,6 +540,11 @@ int http_callback_default(struct lws *wsi, enum lws_callback_reasons reason,
 	case LWS_CALLBACK_WSI_DESTROY:
 		http_conn_untrack(wsi);
 		break;
+	case LWS_CALLBACK_RAW_ADOPT:
+		/* "CONNECT host:port": lws 4.1.6 turns the connection into a
+		 * raw socket on protocols[0] (it stayed open, unread, for good) */
+		metrics_inc("tether_http_refused_total", "reason=\"connect\"");
+		return 1;
 	case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION:
 		/* An upgrade bound to the HTTP protocol: no subprotocol, or
 		 * "http", on any path. The stream endpoints are protocols of

@@ -97,6 +97,8 @@ void http_server_set_fds_per_conn(unsigned n);
  *   stream endpoints are protocols of their own that authorize their
  *   upgrades in their own filter (http_ws_exec_path). Never
  *   HTTP_CONFIRM_UPGRADE (CVE-2025-11677): that passes through untouched.
+ * - RAW_ADOPT: refused (lws makes a CONNECT request a raw socket on
+ *   protocols[0]; the daemons tunnel nothing).
  * - SERVER_NEW_CLIENT_INSTANTIATED, WSI_DESTROY: the HTTP_UNSERVED_SECS
  *   bound is kept per connection.
  * - FILTER_HTTP_CONNECTION (before LWS_CALLBACK_HTTP): a stream of an

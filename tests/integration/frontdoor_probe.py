@@ -9,7 +9,8 @@ line:
   idle PORT MODE SECS [PATH AUTH]   seconds until the server closes, or "open"
         MODE: none (send nothing), half (half a header), drip (a header one
         byte a second), keepalive (one whole request, then nothing),
-        h2c (an h2c upgrade, then silence), wsnostart (a WebSocket upgrade of
+        h2c (an h2c upgrade, then silence), connect (a CONNECT request,
+        which lws turns into a raw socket), wsnostart (a WebSocket upgrade of
         PATH with AUTH, then no start message)
   h2c PORT                          "served" if an HTTP/2 answer came after an
         h2c upgrade, "101-closed" if the 101 came and then only the close,
@@ -102,6 +103,8 @@ def idle(port, mode, secs, path="-", auth="-"):
     t0 = time.time()
     if mode == "half":
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    elif mode == "connect":
+        s.sendall(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
     elif mode == "keepalive":
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         first, _ = read_head(s)

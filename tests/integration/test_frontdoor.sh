@@ -5,7 +5,7 @@
 #   tether.exec.v1 at the edge and node-api, nothing at the cp; every other
 #   upgrade is refused before 101; h2c gets no HTTP/2 answer;
 # - timeouts: nothing sent, half a header, a header dripped, a kept-alive
-#   connection idle, an h2c connection silent, a WebSocket without its
+#   connection idle, an h2c connection silent, a CONNECT, a WebSocket without its
 #   start message: all closed; TCP keepalive armed; a 30 s long-poll, 35 s
 #   execs (HTTP at node-api and the edge, WebSocket through the CLI) and a
 #   65 s download to a slow reader are not;
@@ -49,7 +49,7 @@ B=$WORK/bg
 mkdir -p "$B"
 for d in cp:$CPP edge:$EDP node:$NDP; do
 	name=${d%%:*} port=${d#*:}
-	for m in none half drip h2c; do $P idle "$port" $m 30 >"$B/$name.$m" 2>&1 & done
+	for m in none half drip h2c connect; do $P idle "$port" $m 30 >"$B/$name.$m" 2>&1 & done
 	$P idle "$port" keepalive 80 >"$B/$name.keepalive" 2>&1 &
 done
 $P idle "$EDP" wsnostart 30 "$WSP" "Bearer $KEY" >"$B/edge.wsnostart" 2>&1 &
@@ -214,6 +214,7 @@ for name in cp edge node; do
 	expect "$name: half a header is closed (10-16 s)" 'within 8 17 "$(cat "$B/$name.half")"' "$(cat "$B/$name.half")"
 	expect "$name: a header dripped a byte a second is closed (10-16 s)" 'within 8 17 "$(cat "$B/$name.drip")"' "$(cat "$B/$name.drip")"
 	expect "$name: a silent h2c connection is closed after its 101 (15-17 s)" 'within 14 18 "$(cat "$B/$name.h2c")"' "$(cat "$B/$name.h2c")"
+	expect "$name: a CONNECT (a raw socket to lws) is closed at once" 'within 0 2 "$(cat "$B/$name.connect")"' "$(cat "$B/$name.connect")"
 	expect "$name: a kept-alive connection idle is closed (~60 s)" 'within 55 70 "$(cat "$B/$name.keepalive")"' "$(cat "$B/$name.keepalive")"
 done
 for name in edge node; do

@@ -363,14 +363,6 @@ static int http_server_track(uv_loop_t *loop, struct lws_context *ctx,
 	return 0;
 }
 
-/* lws' idle policy for connections that have one (WebSocket, HTTP/2): a
- * PING after HTTP_WS_PING_SECS without a valid frame from the peer, the
- * connection dropped HTTP_WS_HANGUP_SECS after the last. */
-static const lws_retry_bo_t http_idle_policy = {
-	.secs_since_valid_ping = HTTP_WS_PING_SECS,
-	.secs_since_valid_hangup = HTTP_WS_HANGUP_SECS,
-};
-
 /* http_server_new: an lws context on the caller's libuv loop. */
 struct lws_context *http_server_new(uv_loop_t *loop, const char *iface,
                                     int port,
@@ -399,7 +391,6 @@ struct lws_context *http_server_new(uv_loop_t *loop, const char *iface,
 	info.ka_time = HTTP_TCP_KEEPIDLE_SECS;
 	info.ka_interval = HTTP_TCP_KEEPINTVL_SECS;
 	info.ka_probes = HTTP_TCP_KEEPCNT;
-	info.retry_and_idle_policy = &http_idle_policy;
 	info.max_http_header_data = HTTP_HEADER_BUF;
 	info.token_limits = &http_token_limits;
 	info.fd_limit_per_thread = http_fd_budget();

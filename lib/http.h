@@ -39,9 +39,13 @@
  * a request body stalled (no byte) for HTTP_BODY_IDLE_SECS; a kept-alive
  * connection idle for HTTP_KEEPALIVE_SECS. TCP keepalive probes a silent
  * peer after HTTP_TCP_KEEPIDLE_SECS, every HTTP_TCP_KEEPINTVL_SECS, and
- * drops it after HTTP_TCP_KEEPCNT unanswered (a vanished client of a long
- * exec, long-poll or download goes within ~90 s). Long operations and
- * slow readers are not cut: nothing bounds a response's duration. */
+ * drops it after HTTP_TCP_KEEPCNT unanswered: a client that vanished
+ * (no FIN) while its long exec or long-poll runs silently goes within
+ * ~90 s; while data to it is unacknowledged (a download), TCP's own
+ * retransmission limit ends it (~15 min). No TCP_USER_TIMEOUT: it also
+ * aborts a live peer whose window stays shut, i.e. a paused reader. Long
+ * operations and slow readers are not cut: nothing bounds a response's
+ * duration. */
 #define HTTP_HEADER_SECS 10
 /* Any accepted connection still plain HTTP without a whole request header
  * this long after it was accepted is closed (a backstop over lws' timers,
@@ -52,11 +56,10 @@
 #define HTTP_TCP_KEEPIDLE_SECS 60
 #define HTTP_TCP_KEEPINTVL_SECS 10
 #define HTTP_TCP_KEEPCNT 3
-/* WebSocket (and HTTP/2) connections: lws PINGs a peer silent for
- * HTTP_WS_PING_SECS and drops it without an answer by HTTP_WS_HANGUP_SECS
- * (lws' default: 300 / 310 s). */
-#define HTTP_WS_PING_SECS 30
-#define HTTP_WS_HANGUP_SECS 40
+/* WebSocket streams keep lws' own idle policy: a PING after 300 s without
+ * a PONG, the stream dropped at 310 s. Only a PONG counts, so a shorter
+ * one would cut a client that merely stopped reading for a while (its
+ * output paused in a pager): a legitimate slow reader. */
 /* Accepting: the soft RLIMIT_NOFILE is raised to the hard one (at most
  * HTTP_NOFILE_MAX). lws stops polling its listener while it holds (limit
  * - reserve) / fds-per-connection connections; an accept that fails all

@@ -10,17 +10,203 @@
 #include <unistd.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include <sodium.h>
 
 #include "cleanup.h"
+#include "claims.h"
 #include "log.h"
+#include "metrics.h"
 #include "paseto.h"
 
 /* ---- server ---------------------------------------------------------- */
 
-/* http_lws_log: routes lws' own (error-only) messages into our log. */
+/* One server made by http_server_new, in the process-wide list that the
+ * accept guard walks. Owner: that list; http_server_free unlinks it and
+ * the last uv close callback frees it. */
+struct http_server {
+	struct http_server *next;
+	struct lws_context *ctx;
+	struct lws *listen;    /* the listening wsi (NULL: not found) */
+	uv_timer_t pause;      /* pauses, then resumes, accepting */
+	uv_timer_t tick;       /* log summaries, every second */
+	int open_handles;
+	bool pausing;          /* an accept failed: pause at the next turn */
+	bool paused;           /* not accepting until the timer fires */
+	int last_errno;        /* of the accept that failed */
+	uint64_t backoff_ms;   /* of the last pause */
+	uint64_t resumed_ms;   /* when accepting resumed last */
+};
+
+static struct http_server *servers;
+
+static void http_on_pause(uv_timer_t *t);
+
+/* http_accept_failed: lws 4.1.6 only logs a failed accept(2) ("accept:
+ * errno N") and returns, the listening socket still readable: at EMFILE it
+ * spun on it, logging each turn. Every server pauses accepting, at the
+ * next loop turn (http_on_pause), not from inside lws' accept loop. */
+static void http_accept_failed(int e)
+{
+	for (struct http_server *s = servers; s != NULL; s = s->next) {
+		if (s->listen == NULL || s->pausing || s->paused)
+			continue;
+		s->pausing = true;
+		s->last_errno = e;
+		uv_timer_start(&s->pause, http_on_pause, 0, 0);
+	}
+}
+
+/* http_on_pause: either stops accepting for a while (50 ms, doubling up to
+ * 1 s while accepts keep failing right after each resume, as nginx stops
+ * for 500 ms), or the while is over and accepting resumes. lws' own accept
+ * modulation may resume it earlier; the next failure pauses again. */
+static void http_on_pause(uv_timer_t *t)
+{
+	struct http_server *s = t->data;
+	uint64_t now = uv_now(t->loop);
+
+	if (s->pausing) {
+		s->pausing = false;
+		if (s->backoff_ms == 0 || now - s->resumed_ms > 2 * HTTP_ACCEPT_PAUSE_MAX_MS)
+			s->backoff_ms = HTTP_ACCEPT_PAUSE_MIN_MS;
+		else if (s->backoff_ms < HTTP_ACCEPT_PAUSE_MAX_MS)
+			s->backoff_ms *= 2;
+		if (s->backoff_ms > HTTP_ACCEPT_PAUSE_MAX_MS)
+			s->backoff_ms = HTTP_ACCEPT_PAUSE_MAX_MS;
+		lws_rx_flow_control(s->listen, 0);
+		s->paused = true;
+		metrics_inc("tether_http_accept_pauses_total", NULL);
+		log_warn("cannot accept a connection (%s): not accepting for %llu ms",
+		         strerror(s->last_errno), (unsigned long long)s->backoff_ms);
+		uv_timer_start(&s->pause, http_on_pause, s->backoff_ms, 0);
+		return;
+	}
+	if (s->paused) {
+		s->paused = false;
+		s->resumed_ms = now;
+		lws_rx_flow_control(s->listen, 1);
+	}
+}
+
+/* ---- connections that never begin a request -------------------------- */
+
+/* One accepted connection that has not begun a request yet, indexed by its
+ * wsi (hash chain) and in accept order (list). Owner: the tables below. */
+struct http_conn {
+	struct http_conn *hnext, *prev, *next;
+	struct lws *wsi;
+	const struct lws_protocols *proto; /* the HTTP protocol it came on */
+	uint64_t deadline_ms;
+};
+
+#define HTTP_CONN_BUCKETS 1024
+static struct http_conn *conn_bucket[HTTP_CONN_BUCKETS];
+static struct http_conn *conn_head, *conn_tail;
+
+/* http_mono_ms: the monotonic clock in milliseconds. */
+static uint64_t http_mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* http_conn_slot: the hash chain of wsi. */
+static struct http_conn **http_conn_slot(const struct lws *wsi)
+{
+	uintptr_t h = (uintptr_t)wsi >> 4;
+
+	return &conn_bucket[(h ^ (h >> 10)) & (HTTP_CONN_BUCKETS - 1)];
+}
+
+/* http_conn_track: wsi was accepted now (on protocol proto). */
+static void http_conn_track(struct lws *wsi, const struct lws_protocols *proto)
+{
+	struct http_conn *c = calloc(1, sizeof(*c)), **slot;
+
+	if (c == NULL)
+		return; /* lws' own timeouts still apply */
+	c->wsi = wsi;
+	c->proto = proto;
+	c->deadline_ms = http_mono_ms() + HTTP_UNSERVED_SECS * 1000u;
+	slot = http_conn_slot(wsi);
+	c->hnext = *slot;
+	*slot = c;
+	c->prev = conn_tail;
+	if (conn_tail != NULL)
+		conn_tail->next = c;
+	else
+		conn_head = c;
+	conn_tail = c;
+}
+
+/* http_conn_untrack: wsi began a request, or is gone; whether it was
+ * tracked. */
+static bool http_conn_untrack(const struct lws *wsi)
+{
+	struct http_conn **pp = http_conn_slot(wsi), *c;
+
+	while (*pp != NULL && (*pp)->wsi != wsi)
+		pp = &(*pp)->hnext;
+	if ((c = *pp) == NULL)
+		return false;
+	*pp = c->hnext;
+	if (c->prev != NULL)
+		c->prev->next = c->next;
+	else
+		conn_head = c->next;
+	if (c->next != NULL)
+		c->next->prev = c->prev;
+	else
+		conn_tail = c->prev;
+	free(c);
+	return true;
+}
+
+/* http_conn_sweep: closes the connections past their deadline that are
+ * still plain HTTP without a request: lws' header timeout ends those in
+ * HTTP/1.1; this is the bound for the rest (one upgraded to h2c that never
+ * sends its preface: lws times nothing there). One that became a
+ * WebSocket stream has its own timeouts and is only let go. */
+static void http_conn_sweep(void)
+{
+	uint64_t now = http_mono_ms();
+
+	while (conn_head != NULL && conn_head->deadline_ms <= now) {
+		struct lws *wsi = conn_head->wsi;
+		bool plain = lws_get_protocol(wsi) == conn_head->proto;
+
+		http_conn_untrack(wsi);
+		if (plain) {
+			metrics_inc("tether_http_refused_total", "reason=\"idle\"");
+			lws_set_timeout(wsi, PENDING_TIMEOUT_CLOSE_ACK, LWS_TO_KILL_ASYNC);
+			/* from outside lws' service: have it look at its timers
+			 * now, not at its next own wake-up (seconds away) */
+			lws_cancel_service(lws_get_context(wsi));
+		}
+	}
+}
+
+/* http_on_tick: every second: closes connections that never began a
+ * request; writes the log summaries of windows that have ended, so a flood
+ * that stopped is still summarized (lib/log.h). */
+static void http_on_tick(uv_timer_t *t)
+{
+	(void)t;
+	http_conn_sweep();
+	tt_log_flush();
+}
+
+/* http_lws_log: routes lws' own (error-only) messages into our log (rate
+ * limited there); a failed accept also pauses accepting. */
 static void http_lws_log(int level, const char *line)
 {
 	size_t n = strlen(line);
@@ -28,15 +214,153 @@ static void http_lws_log(int level, const char *line)
 	(void)level;
 	while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
 		n--;
+	if (strncmp(line, "accept: errno ", 14) == 0) {
+		http_accept_failed(atoi(line + 14)); /* it logs the pause */
+		return;
+	}
 	log_error("lws: %.*s", (int)n, line);
 }
 
 static size_t server_serv_buf; /* 0: lws' default */
+static unsigned server_fds_per_conn = 1;
 
 /* http_server_set_serv_buf: see http.h. */
 void http_server_set_serv_buf(size_t bytes)
 {
 	server_serv_buf = bytes;
+}
+
+/* http_server_set_fds_per_conn: see http.h. */
+void http_server_set_fds_per_conn(unsigned n)
+{
+	server_fds_per_conn = n > 0 ? n : 1;
+}
+
+/* http_open_fds: how many fds the process holds now (0 if unknown). */
+static rlim_t http_open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	rlim_t n = 0;
+
+	if (d == NULL)
+		return 0;
+	while ((e = readdir(d)) != NULL)
+		if (e->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n > 0 ? n - 1 : 0; /* less the directory's own */
+}
+
+/* http_fd_budget: raises the soft RLIMIT_NOFILE to the hard one (at most
+ * HTTP_NOFILE_MAX; as Go's runtime does), then how many connections lws
+ * may hold: the limit less the fds held now (SQLite, the signer, the
+ * loop's) and a reserve (an eighth, 16..256) for those opened later
+ * (pools, files), divided by the fds each client connection may cost. lws
+ * stops polling its listener at that count (its accept modulation) and
+ * resumes below it. */
+static unsigned http_fd_budget(void)
+{
+	struct rlimit rl;
+	rlim_t want, reserve, held = http_open_fds();
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return 0; /* lws' default: the whole limit */
+	want = rl.rlim_max < HTTP_NOFILE_MAX ? rl.rlim_max : HTTP_NOFILE_MAX;
+	if (rl.rlim_max == RLIM_INFINITY)
+		want = HTTP_NOFILE_MAX;
+	if (rl.rlim_cur < want) {
+		rl.rlim_cur = want;
+		if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+			getrlimit(RLIMIT_NOFILE, &rl);
+	}
+	reserve = rl.rlim_cur / 8;
+	if (reserve < 16)
+		reserve = 16;
+	if (reserve > 256)
+		reserve = 256;
+	if (rl.rlim_cur <= held + reserve + 16)
+		return 16;
+	return (unsigned)((rl.rlim_cur - held - reserve) / server_fds_per_conn);
+}
+
+/* Per-token bounds lws applies while it parses (the rest of a longer
+ * value is skipped, not stored), one more than ours, so that a too long
+ * URI or header field of any length is seen and answered 414/431 rather
+ * than filling lws' header buffer (which drops the connection). */
+static struct lws_token_limits http_token_limits;
+
+/* http_token_limits_init: every token to HTTP_FIELD_MAX + 1, the request
+ * targets (one per method) to HTTP_URI_MAX + 1. */
+static void http_token_limits_init(void)
+{
+	static const enum lws_token_indexes uris[] = {
+		WSI_TOKEN_GET_URI, WSI_TOKEN_POST_URI, WSI_TOKEN_OPTIONS_URI,
+		WSI_TOKEN_PUT_URI, WSI_TOKEN_PATCH_URI, WSI_TOKEN_DELETE_URI,
+		WSI_TOKEN_CONNECT, WSI_TOKEN_HEAD_URI,
+	};
+
+	for (size_t i = 0; i < WSI_TOKEN_COUNT; i++)
+		http_token_limits.token_limit[i] = HTTP_FIELD_MAX + 1;
+	for (size_t i = 0; i < sizeof(uris) / sizeof(uris[0]); i++)
+		http_token_limits.token_limit[uris[i]] = HTTP_URI_MAX + 1;
+}
+
+/* Finding the listening socket's wsi after lws_create_context. */
+struct http_find_listen {
+	int port;
+	struct lws *wsi;
+};
+
+/* http_find_listen_cb: uv_walk callback: the uv_poll_t lws' uv event loop
+ * plugin (4.1.6) made for the listening socket on port keeps its wsi as
+ * the handle's data. Matched by the socket itself (listening, bound to
+ * port), then checked: that wsi's socket is this one. */
+static void http_find_listen_cb(uv_handle_t *h, void *arg)
+{
+	struct http_find_listen *f = arg;
+	struct sockaddr_in sa;
+	socklen_t sl = sizeof(sa), al = sizeof(int);
+	uv_os_fd_t fd;
+	int acc = 0;
+
+	if (f->wsi != NULL || h->type != UV_POLL || uv_is_closing(h) ||
+	    uv_fileno(h, &fd) != 0 || h->data == NULL)
+		return;
+	if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &al) != 0 || !acc ||
+	    getsockname(fd, (struct sockaddr *)&sa, &sl) != 0 ||
+	    sa.sin_family != AF_INET || ntohs(sa.sin_port) != f->port)
+		return;
+	if ((int)lws_get_socket_fd(h->data) == fd)
+		f->wsi = h->data;
+}
+
+/* http_server_track: registers ctx with the accept guard and starts the
+ * log summary tick. */
+static int http_server_track(uv_loop_t *loop, struct lws_context *ctx,
+                             struct lws_vhost *vh, struct tt_err *err)
+{
+	struct http_find_listen f = { 0 };
+	struct http_server *s = calloc(1, sizeof(*s));
+
+	if (s == NULL)
+		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+	f.port = lws_get_vhost_listen_port(vh);
+	uv_walk(loop, http_find_listen_cb, &f);
+	if (f.wsi == NULL)
+		log_warn("cannot find the listening socket of port %d: accept "
+		         "errors will not pause it", f.port);
+	s->ctx = ctx;
+	s->listen = f.wsi;
+	uv_timer_init(loop, &s->pause);
+	uv_timer_init(loop, &s->tick);
+	s->pause.data = s->tick.data = s;
+	s->open_handles = 2;
+	uv_timer_start(&s->tick, http_on_tick, 1000, 1000);
+	uv_unref((uv_handle_t *)&s->tick);
+	s->next = servers;
+	servers = s;
+	return 0;
 }
 
 /* http_server_new: an lws context on the caller's libuv loop. */
@@ -48,8 +372,10 @@ struct lws_context *http_server_new(uv_loop_t *loop, const char *iface,
 	struct lws_context_creation_info info;
 	void *loops[1] = { loop };
 	struct lws_context *ctx;
+	struct lws_vhost *vh;
 
 	lws_set_log_level(LLL_ERR, http_lws_log);
+	http_token_limits_init();
 	memset(&info, 0, sizeof(info));
 	info.options = LWS_SERVER_OPTION_LIBUV | LWS_SERVER_OPTION_DISABLE_IPV6 |
 	               LWS_SERVER_OPTION_VALIDATE_UTF8;
@@ -59,8 +385,15 @@ struct lws_context *http_server_new(uv_loop_t *loop, const char *iface,
 	info.protocols = protocols;
 	info.user = user;
 	info.vhost_name = "default";
-	info.timeout_secs = 30;
-	info.keepalive_timeout = 60;
+	info.timeout_secs = HTTP_BODY_IDLE_SECS;
+	info.timeout_secs_ah_idle = HTTP_HEADER_SECS;
+	info.keepalive_timeout = HTTP_KEEPALIVE_SECS;
+	info.ka_time = HTTP_TCP_KEEPIDLE_SECS;
+	info.ka_interval = HTTP_TCP_KEEPINTVL_SECS;
+	info.ka_probes = HTTP_TCP_KEEPCNT;
+	info.max_http_header_data = HTTP_HEADER_BUF;
+	info.token_limits = &http_token_limits;
+	info.fd_limit_per_thread = http_fd_budget();
 	info.pt_serv_buf_size = (unsigned int)server_serv_buf;
 	ctx = lws_create_context(&info);
 	if (ctx == NULL) {
@@ -73,12 +406,210 @@ struct lws_context *http_server_new(uv_loop_t *loop, const char *iface,
 	 * destroying it unloads lws' uv plugin while its close callbacks are
 	 * still queued on the loop (a crash on the next uv_run). Callers exit
 	 * on this error. */
-	if (lws_get_vhost_by_name(ctx, "default") == NULL) {
+	vh = lws_get_vhost_by_name(ctx, "default");
+	if (vh == NULL) {
 		tt_err_set(err, TT_ERR_SYS, "cannot listen on %s:%d (in use?)",
 		           iface ? iface : "*", port);
 		return NULL;
 	}
+	if (http_server_track(loop, ctx, vh, err) < 0) {
+		lws_context_destroy(ctx);
+		return NULL;
+	}
 	return ctx;
+}
+
+/* http_server_closed: one of a server's timers is closed; the last frees
+ * it. */
+static void http_server_closed(uv_handle_t *h)
+{
+	struct http_server *s = h->data;
+
+	if (--s->open_handles == 0)
+		free(s);
+}
+
+/* http_server_free: see http.h. */
+void http_server_free(struct lws_context *ctx)
+{
+	struct http_server **pp = &servers;
+
+	if (ctx == NULL)
+		return;
+	while (*pp != NULL && (*pp)->ctx != ctx)
+		pp = &(*pp)->next;
+	if (*pp != NULL) {
+		struct http_server *s = *pp;
+
+		*pp = s->next;
+		s->listen = NULL;
+		uv_close((uv_handle_t *)&s->pause, http_server_closed);
+		uv_close((uv_handle_t *)&s->tick, http_server_closed);
+	}
+	lws_context_destroy(ctx);
+}
+
+/* ---- the front door: what every request and upgrade passes ------------ */
+
+/* http_reply_close: a small JSON error answered from a filter callback,
+ * where lws must not go on with the request: written in one lws_write
+ * with "connection: close"; the caller returns nonzero so lws closes the
+ * connection (its request may not be framed as we think). */
+static int http_reply_close(struct lws *wsi, unsigned status, const char *code,
+                            const char *msg)
+{
+	unsigned char buf[LWS_PRE + 768], *start = buf + LWS_PRE, *p = start;
+	unsigned char *end = buf + sizeof(buf);
+	char body[256];
+	int n = snprintf(body, sizeof(body), "{\"error\":\"%s\",\"message\":\"%s\"}",
+	                 code, msg);
+
+	if (n < 0 || (size_t)n >= sizeof(body))
+		return 1;
+	if (lws_add_http_common_headers(wsi, status | LWSAHH_FLAG_NO_SERVER_NAME,
+	                                "application/json", (lws_filepos_t)n,
+	                                &p, end) ||
+	    lws_add_http_header_by_token(wsi, WSI_TOKEN_CONNECTION,
+	                                 (const unsigned char *)"close", 5,
+	                                 &p, end) ||
+	    lws_finalize_http_header(wsi, &p, end) || end - p < n)
+		return 1;
+	memcpy(p, body, (size_t)n);
+	p += n;
+	(void)lws_write(wsi, start, (size_t)(p - start), LWS_WRITE_HTTP_FINAL);
+	return 1;
+}
+
+/* http_is_uri_token: whether tok holds (part of) the request target. */
+static bool http_is_uri_token(int tok)
+{
+	switch (tok) {
+	case WSI_TOKEN_GET_URI: case WSI_TOKEN_POST_URI:
+	case WSI_TOKEN_OPTIONS_URI: case WSI_TOKEN_PUT_URI:
+	case WSI_TOKEN_PATCH_URI: case WSI_TOKEN_DELETE_URI:
+	case WSI_TOKEN_CONNECT: case WSI_TOKEN_HEAD_URI:
+	case WSI_TOKEN_HTTP_URI_ARGS:
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* http_request_bounds: 0 when the request target and the header fields
+ * lws parsed are within bounds, else 414 or 431 (see http.h). Header
+ * fields lws does not know are bounded only by its buffer. */
+int http_request_bounds(struct lws *wsi)
+{
+	int uri = 0, total = 0;
+
+	for (int t = 0; t < _WSI_TOKEN_CLIENT_SENT_PROTOCOLS; t++) {
+		int n = lws_hdr_total_length(wsi, (enum lws_token_indexes)t);
+
+		if (n <= 0)
+			continue;
+		if (http_is_uri_token(t)) {
+			uri += n;
+			continue;
+		}
+		if (n > HTTP_FIELD_MAX)
+			return 431;
+		total += n;
+	}
+	if (uri > HTTP_URI_MAX)
+		return 414;
+	return total > HTTP_HEADERS_MAX ? 431 : 0;
+}
+
+/* http_callback_default: see http.h. */
+int http_callback_default(struct lws *wsi, enum lws_callback_reasons reason,
+                          void *user, void *in, size_t len)
+{
+	switch (reason) {
+	case LWS_CALLBACK_SERVER_NEW_CLIENT_INSTANTIATED:
+		http_conn_track(wsi, lws_get_protocol(wsi));
+		break;
+	case LWS_CALLBACK_WSI_DESTROY:
+		http_conn_untrack(wsi);
+		break;
+	case LWS_CALLBACK_RAW_ADOPT:
+		/* "CONNECT host:port": lws 4.1.6 turns the connection into a
+		 * raw socket on protocols[0] (it stayed open, unread, for good) */
+		metrics_inc("tether_http_refused_total", "reason=\"connect\"");
+		return 1;
+	case LWS_CALLBACK_FILTER_PROTOCOL_CONNECTION:
+		/* An upgrade bound to the HTTP protocol: no subprotocol, or
+		 * "http", on any path. The stream endpoints are protocols of
+		 * their own with their own filter. */
+		metrics_inc("tether_http_refused_total", "reason=\"upgrade\"");
+		return 1;
+	case LWS_CALLBACK_FILTER_HTTP_CONNECTION:
+		http_conn_untrack(wsi); /* it began a request */
+		/* A stream of an HTTP/2 connection (after "Upgrade: h2c", which
+		 * lws 4.1.6 answers 101 before any callback we may use): the
+		 * daemons speak HTTP/1.1 only; the whole connection goes. */
+		if (lws_get_network_wsi(wsi) != wsi) {
+			metrics_inc("tether_http_refused_total", "reason=\"h2\"");
+			lws_set_timeout(lws_get_network_wsi(wsi),
+			                PENDING_TIMEOUT_CLOSE_ACK, LWS_TO_KILL_ASYNC);
+			return 1;
+		}
+		switch (http_request_bounds(wsi)) {
+		case 414:
+			metrics_inc("tether_http_refused_total", "reason=\"uri_too_long\"");
+			return http_reply_close(wsi, 414, "too_large",
+			                        "request target over " HTTP_URI_MAX_S " bytes");
+		case 431:
+			metrics_inc("tether_http_refused_total", "reason=\"headers_too_large\"");
+			return http_reply_close(wsi, 431, "too_large",
+			                        "a header field over " HTTP_FIELD_MAX_S
+			                        " bytes or header fields over "
+			                        HTTP_HEADERS_MAX_S " bytes");
+		default:
+			break;
+		}
+		break;
+	default:
+		break;
+	}
+	return lws_callback_http_dummy(wsi, reason, user, in, len);
+}
+
+/* http_request_started: see http.h. */
+void http_request_started(struct lws *wsi)
+{
+	long long len;
+
+	if (http_body_framing(wsi, &len) != HTTP_BODY_SIZED || len <= 0)
+		lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0);
+}
+
+/* http_ws_exec_path: see http.h. */
+int http_ws_exec_path(struct lws *wsi, char *sbx, size_t cap)
+{
+	char uri[256];
+	const char *p, *slash;
+
+	if (cap == 0)
+		return -1;
+	sbx[0] = '\0';
+	if (lws_get_network_wsi(wsi) != wsi || /* WebSocket over HTTP/2 */
+	    lws_hdr_total_length(wsi, WSI_TOKEN_GET_URI) <= 0 ||
+	    lws_hdr_total_length(wsi, WSI_TOKEN_GET_URI) >= (int)sizeof(uri) ||
+	    lws_hdr_copy(wsi, uri, sizeof(uri), WSI_TOKEN_GET_URI) <= 0 ||
+	    strncmp(uri, "/v1/sandboxes/", 14) != 0)
+		return -1;
+	p = uri + 14;
+	slash = strchr(p, '/');
+	if (slash == NULL || strcmp(slash, "/exec/ws") != 0 ||
+	    (size_t)(slash - p) >= cap)
+		return -1;
+	memcpy(sbx, p, (size_t)(slash - p));
+	sbx[slash - p] = '\0';
+	if (!sbx_id_valid(sbx)) {
+		sbx[0] = '\0';
+		return -1;
+	}
+	return 0;
 }
 
 /* How long a request may be in progress before its guard starts
@@ -446,13 +977,55 @@ int http_wait_seconds(struct lws *wsi)
 	return n <= HTTP_WAIT_MAX_S ? (int)n : -1;
 }
 
+/* http_content_length: the one Content-Length: decimal digits (at most
+ * 18, optional trailing blanks); -1 when repeated (two fields, or a list
+ * in one) or malformed, 0 when absent. */
+static int http_content_length(struct lws *wsi, long long *len)
+{
+	char v[32];
+	long long n = 0;
+	int i = 0, digits = 0, total;
+
+	*len = -1;
+	total = lws_hdr_total_length(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH);
+	if (total <= 0)
+		return 0;
+	/* a second field is a second fragment (lws counts a separator) */
+	if (lws_hdr_fragment_length(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH, 0) != total ||
+	    http_header(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH, v, sizeof(v)) <= 0)
+		return -1;
+	for (; v[i] >= '0' && v[i] <= '9'; i++, digits++) {
+		if (digits == 18)
+			return -1;
+		n = n * 10 + (v[i] - '0');
+	}
+	while (v[i] == ' ' || v[i] == '\t')
+		i++;
+	if (digits == 0 || v[i] != '\0')
+		return -1;
+	*len = n;
+	return 1;
+}
+
+/* http_body_framing: see http.h. */
+enum http_framing http_body_framing(struct lws *wsi, long long *len)
+{
+	int cl = http_content_length(wsi, len);
+	bool te = lws_hdr_total_length(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING) > 0;
+
+	if (cl < 0 || (cl > 0 && te))
+		return HTTP_BODY_BAD;
+	if (te)
+		return HTTP_BODY_UNSIZED;
+	return cl > 0 ? HTTP_BODY_SIZED : HTTP_BODY_NONE;
+}
+
 /* http_body_unsized: Transfer-Encoding present, Content-Length absent. */
 bool http_body_unsized(struct lws *wsi)
 {
-	char v[64];
+	long long len;
 
-	return http_header(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH, v, sizeof(v)) <= 0 &&
-	       lws_hdr_total_length(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING) > 0;
+	return http_body_framing(wsi, &len) == HTTP_BODY_UNSIZED;
 }
 
 /* ---- client: libcurl multi on libuv ------------------------------------ */

@@ -1496,10 +1496,11 @@ static int cp_http_cb(struct lws *wsi, enum lws_callback_reasons reason,
 	struct cp_sess *s = user;
 	struct cp *cp;
 	struct tt_err err = { 0 };
-	char cl[32];
+	long long clen;
 
 	switch (reason) {
 	case LWS_CALLBACK_HTTP:
+		http_request_started(wsi); /* a long-poll is not cut at 30 s */
 		cp = cp_of(wsi);
 		http_body_free(&s->body);
 		s->body.max = HTTP_BODY_MAX_DEFAULT;
@@ -1510,21 +1511,23 @@ static int cp_http_cb(struct lws *wsi, enum lws_callback_reasons reason,
 		s->settle_over = 0;
 		snprintf(s->path, sizeof(s->path), "%s", (const char *)in);
 		snprintf(s->method, sizeof(s->method), "%s", cp_method(wsi));
-		if (http_body_unsized(wsi))
+		switch (http_body_framing(wsi, &clen)) {
+		case HTTP_BODY_UNSIZED:
 			return http_reply_error(wsi, 411, "length_required",
 			                        "request bodies need a Content-Length");
+		case HTTP_BODY_BAD:
+			return http_reply_error(wsi, 400, "bad_request",
+			                        "a request needs one valid Content-Length");
+		default:
+			break;
+		}
 		if (strcmp(s->method, "POST") == 0 || strcmp(s->method, "PUT") == 0) {
-			if (http_header(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH, cl,
-			                sizeof(cl)) > 0) {
-				unsigned long long n = strtoull(cl, NULL, 10);
-
-				if (n > HTTP_BODY_MAX_DEFAULT) {
-					s->too_large = 1;
-					return cp_complete(cp, s, wsi, 1);
-				}
-				if (n > 0)
-					return 0; /* body callbacks follow */
+			if (clen > (long long)HTTP_BODY_MAX_DEFAULT) {
+				s->too_large = 1;
+				return cp_complete(cp, s, wsi, 1);
 			}
+			if (clen > 0)
+				return 0; /* body callbacks follow */
 		}
 		return cp_complete(cp, s, wsi, 0);
 	case LWS_CALLBACK_HTTP_BODY:
@@ -1550,7 +1553,8 @@ static int cp_http_cb(struct lws *wsi, enum lws_callback_reasons reason,
 	default:
 		break;
 	}
-	return lws_callback_http_dummy(wsi, reason, user, in, len);
+	/* upgrades refused, bounds, HTTP/2 (lib/http.h) */
+	return http_callback_default(wsi, reason, user, in, len);
 }
 
 static const struct lws_protocols cp_protocols[] = {
@@ -1801,7 +1805,7 @@ int cp_main(int argc, char **argv)
 	uv_run(&loop, UV_RUN_DEFAULT);
 	rc = 0;
 	feed_shutdown(cp);
-	lws_context_destroy(cp->ctx);
+	http_server_free(cp->ctx);
 	uv_close((uv_handle_t *)&sigint, NULL);
 	uv_close((uv_handle_t *)&sigterm, NULL);
 	uv_close((uv_handle_t *)&cp->sweep, NULL);

@@ -1135,6 +1135,7 @@ static int edge_http(struct lws *wsi, struct pss *pss, struct edge *e,
 {
 	const char *m = method_of(wsi);
 	char clen[32];
+	long long in_length;
 	struct xreq *x;
 	int rc;
 
@@ -1194,19 +1195,16 @@ static int edge_http(struct lws *wsi, struct pss *pss, struct edge *e,
 	if (http_header(wsi, WSI_TOKEN_HTTP_CONTENT_TYPE, x->ctype_in,
 	                sizeof(x->ctype_in)) < 0)
 		x->ctype_in[0] = '\0';
-	if (http_body_unsized(wsi)) {
+	switch (http_body_framing(wsi, &in_length)) {
+	case HTTP_BODY_UNSIZED:
 		xreq_free(x);
 		return http_reply_error(wsi, 411, "length_required",
 		                        "request bodies need a Content-Length");
-	}
-	if (http_header(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH, clen, sizeof(clen)) > 0) {
-		char *end;
-		long long v = strtoll(clen, &end, 10);
-		if (*end || v < 0) {
-			xreq_free(x);
-			return http_reply_error(wsi, 400, "bad_request", "bad Content-Length");
-		}
-		x->in_length = v;
+	case HTTP_BODY_BAD:
+		xreq_free(x);
+		return http_reply_error(wsi, 400, "bad_request", "bad Content-Length");
+	default:
+		x->in_length = in_length;
 	}
 	if (x->in_length > 0 && !x->streamed_in &&
 	    x->in_length > (curl_off_t)HTTP_BODY_MAX_DEFAULT) {
@@ -1296,6 +1294,7 @@ static int edge_cb(struct lws *wsi, enum lws_callback_reasons reason,
 	switch (reason) {
 	case LWS_CALLBACK_HTTP:
 		pss->draining = 0;
+		http_request_started(wsi); /* a long download is not cut at 30 s */
 		if (pss->x != NULL) { /* pipelined before the last one finished */
 			xreq_detach(pss->x);
 			pss->x = NULL;
@@ -1324,8 +1323,8 @@ static int edge_cb(struct lws *wsi, enum lws_callback_reasons reason,
 			pss->x = NULL;
 		}
 		return 0;
-	default:
-		return lws_callback_http_dummy(wsi, reason, user, in, len);
+	default: /* upgrades refused, bounds, HTTP/2 (lib/http.h) */
+		return http_callback_default(wsi, reason, user, in, len);
 	}
 }
 
@@ -1413,6 +1412,8 @@ int edge_main(int argc, char **argv)
 		return 1;
 	}
 	edgews_setup(e.hc, e.cp_url, e.routes);
+	/* a client, its backend transfer and an rxguard dup */
+	http_server_set_fds_per_conn(3);
 	e.ctx = http_server_new(e.loop, host, port, edge_protocols, &e, &err);
 	if (e.ctx == NULL) {
 		log_error("%s", err.msg);
@@ -1425,7 +1426,7 @@ int edge_main(int argc, char **argv)
 	log_info("listening on %s:%d, control plane %s", host, port, e.cp_url);
 	uv_run(e.loop, UV_RUN_DEFAULT);
 	log_info("signal %d: stopping", edge_stop_signal);
-	lws_context_destroy(e.ctx);
+	http_server_free(e.ctx);
 	routes_free(e.routes);
 	return 0;
 }

@@ -621,22 +621,13 @@ static void ews_backend_gone(struct edgews *x, bool connect_error, const char *w
  * HTTP_CONFIRM_UPGRADE): the exact path and a Bearer key. */
 static int ews_filter(struct lws *wsi, struct edgews_pss *pss)
 {
-	char uri[256], sbx[64];
-	const char *p, *slash;
+	char sbx[64];
 	struct edgews *x;
 
-	if (pss == NULL || lws_hdr_copy(wsi, uri, sizeof(uri), WSI_TOKEN_GET_URI) <= 0 ||
-	    strncmp(uri, "/v1/sandboxes/", 14) != 0)
+	if (pss == NULL || http_ws_exec_path(wsi, sbx, sizeof(sbx)) < 0) {
+		metrics_inc("tether_edge_exec_streams_total", "result=\"refused_upgrade\"");
 		return 1;
-	p = uri + 14;
-	slash = strchr(p, '/');
-	if (slash == NULL || strcmp(slash, "/exec/ws") != 0 ||
-	    (size_t)(slash - p) >= sizeof(sbx))
-		return 1;
-	memcpy(sbx, p, (size_t)(slash - p));
-	sbx[slash - p] = '\0';
-	if (!sbx_id_valid(sbx))
-		return 1;
+	}
 	x = calloc(1, sizeof(*x));
 	if (x == NULL)
 		return 1;

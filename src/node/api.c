@@ -835,17 +835,13 @@ static enum api_route api_route_of(const char *method, const char *uri,
 	return R_OTHER;
 }
 
-/* api_has_body: whether the request announces a body (length or chunked). */
-static bool api_has_body(struct lws *wsi, long long *clen)
+/* api_has_body: whether the request announces a body (a length, or one
+ * refused: chunked, or two lengths); *fr says how (lib/http.h). */
+static bool api_has_body(struct lws *wsi, long long *clen,
+                         enum http_framing *fr)
 {
-	char v[32];
-
-	*clen = -1;
-	if (http_header(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH, v, sizeof(v)) > 0) {
-		*clen = strtoll(v, NULL, 10);
-		return *clen > 0;
-	}
-	return http_header(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING, v, sizeof(v)) > 0;
+	*fr = http_body_framing(wsi, clen);
+	return *fr == HTTP_BODY_UNSIZED || *fr == HTTP_BODY_BAD || *clen > 0;
 }
 
 /* api_reply_now: a synchronous reply from within an lws callback. */
@@ -881,12 +877,21 @@ static int api_on_http(struct lws *wsi, struct api_pss *pss, const char *uri)
 	char tok[PASETO_TOKEN_MAX + 1];
 	const char *op_name_s = NULL;
 	bool bad_method, has_body;
+	enum http_framing framing;
 	long long clen;
 	enum api_route r;
 	struct api_op *op;
 
 	r = api_route_of(api_method(wsi), uri, sbx, sizeof(sbx), &bad_method);
-	has_body = api_has_body(wsi, &clen);
+	has_body = api_has_body(wsi, &clen, &framing);
+	/* as the cp and the edge: a body only with one Content-Length (the
+	 * unread body closes the connection) */
+	if (framing == HTTP_BODY_UNSIZED)
+		return api_error_now(wsi, r, t0, 411, "length_required",
+		                     "request bodies need a Content-Length", true);
+	if (framing == HTTP_BODY_BAD)
+		return api_error_now(wsi, r, t0, 400, "bad_request",
+		                     "bad Content-Length", true);
 	if (r == R_HEALTHZ)
 		return api_reply_now(wsi, r, t0, 200, "application/json",
 		                     "{\"ok\":true}", has_body);
@@ -1253,6 +1258,7 @@ static int api_callback(struct lws *wsi, enum lws_callback_reasons reason,
 
 	switch (reason) {
 	case LWS_CALLBACK_HTTP:
+		http_request_started(wsi);
 		if (pss->op != NULL) { /* a pipelined request on a busy session */
 			pss->op->wsi = NULL;
 			op_free(pss->op);
@@ -1273,8 +1279,8 @@ static int api_callback(struct lws *wsi, enum lws_callback_reasons reason,
 			pss->op = NULL;
 		}
 		return 0;
-	default:
-		return lws_callback_http_dummy(wsi, reason, user, in, len);
+	default: /* upgrades refused, bounds, HTTP/2 (lib/http.h) */
+		return http_callback_default(wsi, reason, user, in, len);
 	}
 }
 
@@ -1567,6 +1573,8 @@ static void node_serve(struct node *n)
 	struct tt_err err = { 0 };
 
 	node_serv_buf_env();
+	/* a client, its manager connection and an rxguard dup */
+	http_server_set_fds_per_conn(3);
 	n->lws = http_server_new(n->loop, n->listen_host, n->port, api_protocols,
 	                         n, &err);
 	if (n->lws == NULL) {

@@ -37,6 +37,7 @@
 #include "wsutil.h"
 
 #define WSX_START_MAX (60u << 10)   /* the start message (fits one REQUEST) */
+#define WSX_START_SECS 10           /* for the start message, from the 101 */
 #define WSX_OUT_HIGH (1u << 20)     /* pause the manager above this */
 #define WSX_OUT_LOW (256u << 10)
 #define WSX_CLOSE_REASON_MAX WS_CLOSE_REASON_MAX
@@ -59,27 +60,6 @@ struct wsexec {
 	uint64_t generation;
 	uint64_t t0_us;
 };
-
-/* wsx_path_sbx: the sandbox id of "/v1/sandboxes/{id}/exec/ws"; -1 if the
- * path is anything else. */
-static int wsx_path_sbx(struct lws *wsi, char *sbx, size_t cap)
-{
-	char uri[256];
-	const char *p, *slash;
-
-	if (lws_hdr_copy(wsi, uri, sizeof(uri), WSI_TOKEN_GET_URI) <= 0)
-		return -1;
-	if (strncmp(uri, "/v1/sandboxes/", 14) != 0)
-		return -1;
-	p = uri + 14;
-	slash = strchr(p, '/');
-	if (slash == NULL || strcmp(slash, "/exec/ws") != 0 ||
-	    (size_t)(slash - p) >= cap)
-		return -1;
-	memcpy(sbx, p, (size_t)(slash - p));
-	sbx[slash - p] = '\0';
-	return sbx_id_valid(sbx) ? 0 : -1;
-}
 
 /* wsx_free: releases everything; the session lets go of x. */
 static void wsx_free(struct wsexec *x)
@@ -367,8 +347,10 @@ static int wsx_receive(struct lws *wsi, struct wsexec *x, const void *in,
 		x->start = nb;
 		memcpy(x->start + x->start_len, in, len);
 		x->start_len += len;
-		if (lws_is_final_fragment(wsi))
+		if (lws_is_final_fragment(wsi)) {
+			lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0); /* it came */
 			wsx_start(x);
+		}
 		return 0;
 	}
 	if (x->state != WSX_RUNNING)
@@ -439,7 +421,7 @@ int wsexec_callback(struct lws *wsi, enum lws_callback_reasons reason,
 		 * HTTP_CONFIRM_UPGRADE): the exact path, a valid sandbox id and a
 		 * well-formed capability. Admission proper is the manager's, on
 		 * the start message; the token is checked again there. */
-		if (pss == NULL || wsx_path_sbx(wsi, sbx, sizeof(sbx)) < 0) {
+		if (pss == NULL || http_ws_exec_path(wsi, sbx, sizeof(sbx)) < 0) {
 			metrics_inc("tether_node_exec_streams_total", "result=\"refused_upgrade\"");
 			return 1;
 		}
@@ -466,6 +448,8 @@ int wsexec_callback(struct lws *wsi, enum lws_callback_reasons reason,
 		if (pss == NULL || pss->x == NULL)
 			return -1;
 		pss->x->wsi = wsi;
+		/* no (whole) start message in time: closed, as at the edge */
+		lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, WSX_START_SECS);
 		return 0;
 	case LWS_CALLBACK_RECEIVE:
 		if (pss == NULL || pss->x == NULL)

@@ -212,83 +212,95 @@ check "after the restart the install is gen 4 (never reused)" test "$(upd w2 ins
 ack w2 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
 check "migrate after the restart: 200, running gen 4 on w2" test "$(cat "$ST/m3.code") $(sbx "$S")" = "200 running 4 w2"
 
-# --- a failed pause: failed, retired, resumable ------------------------------
+# --- a failed pause: relaunched from the layer the worker kept -------------
+# (before, it failed, and a resume restored the last snapshot: every write
+# since was lost although the worker still held the layer)
 go p2 POST "/v1/sandboxes/$S/pause" ''
 feedfor w2 pause "$S"; PREV=$(upd w2 pause "$S" rev)
-ack w2 "$PREV" "{\"rev\":$PREV,\"ok\":false,\"error\":\"disk full\"}" >/dev/null; waitgo
-check "pause acked ok:false answers 503" test "$(cat "$ST/p2.code")" = 503
-check "the sandbox is failed with the worker's error" sh -c "test \"\$(echo '$(sbx "$S")')\" = 'failed 4 w2' && grep -q 'disk full' '$ST/out'"
+ack w2 "$PREV" "{\"rev\":$PREV,\"ok\":false,\"error\":\"disk full\"}" >/dev/null
+feedfor w2 install "$S"; IREV=$(upd w2 install "$S" rev)
+check "pause acked ok:false: w2 gets install gen 5 from its own layer, no snapshot" \
+	test "$(upd w2 install "$S" generation) $(upd w2 install "$S" from_layer) $(upd w2 install "$S" snapshot)" = "5 True None"
+ack w2 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
+check "the pause answers 503 naming the worker's error" sh -c "test \"\$(cat '$ST/p2.code')\" = 503 && grep -q 'disk full' '$ST/p2.json'"
+check "the sandbox runs on: running gen 5 on w2, its note naming the failed pause" \
+	sh -c "test \"\$(echo '$(sbx "$S")')\" = 'running 5 w2' && grep -q 'relaunched as generation 5.*disk full' '$ST/out'"
 check "the last complete snapshot is still gen 3" test "$(jfield '["snapshot"]["generation"]')" = 3
+# a relaunch that fails too: failed, retired, resumable from the snapshot
+go p2b POST "/v1/sandboxes/$S/pause" ''
+feedfor w2 pause "$S"; PREV=$(upd w2 pause "$S" rev)
+ack w2 "$PREV" "{\"rev\":$PREV,\"ok\":false,\"error\":\"disk full\"}" >/dev/null
+feedfor w2 install "$S"; IREV=$(upd w2 install "$S" rev)
+ack w2 "$IREV" "{\"rev\":$IREV,\"ok\":false,\"error\":\"install: no layer here\"}" >/dev/null; waitgo
+check "a relaunch that fails: failed gen 6 on w2 with the worker's error" sh -c "test \"\$(echo '$(sbx "$S")')\" = 'failed 6 w2' && grep -q 'no layer here' '$ST/out'"
 feedfor w2 retire "$S"
-check "a retire for gen 4 is on w2's feed" test "$(upd w2 retire "$S" generation)" = 4
+check "a retire for gen 6 is on w2's feed" test "$(upd w2 retire "$S" generation)" = 6
 go r2 POST "/v1/sandboxes/$S/resume" '{"worker":"w1"}'
 feedfor w1 install "$S"; IREV=$(upd w1 install "$S" rev)
-check "resume from failed: install gen 5 from snapshot $S/3" test "$(upd w1 install "$S" generation) $(upd w1 install "$S" snapshot)" = "5 $S/3"
+check "resume from failed: install gen 7 from snapshot $S/3" test "$(upd w1 install "$S" generation) $(upd w1 install "$S" snapshot)" = "7 $S/3"
 ack w1 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
-check "resume from failed: 200 running gen 5 on w1" test "$(cat "$ST/r2.code") $(sbx "$S")" = "200 running 5 w1"
+check "resume from failed: 200 running gen 7 on w1" test "$(cat "$ST/r2.code") $(sbx "$S")" = "200 running 7 w1"
 
 # --- a pause ack with a snapshot that is not the one asked for --------------
 go p3 POST "/v1/sandboxes/$S/pause" ''
 feedfor w1 pause "$S"; PREV=$(upd w1 pause "$S" rev)
-ack w1 "$PREV" "{\"rev\":$PREV,\"ok\":true,\"snapshot\":{\"key\":\"$S/3\",\"generation\":5,\"size\":1,\"checksum\":\"blake2b:00\"}}" >/dev/null; waitgo
-check "ok with a wrong snapshot key: 503 and failed" test "$(cat "$ST/p3.code") $(sbx "$S")" = "503 failed 5 w1"
-check "… the bogus snapshot is not recorded (latest still gen 3)" test "$(jfield '["snapshot"]["generation"]')" = 3
-go r3 POST "/v1/sandboxes/$S/resume" '{"worker":"w1"}'
+ack w1 "$PREV" "{\"rev\":$PREV,\"ok\":true,\"snapshot\":{\"key\":\"$S/3\",\"generation\":7,\"size\":1,\"checksum\":\"blake2b:00\"}}" >/dev/null
 feedfor w1 install "$S"; IREV=$(upd w1 install "$S" rev)
 ack w1 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
-check "resumed again: running gen 6 on w1" test "$(sbx "$S")" = "running 6 w1"
+check "ok with a wrong snapshot key: 503, relaunched from its layer: running gen 8 on w1" test "$(cat "$ST/p3.code") $(sbx "$S")" = "503 running 8 w1"
+check "… the bogus snapshot is not recorded (latest still gen 3)" test "$(jfield '["snapshot"]["generation"]')" = 3
 
 # --- forced resume with the old worker down ---------------------------------
 dead w1; sleep 3.2
 okrc "$([ "$(status POST "/v1/sandboxes/$S/resume" "Bearer $KEY" '{"worker":"w2"}')" = 409 ] && grep -q "worker w1 is down; use --force to resume from the last complete snapshot (generation 3)" "$ST/out"; echo $?)" \
 	"resume with the worker down and no force: 409 naming --force and generation 3"
-check "… unchanged" test "$(sbx "$S")" = "running 6 w1"
+check "… unchanged" test "$(sbx "$S")" = "running 8 w1"
 okrc "$([ "$(status POST "/v1/sandboxes/$S/pause" "Bearer $KEY")" = 409 ] && grep -q "w1 is down" "$ST/out"; echo $?)" \
 	"pause with the worker down: 409"
 go f1 POST "/v1/sandboxes/$S/resume" '{"worker":"w2","force":true}'
 feedfor w2 install "$S"; IREV=$(upd w2 install "$S" rev)
-check "forced: w2 gets install gen 7 from snapshot $S/3" test "$(upd w2 install "$S" generation) $(upd w2 install "$S" snapshot)" = "7 $S/3"
+check "forced: w2 gets install gen 9 from snapshot $S/3" test "$(upd w2 install "$S" generation) $(upd w2 install "$S" snapshot)" = "9 $S/3"
 ack w2 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
-check "forced resume: 200 forced:true resumed_from 3, running gen 7 on w2" test "$(cat "$ST/f1.code") $(jfield '["forced"]' "$ST/f1.json") $(jfield '["resumed_from"]' "$ST/f1.json") $(sbx "$S")" = "200 True 3 running 7 w2"
+check "forced resume: 200 forced:true resumed_from 3, running gen 9 on w2" test "$(cat "$ST/f1.code") $(jfield '["forced"]' "$ST/f1.json") $(jfield '["resumed_from"]' "$ST/f1.json") $(sbx "$S")" = "200 True 3 running 9 w2"
 feed w1 0
-check "the retire for gen 6 is on w1's feed" test "$(upd w1 retire "$S" generation)" = 6
+check "the retire for gen 8 is on w1's feed" test "$(upd w1 retire "$S" generation)" = 8
 check "… and w1 got no install" test "$(count w1 install "$S")" = 0
 alive w1
 
 # --- the worker dies during a pause: failed + retire, resumable with force --
 sleep 0.5
 go p4 POST "/v1/sandboxes/$S/pause" ''
-feedfor w2 pause "$S"; check "w2 gets the pause for gen 7" test "$(upd w2 pause "$S" generation)" = 7
+feedfor w2 pause "$S"; check "w2 gets the pause for gen 9" test "$(upd w2 pause "$S" generation)" = 9
 dead w2
 waitgo
 check "pause answers 503 once w2 is down" test "$(cat "$ST/p4.code")" = 503
-check "the sandbox failed: worker went down during the pause" sh -c "test \"\$(echo '$(sbx "$S")')\" = 'failed 7 w2' && grep -q 'w2 went down during the pause' '$ST/out'"
+check "the sandbox failed: worker went down during the pause" sh -c "test \"\$(echo '$(sbx "$S")')\" = 'failed 9 w2' && grep -q 'w2 went down during the pause' '$ST/out'"
 okrc "$([ "$(status POST "/v1/sandboxes/$S/resume" "Bearer $KEY" '{}')" = 409 ] && grep -q "worker w2 is down; use --force" "$ST/out"; echo $?)" \
 	"resume from failed with the worker down needs --force (409)"
 go f2 POST "/v1/sandboxes/$S/resume" '{"force":true}'
 feedfor w1 install "$S"; IREV=$(upd w1 install "$S" rev)
 ack w1 "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
-check "forced resume with placement: running gen 8 on w1 (the only up worker)" test "$(cat "$ST/f2.code") $(jfield '["forced"]' "$ST/f2.json") $(sbx "$S")" = "200 True running 8 w1"
+check "forced resume with placement: running gen 10 on w1 (the only up worker)" test "$(cat "$ST/f2.code") $(jfield '["forced"]' "$ST/f2.json") $(sbx "$S")" = "200 True running 10 w1"
 feed w2 0
-check "a retire for gen 7 is on w2's feed (its pause failed)" test "$(upd w2 retire "$S" generation) $(count w2 install "$S")" = "7 0"
+check "a retire for gen 9 is on w2's feed (its pause failed)" test "$(upd w2 retire "$S" generation) $(count w2 install "$S")" = "9 0"
 
 # --- a failed install on resume: failed, retired, generation not reused ------
 alive w2; sleep 0.5
 go m4 POST "/v1/sandboxes/$S/migrate" '{"worker":"w2"}'
 feedfor w1 pause "$S"; PREV=$(upd w1 pause "$S" rev)
-ack w1 "$PREV" "{\"rev\":$PREV,$(snapok "$S" 8)}" >/dev/null
+ack w1 "$PREV" "{\"rev\":$PREV,$(snapok "$S" 10)}" >/dev/null
 feedfor w2 install "$S"; IREV=$(upd w2 install "$S" rev)
 ack w2 "$IREV" "{\"rev\":$IREV,\"ok\":false,\"error\":\"snapshot checksum mismatch\"}" >/dev/null; waitgo
-check "install failure on the target: migrate 503, failed gen 9 on w2" test "$(cat "$ST/m4.code") $(sbx "$S")" = "503 failed 9 w2"
+check "install failure on the target: migrate 503, failed gen 11 on w2" test "$(cat "$ST/m4.code") $(sbx "$S")" = "503 failed 11 w2"
 feedfor w2 retire "$S"
-check "a retire for gen 9 is on w2's feed" test "$(upd w2 retire "$S" generation)" = 9
+check "a retire for gen 11 is on w2's feed" test "$(upd w2 retire "$S" generation)" = 11
 go r4 POST "/v1/sandboxes/$S/resume" '{}'
 sleep 0.3; feed w1 1; feed w2 1
 W=$( [ "$(count w1 install "$S")" = 1 ] && echo w1 || echo w2 )
 IREV=$(upd "$W" install "$S" rev)
-check "the next resume is gen 10 from snapshot $S/8" test "$(upd "$W" install "$S" generation) $(upd "$W" install "$S" snapshot)" = "10 $S/8"
+check "the next resume is gen 12 from snapshot $S/10" test "$(upd "$W" install "$S" generation) $(upd "$W" install "$S" snapshot)" = "12 $S/10"
 ack "$W" "$IREV" "{\"rev\":$IREV,\"ok\":true}" >/dev/null; waitgo
-check "running gen 10" test "$(sbx "$S" | cut -d' ' -f1,2)" = "running 10"
+check "running gen 12" test "$(sbx "$S" | cut -d' ' -f1,2)" = "running 12"
 
 # --- a sandbox never paused has nothing to resume from ----------------------
 go c2 POST /v1/sandboxes '{"worker":"w2"}'

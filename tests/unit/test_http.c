@@ -13,6 +13,9 @@
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/time.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -74,6 +77,13 @@ static int tserver_cb(struct lws *wsi, enum lws_callback_reasons reason,
 			http_reply_json(wsi, 200, json_pack("{s:b}", "bye", 1));
 			return -1;
 		}
+		if (strcmp(s->path, "/framing") == 0) {
+			long long l;
+			enum http_framing fr = http_body_framing(wsi, &l);
+
+			return http_reply_json(wsi, 200, json_pack("{s:i,s:I}",
+			        "framing", (int)fr, "len", (json_int_t)l));
+		}
 		if (strcmp(s->path, "/slow") == 0) {
 			slow_wsi = wsi;
 			uv_timer_start(&slow_timer, slow_fire, 50, 0);
@@ -116,7 +126,7 @@ static int tserver_cb(struct lws *wsi, enum lws_callback_reasons reason,
 	default:
 		break;
 	}
-	return lws_callback_http_dummy(wsi, reason, user, in, len);
+	return http_callback_default(wsi, reason, user, in, len);
 }
 
 static const struct lws_protocols tprotos[] = {
@@ -172,7 +182,7 @@ static void treq_done(CURL *easy, CURLcode rc, void *arg)
 static void treq_setup(struct tfix *f, struct treq *r, const char *path,
                        const char *body, size_t body_len)
 {
-	char url[256];
+	static char url[HTTP_URI_MAX * 4 + 64]; /* curl copies it */
 
 	memset(r, 0, sizeof(*r));
 	snprintf(url, sizeof(url), "http://127.0.0.1:%d%s", f->port, path);
@@ -236,7 +246,7 @@ static int teardown(void **state)
 	struct tfix *f = *state;
 
 	httpc_free(f->hc);
-	lws_context_destroy(f->ctx);
+	http_server_free(f->ctx);
 	uv_close((uv_handle_t *)&slow_timer, NULL);
 	uv_run(&f->loop, UV_RUN_DEFAULT);
 	assert_int_equal(uv_loop_close(&f->loop), 0);
@@ -658,6 +668,260 @@ static void test_metrics(void **state)
 	free(txt);
 }
 
+/* raw_exchange: sends req on a fresh connection to the test server and
+ * collects what comes back (into out, NUL-terminated) until the server
+ * closes, a whole answer (head + Content-Length) is in, or timeout_ms;
+ * the server's loop runs meanwhile. Returns the bytes received. */
+static size_t raw_exchange(struct tfix *f, const char *req, char *out,
+                           size_t cap, int timeout_ms)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	size_t got = 0;
+	uint64_t end = uv_hrtime() / 1000000u + (uint64_t)timeout_ms;
+
+	assert_true(fd >= 0);
+	sa.sin_port = htons((uint16_t)f->port);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(send(fd, req, strlen(req), 0), (ssize_t)strlen(req));
+	out[0] = '\0';
+	while (uv_hrtime() / 1000000u < end && got + 1 < cap) {
+		ssize_t r;
+		const char *body, *cl;
+
+		uv_run(&f->loop, UV_RUN_NOWAIT);
+		r = recv(fd, out + got, cap - 1 - got, MSG_DONTWAIT);
+		if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+			break;
+		if (r < 0) {
+			usleep(1000);
+			continue;
+		}
+		got += (size_t)r;
+		out[got] = '\0';
+		body = strstr(out, "\r\n\r\n");
+		cl = strcasestr(out, "content-length: ");
+		if (body != NULL && cl != NULL && cl < body &&
+		    strlen(body + 4) >= strtoul(cl + 16, NULL, 10))
+			break;
+	}
+	close(fd);
+	return got;
+}
+
+/* Upgrades offered to the HTTP protocol (no subprotocol, or "http") are
+ * refused before 101; HTTP goes on being served. */
+static void test_upgrade_refused(void **state)
+{
+	struct tfix *f = *state;
+	char out[4096];
+
+#define UPGRADE_REQ(extra) \
+	"GET /hello HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n" \
+	"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n" \
+	"Sec-WebSocket-Version: 13\r\n" extra "\r\n"
+
+	raw_exchange(f, UPGRADE_REQ(""), out, sizeof(out), 2000);
+	assert_null(strstr(out, " 101 "));
+	raw_exchange(f, UPGRADE_REQ("Sec-WebSocket-Protocol: http\r\n"), out,
+	             sizeof(out), 2000);
+	assert_null(strstr(out, " 101 "));
+	(void)get_one(f, "/hello?name=u", "{\"hello\":\"u\"}", NULL);
+}
+
+/* 414 for a long request target, 431 for a long field or too many bytes
+ * of fields, at any length (lws skips past its token limit); requests
+ * within the bounds are served. */
+static void test_bounds(void **state)
+{
+	struct tfix *f = *state;
+	static char path[HTTP_URI_MAX * 4], hdr[HTTP_FIELD_MAX * 4];
+	struct curl_slist *h = NULL;
+	struct treq r;
+
+	memcpy(path, "/hello?name=", 12);
+	memset(path + 12, 'a', 4000);
+	path[4012] = '\0';
+	treq_setup(f, &r, path, NULL, 0);
+	treq_run(f, &r);
+	assert_int_equal(r.status, 200);
+	treq_clean(&r);
+	memset(path + 12, 'a', sizeof(path) - 13);
+	path[sizeof(path) - 1] = '\0';
+	treq_setup(f, &r, path, NULL, 0);
+	treq_run(f, &r);
+	assert_int_equal(r.status, 414);
+	assert_non_null(strstr(r.resp, "\"error\":\"too_large\""));
+	treq_clean(&r);
+
+	memcpy(hdr, "Cookie: ", 8);
+	memset(hdr + 8, 'c', sizeof(hdr) - 9);
+	hdr[sizeof(hdr) - 1] = '\0';
+	treq_setup(f, &r, "/hello?name=h", NULL, 0);
+	h = curl_slist_append(NULL, hdr);
+	curl_easy_setopt(r.easy, CURLOPT_HTTPHEADER, h);
+	treq_run(f, &r);
+	assert_int_equal(r.status, 431);
+	treq_clean(&r);
+	curl_slist_free_all(h);
+	h = NULL;
+	/* three fields of 6 KiB: each within, together over */
+	hdr[8 + 6144] = '\0';
+	h = curl_slist_append(h, hdr);
+	memcpy(hdr, "Accept: ", 8);
+	h = curl_slist_append(h, hdr);
+	memcpy(hdr, "Pragma: ", 8);
+	h = curl_slist_append(h, hdr);
+	treq_setup(f, &r, "/hello?name=h", NULL, 0);
+	curl_easy_setopt(r.easy, CURLOPT_HTTPHEADER, h);
+	treq_run(f, &r);
+	assert_int_equal(r.status, 431);
+	treq_clean(&r);
+	curl_slist_free_all(h);
+	(void)get_one(f, "/hello?name=v", "{\"hello\":\"v\"}", NULL);
+}
+
+/* framing_of: the server's http_body_framing for a GET with extra
+ * header lines; len gets its length. */
+static int framing_of(struct tfix *f, const char *hdrs, long long *len)
+{
+	char req[512], out[4096];
+	const char *body;
+	json_t *j;
+	int fr;
+
+	snprintf(req, sizeof(req), "GET /framing HTTP/1.1\r\nHost: x\r\n%s\r\n", hdrs);
+	raw_exchange(f, req, out, sizeof(out), 2000);
+	body = strstr(out, "\r\n\r\n");
+	assert_non_null(body);
+	j = json_loads(body + 4, 0, NULL);
+	assert_non_null(j);
+	fr = (int)json_integer_value(json_object_get(j, "framing"));
+	*len = (long long)json_integer_value(json_object_get(j, "len"));
+	json_decref(j);
+	return fr;
+}
+
+/* One Content-Length of digits; two (or a list), junk, or one with
+ * Transfer-Encoding is BAD; Transfer-Encoding alone is UNSIZED. */
+static void test_framing(void **state)
+{
+	struct tfix *f = *state;
+	long long l;
+
+	assert_int_equal(framing_of(f, "", &l), HTTP_BODY_NONE);
+	assert_int_equal(l, -1);
+	assert_int_equal(framing_of(f, "Content-Length: 5\r\n", &l), HTTP_BODY_SIZED);
+	assert_int_equal(l, 5);
+	assert_int_equal(framing_of(f, "Content-Length: 0\r\n", &l), HTTP_BODY_SIZED);
+	assert_int_equal(l, 0);
+	assert_int_equal(framing_of(f, "Content-Length:  7 \r\n", &l), HTTP_BODY_SIZED);
+	assert_int_equal(l, 7);
+	assert_int_equal(framing_of(f, "Content-Length: 123456789012345678\r\n", &l),
+	                 HTTP_BODY_SIZED);
+	assert_int_equal(framing_of(f, "Content-Length: 1234567890123456789\r\n", &l),
+	                 HTTP_BODY_BAD);
+	assert_int_equal(framing_of(f, "Content-Length: 5\r\nContent-Length: 5\r\n", &l),
+	                 HTTP_BODY_BAD);
+	assert_int_equal(framing_of(f, "Content-Length: 5, 5\r\n", &l), HTTP_BODY_BAD);
+	assert_int_equal(framing_of(f, "Content-Length: +5\r\n", &l), HTTP_BODY_BAD);
+	assert_int_equal(framing_of(f, "Content-Length: 5x\r\n", &l), HTTP_BODY_BAD);
+	assert_int_equal(framing_of(f, "Transfer-Encoding: chunked\r\n", &l),
+	                 HTTP_BODY_UNSIZED);
+	assert_int_equal(framing_of(f, "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", &l),
+	                 HTTP_BODY_BAD);
+}
+
+/* stop_loop: a timer that ends uv_run. */
+static void stop_loop(uv_timer_t *t)
+{
+	uv_stop(t->loop);
+}
+
+/* run_ms: runs the server's loop for ms milliseconds. */
+static void run_ms(struct tfix *f, uint64_t ms)
+{
+	uv_timer_t t;
+
+	uv_timer_init(&f->loop, &t);
+	uv_timer_start(&t, stop_loop, ms, 0);
+	uv_run(&f->loop, UV_RUN_DEFAULT);
+	uv_close((uv_handle_t *)&t, NULL);
+	uv_run(&f->loop, UV_RUN_NOWAIT);
+}
+
+/* cpu_ms: this process's user + system CPU so far. */
+static long cpu_ms(void)
+{
+	struct rusage ru;
+
+	getrusage(RUSAGE_SELF, &ru);
+	return (long)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000 +
+	       (long)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1000;
+}
+
+/* Every fd in use (EMFILE at accept): lws 4.1.6 spun on its readable
+ * listener. Now accepting pauses (no CPU burnt meanwhile) and resumes on
+ * its own once fds are free: the waiting client is then answered. */
+static void test_accept_pause(void **state)
+{
+	struct tfix *f = *state;
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	struct rlimit rl, low;
+	int client, held[64], nheld = 0;
+	const char *req = "GET /hello?name=p HTTP/1.1\r\nHost: x\r\n\r\n";
+	char out[1024];
+	size_t got = 0;
+	long c0, c1;
+	char *m;
+
+	client = socket(AF_INET, SOCK_STREAM, 0);
+	assert_true(client >= 0);
+	sa.sin_port = htons((uint16_t)f->port);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+	low = rl;
+	low.rlim_cur = (rlim_t)open_fds() + 16;
+	assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+	while (nheld < 64) {
+		int d = open("/dev/null", O_RDONLY | O_CLOEXEC);
+
+		if (d < 0)
+			break;
+		held[nheld++] = d;
+	}
+	assert_true(nheld > 0 && nheld < 64);
+	/* the kernel completes the handshake; lws' accept gets EMFILE */
+	assert_int_equal(connect(client, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(send(client, req, strlen(req), 0), (ssize_t)strlen(req));
+	c0 = cpu_ms();
+	run_ms(f, 1500);
+	c1 = cpu_ms();
+	assert_true(c1 - c0 < 300); /* it spun at 100 % before */
+	m = metrics_render();
+	assert_non_null(m);
+	assert_non_null(strstr(m, "tether_http_accept_pauses_total"));
+	free(m);
+	assert_int_equal(recv(client, out, sizeof(out), MSG_DONTWAIT), -1);
+	for (int i = 0; i < nheld; i++)
+		close(held[i]);
+	assert_int_equal(setrlimit(RLIMIT_NOFILE, &rl), 0);
+	/* the next resume (at most 1 s away) accepts and answers */
+	for (int i = 0; i < 300 && got == 0; i++) {
+		ssize_t r;
+
+		run_ms(f, 10);
+		r = recv(client, out, sizeof(out) - 1, MSG_DONTWAIT);
+		if (r > 0)
+			got = (size_t)r;
+	}
+	assert_true(got > 0);
+	out[got] = '\0';
+	assert_non_null(strstr(out, " 200 "));
+	close(client);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -674,6 +938,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_high_fd, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_free_closes_all, setup,
 		                                teardown),
+		cmocka_unit_test_setup_teardown(test_upgrade_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_bounds, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_framing, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_accept_pause, setup, teardown),
 		cmocka_unit_test(test_metrics),
 	};
 

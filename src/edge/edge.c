@@ -543,9 +543,12 @@ static void lifecycle_done(CURL *easy, CURLcode rc, void *arg)
 	long status = 0;
 
 	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
-	if (rc == CURLE_COULDNT_CONNECT && !curlonce_sent(&x->in_once) &&
+	/* the cp restarts: a call that never reached it, or a read, is
+	 * asked again (a transition it made is never repeated) */
+	if (rc != CURLE_OK && ((rc == CURLE_COULDNT_CONNECT && !curlonce_sent(&x->in_once)) ||
+	                       strcmp(x->method, "GET") == 0) &&
 	    xreq_retry_later(x, easy, RETRY_LIFECYCLE))
-		return; /* the cp restarts: the call never reached it */
+		return;
 	/* a transition the edge itself carried replaces the execution: no
 	 * caller should try the old route first */
 	if (rc == CURLE_OK && status >= 200 && status < 300 && x->sbx[0] &&
@@ -880,10 +883,10 @@ static void cap_done(CURL *easy, CURLcode rc, void *arg)
 	long status = 0;
 
 	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
-	if (rc == CURLE_COULDNT_CONNECT && x->wsi != NULL) {
+	if (rc != CURLE_OK && x->wsi != NULL) {
 		route_fetch_end(x);
 		if (xreq_retry_later(x, easy, RETRY_ROUTE))
-			return; /* the cp restarts: asked again */
+			return; /* the cp restarts: a capability is asked again */
 	}
 	if (x->wsi == NULL || rc != CURLE_OK || (status != 200 && status != 201)) {
 		route_fetch_end(x);

@@ -335,7 +335,7 @@ static void ews_cap_done(CURL *easy, CURLcode rc, void *arg)
 		ews_maybe_free(x);
 		return;
 	}
-	if (rc == CURLE_COULDNT_CONNECT) {
+	if (rc != CURLE_OK) { /* asking for a capability changes nothing */
 		if (x->fetching)
 			routes_abort(ews_env.routes, x->keyhash, x->sbx);
 		x->fetching = false;

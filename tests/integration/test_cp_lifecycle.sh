@@ -432,7 +432,7 @@ ack w1 "${AFTER[w1]}" '{"rev":0,"ok":true}' >/dev/null
 feed w1 1
 check "... and asked only once (no second again)" test "$(count w1 pause "$P")" = 0
 
-check "cp log records the forced resume" grep -q "forced resume: retire gen 6 on w1" "$ST/cp.log"
+check "cp log records the forced resume" grep -q "forced resume: retire gen 8 on w1" "$ST/cp.log"
 curl -sf "$U/metrics" >"$ST/metrics"
 check "metrics count forced resumes since the restart" grep -q '^tether_cp_forced_resumes_total 2$' "$ST/metrics"
 

@@ -34,6 +34,7 @@ struct tether {
 	struct tether_config cfg;
 	CURL *easy;                              /* owned */
 	char auth[TETHER_KEY_MAX + 32];          /* "Authorization: Bearer …" */
+	char wait_hdr[32];                       /* "X-Tether-Wait: S" or "" */
 	uint64_t generation;                     /* X-Tether-Generation of the last answer */
 	bool direct;                             /* loopback edge: no proxy */
 };
@@ -78,6 +79,8 @@ struct tether *tether_new(const struct tether_config *cfg, struct tt_err *err)
 	t->cfg = *cfg;
 	t->direct = url_is_loopback(cfg->url);
 	snprintf(t->auth, sizeof(t->auth), "Authorization: Bearer %s", cfg->api_key);
+	if (cfg->wait[0] != '\0')
+		snprintf(t->wait_hdr, sizeof(t->wait_hdr), "X-Tether-Wait: %.8s", cfg->wait);
 	t->easy = curl_easy_init();
 	if (t->easy == NULL) {
 		tether_free(t);
@@ -240,8 +243,9 @@ static int answer_error(long status, const char *body, size_t len,
 static struct curl_slist *request_headers(struct tether *t, const char *ctype)
 {
 	struct curl_slist *h = NULL, *n;
-	const char *lines[] = { t->auth, "Expect:", ctype }; /* Expect: no 1 s
-	                                                       * 100-continue stall */
+	const char *lines[] = { t->auth, "Expect:", ctype, /* Expect: no 1 s
+	                                                     * 100-continue stall */
+	                        t->wait_hdr[0] ? t->wait_hdr : NULL };
 
 	for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++) {
 		if (lines[i] == NULL)
@@ -671,6 +675,7 @@ out:
 struct xs {
 	const struct tether_exec_stream *s;
 	const char *auth;          /* "Bearer …" (borrowed, secret) */
+	const char *wait;          /* X-Tether-Wait seconds, "" = none (borrowed) */
 	char *start;               /* the start message (owned) */
 	struct lws_context *ctx;
 	struct lws *wsi;
@@ -846,6 +851,11 @@ static int xs_callback(struct lws *wsi, enum lws_callback_reasons reason,
 		                                 (const unsigned char *)x->auth,
 		                                 (int)strlen(x->auth), p, end))
 			return -1;
+		if (x->wait[0] != '\0' &&
+		    lws_add_http_header_by_name(wsi, (const unsigned char *)"x-tether-wait:",
+		                                (const unsigned char *)x->wait,
+		                                (int)strlen(x->wait), p, end))
+			return -1;
 		return 0;
 	}
 	case LWS_CALLBACK_CLIENT_ESTABLISHED:
@@ -919,6 +929,7 @@ int tether_exec_stream(struct tether *t, const char *id, char *const argv[],
 	x.err = err;
 	x.exit_code = -1;
 	x.auth = t->auth + strlen("Authorization: ");
+	x.wait = t->cfg.wait;
 	if (p == NULL || cmd_fill(cmd, argv, err) < 0)
 		goto out;
 	start = json_pack("{s:O,s:b}", "cmd", cmd, "stdin", s->stdin_fd >= 0);

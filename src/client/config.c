@@ -157,9 +157,18 @@ int tether_config_load(struct tether_config *cfg, struct tt_err *err)
 {
 	const char *env_url = getenv("TETHER_URL");
 	const char *env_key = getenv("TETHER_API_KEY");
+	const char *env_wait = getenv("TETHER_WAIT");
 	char path[1024];
 
 	memset(cfg, 0, sizeof(*cfg));
+	if (env_wait != NULL && env_wait[0] != '\0') {
+		size_t n = strspn(env_wait, "0123456789");
+
+		if (n == 0 || n > 3 || env_wait[n] != '\0' || atoi(env_wait) > 300)
+			return tt_err_set(err, TT_ERR_INVALID, "TETHER_WAIT must be 0..300 "
+			                  "seconds, not \"%.16s\"", env_wait);
+		snprintf(cfg->wait, sizeof(cfg->wait), "%d", atoi(env_wait));
+	}
 	if (!(env_url && env_url[0] && env_key && env_key[0])) {
 		_cleanup_free_ char *text = NULL;
 		size_t len = 0;

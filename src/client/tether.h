@@ -20,6 +20,10 @@
 struct tether_config {
 	char url[TETHER_URL_MAX];     /* edge base URL, no trailing slash */
 	char api_key[TETHER_KEY_MAX]; /* Bearer API key */
+	/* how long a call may wait for its sandbox's transition (or a
+	 * restarting daemon) before it is answered, seconds as sent in
+	 * X-Tether-Wait (TETHER_WAIT); "" = the edge's default (30) */
+	char wait[8];
 };
 
 /* tether_config_parse: reads "url=…" and "api_key=…" lines (blank lines and
@@ -30,7 +34,8 @@ int tether_config_parse(struct tether_config *cfg, const char *text,
 /* tether_config_path: "$HOME/.config/tether/config" into buf. */
 int tether_config_path(char *buf, size_t cap, struct tt_err *err);
 /* tether_config_load: TETHER_URL / TETHER_API_KEY from the environment,
- * else the config file; both must end up set. */
+ * else the config file; both must end up set. TETHER_WAIT (0..300 s),
+ * when set, goes with every call as X-Tether-Wait. */
 int tether_config_load(struct tether_config *cfg, struct tt_err *err);
 /* tether_config_write: writes url + api_key to path (mode 0600, parent
  * directories created 0700), atomically via a temp file and rename. */

@@ -353,16 +353,17 @@ static void cpdb_worker_row(sqlite3_stmt *st, void *out)
 	w->registered_at = sqlite3_column_int64(st, 2);
 	w->last_seen = sqlite3_column_int64(st, 3);
 	w->acked_rev = sqlite3_column_int64(st, 4);
-	w->draining = sqlite3_column_int64(st, 5) != 0;
+	w->draining = sqlite3_column_int64(st, 5);
 }
 
 #define CPDB_WORKER_COLS "id,node_url,registered_at,last_seen,acked_rev,draining"
 
 /* cpdb_worker_drain: see db.h. */
-int cpdb_worker_drain(struct cpdb *db, const char *id, struct tt_err *err)
+int cpdb_worker_drain(struct cpdb *db, const char *id, int64_t now,
+                      struct tt_err *err)
 {
-	return cpdb_change(db, err, "drain worker", "UPDATE workers SET draining=1"
-	                   " WHERE id=?1", "t", id) < 0 ? -1 : 0;
+	return cpdb_change(db, err, "drain worker", "UPDATE workers SET draining=?2"
+	                   " WHERE id=?1 AND draining=0", "ti", id, now) < 0 ? -1 : 0;
 }
 
 /* cpdb_worker_get: one worker by id. */

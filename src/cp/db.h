@@ -27,8 +27,8 @@ struct cp_worker {
 	char id[TT_NAME_MAX + 1];
 	char node_url[CPDB_URL_MAX];
 	int64_t registered_at, last_seen, acked_rev;
-	int draining; /* stopping in order: nothing new goes there until it
-	               * registers again */
+	int64_t draining; /* stopping in order since then (0: not): nothing
+	                   * new goes there until it registers again */
 };
 
 struct cp_sandbox {
@@ -96,8 +96,10 @@ int cpdb_worker_seen(struct cpdb *db, const char *id, int64_t now,
 /* cpdb_worker_get: 1 and *out, or 0 if unknown. */
 int cpdb_worker_get(struct cpdb *db, const char *id, struct cp_worker *out,
                     struct tt_err *err);
-/* cpdb_worker_drain: the worker stops in order (cleared by register). */
-int cpdb_worker_drain(struct cpdb *db, const char *id, struct tt_err *err);
+/* cpdb_worker_drain: the worker stops in order from now (the first call
+ * counts; cleared by register). */
+int cpdb_worker_drain(struct cpdb *db, const char *id, int64_t now,
+                      struct tt_err *err);
 int cpdb_worker_set_acked(struct cpdb *db, const char *id, int64_t rev,
                           struct tt_err *err);
 /* cpdb_batch_begin / cpdb_batch_end: one transaction (one commit, one

@@ -17,6 +17,7 @@
  * Both are compare-and-swaps on the sandbox's (state, generation): a late
  * or repeated report of an execution already replaced changes nothing. */
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +73,8 @@ static int cp_relaunch(struct cp *cp, const struct cp_sandbox *sb,
 	return 1;
 }
 
+static bool cp_relaunch_bounded(const struct cp_sandbox *sb);
+
 /* cp_lost: {"worker","sandbox","generation","activation","reason",
  * "reactivate"}; only the execution the cp runs there now counts. */
 int cp_lost(struct cp *cp, struct lws *wsi, json_t *body)
@@ -109,8 +112,7 @@ int cp_lost(struct cp *cp, struct lws *wsi, json_t *body)
 		 * pause or install in flight fails on its own) */
 		return http_reply_json(wsi, 200, json_pack("{s:b,s:b}", "ok", 1,
 		                                           "relaunched", 0));
-	if (sb.relaunches >= CP_RELAUNCH_MAX &&
-	    sb.relaunch_at > tt_now() - CPDB_RELAUNCH_WINDOW) {
+	if (cp_relaunch_bounded(&sb)) {
 		snprintf(why, sizeof(why), "lost %lld times within %d s (last: %.100s); "
 		         "not relaunched again: resume it to try once more",
 		         (long long)sb.relaunches + 1, CPDB_RELAUNCH_WINDOW, reason);
@@ -134,6 +136,7 @@ int cp_lost(struct cp *cp, struct lws *wsi, json_t *body)
 /* What cp_drain_one collects (it must not write while listing). */
 struct cp_drain_scan {
 	const char *worker;
+	int64_t since;           /* the drain began (0: now) */
 	struct cp_sandbox *run;
 	size_t nrun, cap;
 	int pending;
@@ -149,7 +152,10 @@ static void cp_drain_one(const struct cp_sandbox *sb, void *arg)
 		return;
 	if (cp_transitional(sb) && strcmp(sb->state, "paused") != 0)
 		d->pending++;
-	if (strcmp(sb->state, "running") != 0)
+	/* one pause per drain: one that failed was relaunched from its layer
+	 * here, and the stop leaves it to the next start (its layer stays) */
+	if (strcmp(sb->state, "running") != 0 ||
+	    (d->since > 0 && sb->relaunch_at >= d->since))
 		return;
 	if (d->nrun == d->cap) {
 		nv = reallocarray(d->run, d->cap ? d->cap * 2 : 8, sizeof(*nv));
@@ -173,15 +179,15 @@ int cp_drain(struct cp *cp, struct lws *wsi, json_t *body)
 	int64_t rev;
 	int begun = 0;
 
+	struct cp_worker w;
+
 	if (!cp_name_ok(worker))
 		return http_reply_error(wsi, 400, "bad_request", "drain needs worker");
-	if (cpdb_worker_seen(cp->db, worker, tt_now(), &err) < 0 ||
-	    cpdb_sandboxes_each(cp->db, cp_drain_one, &d, &err) < 0) {
-		free(d.run);
-		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
-	}
 	/* nothing new is placed there from now on, until it registers again */
-	if (cpdb_worker_drain(cp->db, worker, &err) < 0) {
+	if (cpdb_worker_seen(cp->db, worker, tt_now(), &err) < 0 ||
+	    cpdb_worker_drain(cp->db, worker, tt_now(), &err) < 0 ||
+	    cpdb_worker_get(cp->db, worker, &w, &err) < 0 ||
+	    (d.since = w.draining, cpdb_sandboxes_each(cp->db, cp_drain_one, &d, &err)) < 0) {
 		free(d.run);
 		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
 	}
@@ -227,11 +233,19 @@ void cp_resume_returned(struct cp *cp, const struct cp_sandbox *sb)
 	feed_settled(cp, sb->id);
 }
 
+/* cp_relaunch_bounded: no crash loop: lost or failed again and again
+ * within CPDB_RELAUNCH_WINDOW s, it is not relaunched any more. */
+static bool cp_relaunch_bounded(const struct cp_sandbox *sb)
+{
+	return sb->relaunches >= CP_RELAUNCH_MAX &&
+	       sb->relaunch_at > tt_now() - CPDB_RELAUNCH_WINDOW;
+}
+
 /* cp_pause_failed: relaunched from its layer on the worker that kept it. */
 void cp_pause_failed(struct cp *cp, const struct cp_sandbox *sb, const char *why)
 {
 	struct tt_err err = { 0 };
-	int rc = cp_relaunch(cp, sb, 0, why, &err);
+	int rc = cp_relaunch_bounded(sb) ? 0 : cp_relaunch(cp, sb, 0, why, &err);
 
 	if (rc < 0)
 		log_error("sandbox %s: cannot relaunch after a failed pause: %s",

@@ -21,6 +21,13 @@ TT_BODY=$WORK/r
 # call METHOD URL [BODY]: bearer-authenticated request; body -> $WORK/r,
 # headers -> $WORK/h, prints the status.
 call() { req_status "$1" "$2" "Bearer $KEY" "${@:3}"; }
+# call2 METHOD URL [BODY]: call, waiting at most 2 s for a node that is
+# down to come back (X-Tether-Wait; the default is 30 s).
+call2() {
+	local args=(-o "$TT_BODY" -D "$TT_HDRS" -w '%{http_code}' -X "$1" -H "Authorization: Bearer $KEY" -H 'X-Tether-Wait: 2')
+	[ $# -ge 3 ] && args+=(-H 'Content-Type: application/json' --data-binary "$3")
+	tcurl "${args[@]}" "$2"
+}
 hdr_gen() { tr -d '\r' <"$WORK/h" | awk -F': ' 'tolower($1) == "x-tether-generation" { print $2 }'; }
 sbx_gen() { call GET "$CP/v1/sandboxes/$1" >/dev/null; jget 'd["generation"]' <"$WORK/r"; }
 sbx_worker() { call GET "$CP/v1/sandboxes/$1" >/dev/null; jget 'd["worker"]' <"$WORK/r"; }
@@ -255,15 +262,26 @@ nr1=$(metric "$EDGE" tether_edge_not_repeated_total)
 expect "the exec ran at most once (the appended file has $lines line)" \
 	'[ "$lines" = 1 ] && [ $((nr1 - nr0)) = 1 ]' "lines=$lines not_repeated $nr0->$nr1"
 rr0=$(metric "$EDGE" tether_edge_read_retries_total)
-code=$(call GET "$EDGE/v1/sandboxes/$S3/files?path=/tmp/r")
+code=$(call2 GET "$EDGE/v1/sandboxes/$S3/files?path=/tmp/r")
 rr1=$(metric "$EDGE" tether_edge_read_retries_total)
-expect "GET file on the dead node: retried exactly once, then a clear 5xx" \
+expect "GET file on the dead node (X-Tether-Wait: 2): retried exactly once, then a clear 5xx" \
 	'[ "${code:0:1}" = 5 ] && [ $((rr1 - rr0)) = 1 ] && grep -q "retried once" "$WORK/r"' \
 	"$code retries $rr0->$rr1 $(cat "$WORK/r")"
-code=$(call POST "$EDGE/v1/sandboxes/$S3/exec" '{"cmd":["sh","-c","echo run >> /tmp/log"]}')
-expect "exec on the dead node: 503, did not start, not retried" \
+code=$(call2 POST "$EDGE/v1/sandboxes/$S3/exec" '{"cmd":["sh","-c","echo run >> /tmp/log"]}')
+expect "exec on the dead node (X-Tether-Wait: 2): 503, did not start, not retried" \
 	'[ "$code" = 503 ] && grep -q "did not start" "$WORK/r" && [ "$(log_lines)" = 1 ]' "$code $(cat "$WORK/r")"
-out=$("$ROOT/build/tether" exec "$S3" -- true 2>&1); rc=$?
+out=$(TETHER_WAIT=2 "$ROOT/build/tether" exec "$S3" -- true 2>&1); rc=$?
 expect "CLI: one clear line, exit 1" '[ $rc = 1 ] && [ "$(echo "$out" | wc -l)" = 1 ]' "rc=$rc $out"
+# Its manager left the sandbox running (node-api died without a stop):
+# the next w3 adopts it, and an orderly stop then pauses it and cleans up.
+"$ROOT/build/tetherd" node --id w3 --listen "127.0.0.1:$((BASE + 13))" --cp "$CP" \
+	--node-token-file "$STATE/cp/node.token" --state "$WORK/w3" \
+	--guest-bin "$ROOT/build/tether-guest" >>"$WORK/w3.log" 2>&1 &
+W3_PID=$!
+code=$(call POST "$EDGE/v1/sandboxes/$S3/exec" '{"cmd":["sh","-c","wc -l </tmp/log"]}')
+lines=$(jget 'd["stdout"].strip()' <"$WORK/r" 2>/dev/null)
+expect "w3 back: its manager adopted the sandbox, the exec runs (the log still has 1 line)" \
+	'[ "$code" = 200 ] && [ "$lines" = 1 ]' "$code $(cat "$WORK/r")"
+stop_pid "$W3_PID" 300; W3_PID=
 
 tap_done

@@ -127,6 +127,9 @@ struct mgr_conn {
 	bool waiting;             /* on manager.waiting: reading a REQUEST */
 	bool streamed;            /* a stream (node-api's WebSocket exec):
 	                           * open-ended, cancelled at a retirement */
+	bool connecting;          /* admitted, its bridge connection not ready
+	                           * yet: on manager.ops already, so that a
+	                           * pause's drain waits for it too */
 	/* Last: conn_new clears only what precedes it (always filled by a
 	 * read before being looked at). */
 	uint8_t buf[WIRE_PAYLOAD_MAX + WIRE_HDR_LEN];
@@ -392,6 +395,32 @@ static void conn_fail(struct mgr_conn *c, const char *code, const char *msg)
 static void conn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
+/* conn_refresh: an admitted operation whose execution was replaced before
+ * anything of it went to the bridge. If its Allow is still held back, the
+ * decision becomes RefreshRoute (SPEC §4: never executed, so the opener
+ * rebuilds it); once Allow went out, ERROR refresh_route is all there is. */
+static void conn_refresh(struct mgr_conn *c, const struct rec_exec *rec)
+{
+	struct tt_decision d = { .verdict = TT_REFRESH_ROUTE, .reason = TT_R_RETIRED };
+	_cleanup_free_ char *body = NULL;
+
+	if (c->decision == NULL) {
+		conn_fail(c, "refresh_route", "execution replaced or retired");
+		return;
+	}
+	d.installed_generation = rec != NULL ? rec->id.gen : 0;
+	body = decision_body_json(&d, c->sbx);
+	free(c->decision);
+	c->decision = NULL;
+	if (body != NULL)
+		relay_write_frame((uv_stream_t *)c->conn, WIRE_DECISION, body,
+		                  (uint32_t)strlen(body), NULL);
+	metrics_inc("tether_admission_total", "decision=\"refresh_route\",reason=\"retired\"");
+	relay_close_after_writes((uv_stream_t *)c->conn);
+	c->conn = NULL;
+	conn_free(c);
+}
+
 /* ops_unlink: the connection's operation holds no lease any more. */
 static void ops_unlink(struct mgr_conn *c)
 {
@@ -489,8 +518,11 @@ static void bridge_forward(struct mgr_conn *c)
 	c->decision = NULL;
 	c->conn = NULL; /* the relay owns both streams now */
 	c->bridge = NULL;
-	c->next = m->ops;
-	m->ops = c;
+	if (!c->connecting) {
+		c->next = m->ops;
+		m->ops = c;
+	}
+	c->connecting = false;
 }
 
 /* bridge_connected: verify the bridge, re-check the lease, forward the
@@ -511,10 +543,13 @@ static void bridge_connected(uv_connect_t *req, int status)
 		conn_fail(c, "transport", why);
 		return;
 	}
-	/* The execution may have been retired while connecting. */
-	if (rec == NULL || ex == NULL || rec->epoch != c->epoch || rec->retired ||
-	    rec->state != REC_RUNNING) {
-		conn_fail(c, "refresh_route", "execution replaced or retired");
+	/* The execution may have been replaced or stopped while connecting
+	 * (a pause's retirement alone does not count: the operation was
+	 * admitted before it, and the pause's drain waits for it). Nothing
+	 * went to the bridge: an Allow not yet sent becomes RefreshRoute. */
+	if (rec == NULL || ex == NULL || ex->stopping || ex->serial != c->exec_serial ||
+	    rec->epoch != c->epoch || rec->state != REC_RUNNING) {
+		conn_refresh(c, rec);
 		return;
 	}
 	if (uv_fileno((uv_handle_t *)c->bridge, &fd) < 0) {
@@ -609,6 +644,10 @@ static void handle_data_op(struct mgr_conn *c)
 	c->epoch = rec->epoch;
 	ex = exec_find(m, sbx);
 	c->exec_serial = ex != NULL ? ex->serial : 0;
+	/* in flight from now on: a pause's drain counts it */
+	c->connecting = true;
+	c->next = m->ops;
+	m->ops = c;
 	if (ex != NULL && !ex->stopping) {
 		/* Admitted just now against the durable record; an idle
 		 * connection reaches the bridge pinned for this execution,
@@ -1942,7 +1981,7 @@ static size_t ops_of(struct manager *m, const char *sbx)
 	size_t n = 0;
 
 	for (struct mgr_conn *c = m->ops; c; c = c->next)
-		if (strcmp(c->sbx, sbx) == 0 && c->relay != NULL)
+		if (strcmp(c->sbx, sbx) == 0 && (c->relay != NULL || c->connecting))
 			n++;
 	return n;
 }

@@ -21,8 +21,14 @@ EDGE=http://127.0.0.1:$((BASE + 1))
 ID=$("$T" create --worker w1 2>"$WORK/err")
 expect "create a sandbox on w1" '[ -n "$ID" ]' "$(cat "$WORK/err")"
 
-# op NAME ARGS...: one operation through the edge; prints the HTTP status.
-op() { tcurl -o "$WORK/op.$1" -w '%{http_code}' -H "Authorization: Bearer $KEY" "${@:2}"; }
+# op NAME ARGS...: one operation through the edge; prints the HTTP status
+# (the body of anything but a 200 is kept in WORK/failures).
+op() {
+	local code
+	code=$(tcurl -o "$WORK/op.$1" -w '%{http_code}' -H "Authorization: Bearer $KEY" "${@:2}")
+	[ "$code" = 200 ] || { echo "$1 $code $(head -c 300 "$WORK/op.$1")" >>"$WORK/failures"; }
+	echo "$code"
+}
 # migrate_loop TAG TARGETS...: migrates ID to each target in turn, one line
 # "TAG TARGET STATUS" per call into WORK/mig.TAG.
 migrate_loop() {
@@ -55,7 +61,7 @@ mb=$!
 wait "$ops" "$ma" "$mb"
 n_ok=$(grep -c ' 200$' "$WORK/codes")
 expect "180 operations during 12 concurrent migrate calls: all answered 200" \
-	'[ "$n_ok" = 180 ]' "$(grep -v ' 200$' "$WORK/codes" | sort | uniq -c)"
+	'[ "$n_ok" = 180 ]' "$(grep -v ' 200$' "$WORK/codes" | sort | uniq -c; cat "$WORK/failures" 2>/dev/null)"
 expect "every read during the migrations returned the bytes written" \
 	'! grep -q get-differs "$WORK/codes"' "$(grep get-differs "$WORK/codes")"
 cat "$WORK/mig.a" "$WORK/mig.b" >"$WORK/mig.all"

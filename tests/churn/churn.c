@@ -900,6 +900,16 @@ static void fmodel_unknown(struct fmodel *m, uint64_t v)
 	m->pend[m->npend++] = v;
 }
 
+/* text_preview: the first bytes of an answer, printable (others as '.'). */
+static void text_preview(char *out, size_t cap, const char *p, size_t len)
+{
+	size_t n = len < cap - 1 ? len : cap - 1;
+
+	for (size_t i = 0; i < n; i++)
+		out[i] = (p[i] >= ' ' && p[i] < 0x7f) ? p[i] : '.';
+	out[n] = '\0';
+}
+
 /* file_observe: checks what a read (via: read, exec, cli, verify) saw in
  * a client's file f: absent, or len bytes at p. A disagreement during the
  * run is a suspicion the next read of the file decides (right again: a
@@ -925,12 +935,14 @@ static void file_observe(struct client *c, size_t si, int f, int absent,
 
 		memcpy(pre, p, pl);
 		pre[pl] = '\0';
+		char shown[48];
+		text_preview(shown, sizeof(shown), p, len);
 		if (sscanf(pre, "churn r=%8x c=%d s=%zu f=%d v=%" SCNu64 " n=%zu", &r, &cl,
 		           &s, &ff, &v, &n) != 6 || r != RUN_ID || cl != c->id ||
 		    s != si || ff != f || v == 0) {
 			viol_report(V_CORRUPT, "%s of %s on %s: content of no version of this "
-			            "file (%zu bytes: \"%.40s\"); model %s",
-			            via, path, SB[si].id, len, pre, want);
+			            "file (%zu bytes: \"%s\"); model %s",
+			            via, path, SB[si].id, len, shown, want);
 			m->broken = 1;
 			return;
 		}
@@ -1020,7 +1032,7 @@ static void append_observe(struct client *c, size_t si, int absent, const char *
 
 		if (nl == NULL || ll >= sizeof(line)) {
 			corrupt++;
-			fmt(first_bad, sizeof(first_bad), "%.40s", p + pos);
+			text_preview(first_bad, 41, p + pos, len - pos);
 			break;
 		}
 		memcpy(line, p + pos, ll);
@@ -1030,7 +1042,7 @@ static void append_observe(struct client *c, size_t si, int absent, const char *
 		    (size_t)consumed != ll || r != RUN_ID || cl != c->id || s != si ||
 		    ep != a->epoch || q >= a->n) {
 			if (!corrupt++)
-				fmt(first_bad, sizeof(first_bad), "%.40s", line);
+				text_preview(first_bad, 41, line, ll);
 			continue;
 		}
 		if (seen[q]) {
@@ -1160,8 +1172,10 @@ static void exec_check(struct client *c, size_t si, int f, uint64_t nonce,
 	size_t wl = (size_t)snprintf(want, sizeof(want), "N%016" PRIx64 "\n", nonce);
 
 	if (len < wl || memcmp(out, want, wl) != 0) {
+		char shown[48];
+		text_preview(shown, sizeof(shown), out, len);
 		viol_report(V_CORRUPT, "%s on %s: stdout does not start with its nonce "
-		            "(\"%.40s\")", via, SB[si].id, out);
+		            "(\"%s\")", via, SB[si].id, shown);
 		return;
 	}
 	out += wl;
@@ -2281,6 +2295,10 @@ int main(int argc, char **argv)
 		fprintf(stderr, "until %" PRIu64 " operations\n", O.max_ops);
 	else
 		fprintf(stderr, "%.0f s\n", O.seconds);
+	fprintf(stderr, "churn: sandboxes");
+	for (size_t i = 0; i < NSB; i++)
+		fprintf(stderr, " %s", SB[i].id);
+	fprintf(stderr, "; files /workspace/churn-%08x-c<client>-*\n", RUN_ID);
 
 	cl = calloc((size_t)O.clients, sizeof(*cl));
 	mg = calloc((size_t)(O.migrators ? O.migrators : 1), sizeof(*mg));

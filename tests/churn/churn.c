@@ -783,6 +783,11 @@ static int sbx_settle(struct http *h, struct sbx *s, uint64_t deadline)
 				j = http_json(h);
 				if (j)
 					sbx_note(s, j);
+				fprintf(stderr, "churn: %s was %s: resumed on %s as generation %"
+				        JSON_INTEGER_FORMAT " from the snapshot of generation %"
+				        JSON_INTEGER_FORMAT "\n", s->id, state, target,
+				        json_integer_value(json_object_get(j, "generation")),
+				        json_integer_value(json_object_get(j, "resumed_from")));
 				json_decref(j);
 				rc = 0;
 				break;
@@ -1577,6 +1582,7 @@ static void *client_main(void *arg)
 			client_rotate(c, si);
 			continue;
 		}
+		c->h.rc = CURLE_OK;
 		if (rng_unit(&c->rng) < O.cli_fraction) {
 			op_cli(c, si, f);
 			continue;
@@ -1595,6 +1601,9 @@ static void *client_main(void *arg)
 			op_append(c, si);
 			break;
 		}
+		/* nothing listens: back off as a client would, not spin */
+		if (c->h.rc == CURLE_COULDNT_CONNECT)
+			sleep_ms(100);
 	}
 	atomic_fetch_sub(&clients_looping, 1);
 	while (!atomic_load(&verify_go))
@@ -1638,9 +1647,8 @@ static void *migrator_main(void *arg)
 			classes_add(&mig_classes, fail, 0);
 			m->failed++;
 			atomic_fetch_add(&mig_fail_total, 1);
-			if (O.verbose)
-				fprintf(stderr, "churn: %.3f s: migrate %s -> %s failed: %s\n",
-				        (double)(now_us() - run_t0) / 1e6, s->id, target, fail);
+			fprintf(stderr, "churn: %.3f s: migrate %s -> %s failed: %s\n",
+			        (double)(now_us() - run_t0) / 1e6, s->id, target, fail);
 			if (!atomic_load(&stop_migrate)) { /* else main settles it */
 				m->recoveries++;
 				if (sbx_settle(&m->h, s, now_us() + 30000000u) < 0)

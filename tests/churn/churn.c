@@ -142,6 +142,7 @@ struct sbx {
 	_Atomic int mig_active;        /* migrations (or recoveries) in flight */
 	_Atomic uint64_t mig_started;
 	int created;                   /* by this run: deleted at the end */
+	_Atomic int recovered;         /* resumed by the harness after a failure */
 };
 
 /* One easy handle per thread: libcurl keeps its connections alive. */
@@ -249,6 +250,8 @@ static _Atomic uint64_t ops_ticket, ops_done, ops_failed, dropped_conns;
 static _Atomic uint64_t mig_ok_total, mig_fail_total;
 static _Atomic uint64_t viol_count[V_N];
 static _Atomic unsigned viol_logged;
+static _Atomic uint64_t viol_recovered; /* on sandboxes resumed after a failure */
+static _Thread_local struct sbx *cur_sbx; /* the sandbox of the thread's op */
 static volatile sig_atomic_t got_signal;
 static uint64_t verify_deadline; /* written before verify_go is set */
 static uint64_t run_t0;          /* written before the threads start */
@@ -321,6 +324,8 @@ static void viol_report(enum viol v, const char *f, ...)
 	va_list ap;
 
 	atomic_fetch_add(&viol_count[v], 1);
+	if (cur_sbx != NULL && atomic_load(&cur_sbx->recovered))
+		atomic_fetch_add(&viol_recovered, 1);
 	if (atomic_fetch_add(&viol_logged, 1) >= VIOL_LOG_MAX)
 		return;
 	va_start(ap, f);
@@ -783,6 +788,7 @@ static int sbx_settle(struct http *h, struct sbx *s, uint64_t deadline)
 				j = http_json(h);
 				if (j)
 					sbx_note(s, j);
+				atomic_store(&s->recovered, 1);
 				fprintf(stderr, "churn: %s was %s: resumed on %s as generation %"
 				        JSON_INTEGER_FORMAT " from the snapshot of generation %"
 				        JSON_INTEGER_FORMAT "\n", s->id, state, target,
@@ -1112,6 +1118,7 @@ static void op_begin(struct opctx *o, int kind, struct sbx *s)
 {
 	o->kind = kind;
 	o->s = s;
+	cur_sbx = s;
 	o->active0 = atomic_load(&s->mig_active);
 	o->started0 = atomic_load(&s->mig_started);
 	o->gen0 = atomic_load(&s->known_gen);
@@ -1404,18 +1411,20 @@ static int cli_spawn(struct client *c, const char *id, const char *script, size_
 		fmt(err, errcap, "spawn %s: %s", O.cli, strerror(rc));
 		goto out;
 	}
-	for (int open_fds = 2; open_fds > 0;) {
+	int open_fds = 2;
+	while (open_fds > 0) {
 		struct pollfd pf[2] = { { op[0], POLLIN, 0 }, { ep[0], POLLIN, 0 } };
 		uint64_t now = now_us();
 		char junk[4096];
 
 		if (now >= deadline) {
-			kill(pid, SIGKILL);
 			fmt(err, errcap, "timed out");
 			break;
 		}
-		if (poll(pf, 2, (int)((deadline - now) / 1000 + 1)) < 0 && errno != EINTR)
+		if (poll(pf, 2, (int)((deadline - now) / 1000 + 1)) < 0 && errno != EINTR) {
+			fmt(err, errcap, "poll: %s", strerror(errno));
 			break;
+		}
 		for (int i = 0; i < 2; i++) {
 			if (pf[i].fd < 0 || !(pf[i].revents & (POLLIN | POLLHUP | POLLERR)))
 				continue;
@@ -1447,6 +1456,8 @@ static int cli_spawn(struct client *c, const char *id, const char *script, size_
 			}
 		}
 	}
+	if (open_fds > 0) /* gave up on it: our own child, by its pid */
+		kill(pid, SIGKILL);
 	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
 		;
 out:
@@ -1979,6 +1990,10 @@ static void report_text(FILE *out, const struct totals *t)
 		viol += n;
 		fprintf(out, "  %9" PRIu64 "  %s\n", n, viol_text[v]);
 	}
+	if (atomic_load(&viol_recovered))
+		fprintf(out, "  (%" PRIu64 " of them on sandboxes the harness had to resume "
+		        "from their last snapshot after a failed migration)\n",
+		        atomic_load(&viol_recovered));
 	if (t->unverified)
 		fprintf(out, "  (%" PRIu64 " files could not be verified at the end)\n",
 		        t->unverified);
@@ -2040,6 +2055,8 @@ static int report_json(const char *path, const struct totals *t)
 		json_object_set_new(j, viol_names[v], json_integer((json_int_t)n));
 	}
 	json_object_set_new(j, "violations", json_integer((json_int_t)viol));
+	json_object_set_new(j, "violations_after_recovery",
+	                    json_integer((json_int_t)atomic_load(&viol_recovered)));
 	json_object_set_new(j, "unverified", json_integer((json_int_t)t->unverified));
 	json_object_set_new(j, "edge_health",
 	                    json_pack("{s:I,s:I,s:f}", "checks", (json_int_t)t->w->checks,

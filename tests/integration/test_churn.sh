@@ -81,8 +81,13 @@ field '"%d operations (%.0f/s), %d failed: error rate %.6f %%" % (d["operations"
 field '"migrations: %d ok, %d failed, p50 %.1f ms, p99 %.1f ms" % (d["migrations"]["ok"], d["migrations"]["failed"], d["migrations"]["p50_ms"], d["migrations"]["p99_ms"])' | sed 's/^/# /'
 field '"overlapping a migration: %d ops (%d failed), p99 %.1f ms (goal: <= migration p99 + 50 ms, none failed: %s)" % (d["latency"]["overlap_ops"], d["latency"]["overlap_failed"], d["latency"]["overlap_p99_ms"], "met" if d["latency"]["goal_met"] else "not met")' | sed 's/^/# /'
 field '"dropped client connections %d; edge /healthz unanswered %d of %d checks; unverified files %d" % (d["dropped_connections"], d["edge_health"]["unanswered"], d["edge_health"]["checks"], d["unverified"])' | sed 's/^/# /'
+field '"violations on sandboxes resumed from their last snapshot after a failed migration: %d" % d["violations_after_recovery"]' | sed 's/^/# /'
 echo "# failure classes:"
 field '"\n".join("%8d  %s" % (c["count"], c["class"]) for c in d["failure_classes"][:12]) or "(none)"' | sed 's/^/#   /'
+
+echo "# migration failures:"
+field '"\n".join("%8d  %s" % (c["count"], c["class"]) for c in d["migrations"]["failure_classes"]) or "(none)"' | sed 's/^/#   /'
+grep -h '^churn: .*migrate .* failed\|^churn: .* resumed on' "$WORK/churn.err" | head -n 6 | sed 's/^/#   /'
 
 if [ -n "$CHURN_MAX_ERROR_RATE" ]; then
 	rate=$(field 'd["error_rate_pct"]')

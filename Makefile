@@ -6,6 +6,7 @@
 #   src/cli/*.c        -> build/tether (CLI; src/client/*.c is libtether)
 #   src/guest/*.c      -> build/tether-guest (static)
 #   tests/unit/test_*.c, fuzz/fuzz_*.c, bench/bench_*.c -> one binary each
+#   tests/churn/churn.c -> build/churn (the churn proof suite, issue 12)
 CC      ?= gcc
 BUILD   ?= build
 SAN     ?=
@@ -35,9 +36,9 @@ CLIENT  := $(BUILD)/libtether.a
 TESTS   := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 BINS    := $(BUILD)/tetherd $(BUILD)/tether $(if $(GUEST_SRC),$(BUILD)/tether-guest) \
-           $(if $(BRIDGE_SRC),$(BUILD)/tether-bridge)
+           $(if $(BRIDGE_SRC),$(BUILD)/tether-bridge) $(BUILD)/churn
 
-.PHONY: all deps run check unit bench fuzz clean
+.PHONY: all deps run check unit bench fuzz churn clean
 all: deps-quiet $(BINS) $(TESTS) $(BENCHES)
 
 deps:
@@ -75,6 +76,13 @@ $(BUILD)/tether-guest: $(GUEST_SRC) $(wildcard src/guest/*.h) $(LIB_SRC)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c17 -D_GNU_SOURCE -O2 -g $(WARN) -Ilib -Isrc -static -o $@ \
 	  $(GUEST_SRC) $(filter lib/wire.c lib/wire_json.c lib/err.c lib/log.c lib/fsutil.c,$(LIB_SRC)) -l:libsodium.a -l:libjansson.a
+
+# The churn harness is a plain client of the edge's HTTP API: libcurl,
+# jansson and threads only.
+CHURN_LIBS := $(shell pkg-config --libs libcurl jansson 2>/dev/null) -lpthread -lm
+$(BUILD)/churn: tests/churn/churn.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CHURN_LIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(ROLES) $(CLIENT) $(CORE)
 	@mkdir -p $(dir $@)
@@ -122,6 +130,11 @@ bench: all
 
 fuzz: deps fuzzers
 	@scripts/run-fuzz.sh $${FUZZ_SECONDS:-60}
+
+# The long churn run (issue 12): until 1,000,000 operations, or CHURN_OPS=N
+# / CHURN_SECONDS=S; CHURN_ARGS are passed on to build/churn.
+churn: all
+	@scripts/churn.sh $(if $(CHURN_SECONDS),$(CHURN_SECONDS),--ops $(or $(CHURN_OPS),1000000)) $(CHURN_ARGS)
 
 run: deps
 	@$(MAKE) --no-print-directory all

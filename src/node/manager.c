@@ -759,12 +759,13 @@ static void cancel_leases(struct manager *m, const char *sbx)
 	}
 }
 
-/* cancel_input_streams: at a pause's retirement, the streams (exec with
- * "stdin", and every exec streamed over node-api's WebSocket: its output
- * is open-ended too) lose their lease at once (SPEC §6/§7): input and
- * output stop, the client is told refresh_route; bounded one-shot
- * operations may still finish during the drain, so their acknowledged
- * writes are in the snapshot. */
+/* cancel_input_streams: at a pause's retirement, the streams with open
+ * input (exec with "stdin": interactive, open-ended) lose their lease at
+ * once (SPEC §6/§7): input and output stop, the client is told
+ * refresh_route. Every other operation in flight — an exec streamed
+ * without stdin included: bounded by its command like an HTTP exec — may
+ * still finish during the drain, so what it did and acknowledged is in
+ * the snapshot, and a short command never notices the pause. */
 static void cancel_input_streams(struct manager *m, const char *sbx)
 {
 	struct mgr_conn *c = m->ops, *next;
@@ -772,7 +773,7 @@ static void cancel_input_streams(struct manager *m, const char *sbx)
 	for (; c; c = next) {
 		next = c->next;
 		if (strcmp(c->sbx, sbx) != 0 || c->relay == NULL ||
-		    (!json_is_true(json_object_get(c->req, "stdin")) && !c->streamed))
+		    !json_is_true(json_object_get(c->req, "stdin")))
 			continue;
 		metrics_inc("tether_streams_cancelled_total", "reason=\"epoch\"");
 		relay_abort(c->relay, "refresh_route", "execution retired for a pause");

@@ -231,13 +231,30 @@ pause_cancels "a pause cancels an open stdin stream (refresh_route) before its d
 kill "$HOLD" 2>/dev/null; wait "$HOLD" 2>/dev/null
 "$T" rm "$PS" >/dev/null 2>&1
 
-# ... and a streamed exec without stdin too: its output stops at the
-# retirement (before, it ran on for the 5 s drain, then ended "transport").
+# ... while a streamed exec without stdin is an operation in flight like an
+# HTTP exec: the pause's drain lets a short one finish (the caller never
+# sees the pause), and cuts an endless one at the drain bound (5 s) with
+# transport, never repeated.
 PS=$("$T" create --worker w1 2>/dev/null)
+"$T" exec "$PS" -- sh -c 'echo begin; sleep 1; echo end' >"$WORK/so" 2>"$WORK/se" &
+XP=$!
+wait_until 100 grep -q begin "$WORK/so"
+"$T" pause "$PS" >/dev/null 2>&1; prc=$?
+wait "$XP"; xrc=$?
+expect "a short output-only exec stream finishes during a pause (exit 0, its output whole)" \
+	'[ "$prc" = 0 ] && [ "$xrc" = 0 ] && [ "$(cat "$WORK/so")" = "$(printf "begin\nend")" ]' \
+	"pause=$prc exec=$xrc out=$(cat "$WORK/so") err=$(cat "$WORK/se")"
+"$T" resume "$PS" >/dev/null 2>&1
 "$T" exec "$PS" -- sh -c 'while :; do echo tick; sleep 0.2; done' >"$WORK/to" 2>"$WORK/te" &
 XP=$!
 wait_until 100 grep -q tick "$WORK/to"
-pause_cancels "a pause cancels an output-only exec stream at once (refresh_route), not after the drain" "$WORK/te"
+t0=$(date +%s%N)
+"$T" pause "$PS" >/dev/null 2>&1; prc=$?
+wait "$XP"; xrc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+expect "an endless output-only stream is cut at the drain bound with transport (${ms} ms)" \
+	'[ "$prc" = 0 ] && [ "$xrc" != 0 ] && grep -q "transport" "$WORK/te" && [ "$ms" -ge 4500 ] && [ "$ms" -lt 9000 ]' \
+	"pause=$prc exec=$xrc ms=$ms err=$(cat "$WORK/te")"
 "$T" rm "$PS" >/dev/null 2>&1
 
 # ---- a backend that drops mid-stream: transport error, never repeated --------

@@ -36,11 +36,12 @@
 
 /* One POST to the cp: its header list holds the node token. */
 struct ev_post {
-	struct node_events *ev;
+	struct node *n;
 	struct curl_slist *hdrs;
 	char *ans;
 	size_t ans_len;
-	void (*done)(struct node_events *ev, long status, json_t *answer);
+	node_cp_done_fn done;
+	void *arg;
 };
 
 struct node_events {
@@ -108,11 +109,8 @@ static void ev_post_done(CURL *easy, CURLcode rc, void *arg)
 	curl_easy_cleanup(easy);
 	if (status != 0 && p->ans != NULL)
 		ans = json_loadb(p->ans, p->ans_len, JSON_REJECT_DUPLICATES, NULL);
-	p->ev->inflight--;
-	if (!p->ev->stopping)
-		p->done(p->ev, status, ans);
-	else
-		ev_maybe_free(p->ev);
+	if (p->done != NULL)
+		p->done(p->arg, status, ans);
 	json_decref(ans);
 	for (struct curl_slist *s = p->hdrs; s != NULL; s = s->next)
 		sodium_memzero(s->data, strlen(s->data));
@@ -121,13 +119,10 @@ static void ev_post_done(CURL *easy, CURLcode rc, void *arg)
 	free(p);
 }
 
-/* ev_post: POST cp_url + path with body (borrowed); done runs once, also
- * on failure (status 0). -1 when it could not start (done not run). */
-static int ev_post(struct node_events *ev, const char *path, json_t *body,
-                   long timeout_ms,
-                   void (*done)(struct node_events *, long, json_t *))
+/* node_cp_post: see node.h. */
+int node_cp_post(struct node *n, const char *path, json_t *body, long timeout_ms,
+                 node_cp_done_fn done, void *arg)
 {
-	struct node *n = ev->n;
 	char url[1024], auth[NODE_TOKEN_MAX + 64];
 	_cleanup_free_ char *enc = json_dumps(body, JSON_COMPACT);
 	struct tt_err err = { 0 };
@@ -138,8 +133,9 @@ static int ev_post(struct node_events *ev, const char *path, json_t *body,
 		free(p);
 		return -1;
 	}
-	p->ev = ev;
+	p->n = n;
 	p->done = done;
+	p->arg = arg;
 	snprintf(auth, sizeof(auth), "Authorization: Node %s", n->node_token);
 	p->hdrs = curl_slist_append(NULL, auth);
 	sodium_memzero(auth, sizeof(auth));
@@ -160,20 +156,43 @@ static int ev_post(struct node_events *ev, const char *path, json_t *body,
 		free(p);
 		return -1;
 	}
+	return 0;
+}
+
+/* ev_post: node_cp_post for the events below (counted, so that a stopped
+ * ev is freed only once none is in flight). */
+static int ev_post(struct node_events *ev, const char *path, json_t *body,
+                   long timeout_ms, node_cp_done_fn done)
+{
+	if (node_cp_post(ev->n, path, body, timeout_ms, done, ev) < 0)
+		return -1;
 	ev->inflight++;
 	return 0;
+}
+
+/* ev_ended: one of ours ended: false when ev is stopped (freed when the
+ * last one ends). */
+static bool ev_ended(struct node_events *ev)
+{
+	ev->inflight--;
+	if (!ev->stopping)
+		return true;
+	ev_maybe_free(ev);
+	return false;
 }
 
 /* ---- lost executions ---------------------------------------------------- */
 
 /* ev_report_done: taken (200, 4xx: never again) or resent later. */
-static void ev_report_done(struct node_events *ev, long status, json_t *ans)
+static void ev_report_done(void *arg, long status, json_t *ans)
 {
-	json_t *r = json_array_get(ev->pending, 0);
+	struct node_events *ev = arg;
+	json_t *r;
 
-	ev->reporting = false;
-	if (ev->stopping)
+	if (!ev_ended(ev))
 		return;
+	r = json_array_get(ev->pending, 0);
+	ev->reporting = false;
 	if (status >= 200 && status < 500) {
 		if (status != 200)
 			log_warn("the control plane refused a lost-execution report "
@@ -294,11 +313,15 @@ static void ev_drain_end(struct node_events *ev, const char *how)
 }
 
 /* ev_drain_done: {"pending":N}: again until 0. */
-static void ev_drain_done(struct node_events *ev, long status, json_t *ans)
+static void ev_drain_done(void *arg, long status, json_t *ans)
 {
+	struct node_events *ev = arg;
 	json_t *pend = json_object_get(ans, "pending");
-	uint64_t now = uv_now(ev->n->loop);
+	uint64_t now;
 
+	if (!ev_ended(ev))
+		return;
+	now = uv_now(ev->n->loop);
 	ev->drain_posting = false;
 	if (!ev->draining)
 		return;

@@ -185,32 +185,14 @@ static void feed_on_applied(void *arg, json_t *result, const struct tt_err *err)
 
 #define FEED_PROGRESS_MIN_MS 200 /* at most 5 reports a second */
 
-/* One progress POST; owns its headers (they hold the node token). */
-struct feed_prog {
-	struct node *n;
-	struct curl_slist *hdrs;
-};
-
-/* prog_discard: the cp's answer to a progress report is not needed. */
-static size_t prog_discard(char *data, size_t size, size_t nmemb, void *arg)
+/* prog_done: the next report may go (the cp's answer is not needed). */
+static void prog_done(void *arg, long status, json_t *answer)
 {
-	(void)data;
-	(void)arg;
-	return size * nmemb;
-}
+	struct node *n = arg;
 
-/* prog_done: frees the report (the token header is wiped first). */
-static void prog_done(CURL *easy, CURLcode rc, void *arg)
-{
-	struct feed_prog *p = arg;
-
-	(void)rc;
-	curl_easy_cleanup(easy);
-	p->n->progress_inflight = false;
-	for (struct curl_slist *s = p->hdrs; s != NULL; s = s->next)
-		sodium_memzero(s->data, strlen(s->data));
-	curl_slist_free_all(p->hdrs);
-	free(p);
+	(void)status;
+	(void)answer;
+	n->progress_inflight = false;
 }
 
 /* feed_progress: forwards one manager progress frame {"progress":{...}} as
@@ -221,11 +203,6 @@ static void feed_progress(struct node_feed *f, json_t *frame)
 	struct node *n = f->n;
 	json_t *pr = json_object_get(frame, "progress");
 	json_t *body;
-	_cleanup_free_ char *enc = NULL;
-	char url[1024], auth[NODE_TOKEN_MAX + 64];
-	struct tt_err err = { 0 };
-	struct feed_prog *p;
-	CURL *easy;
 
 	if (!json_is_object(pr) || n->progress_inflight ||
 	    uv_now(n->loop) - n->progress_last_ms < FEED_PROGRESS_MIN_MS)
@@ -234,31 +211,12 @@ static void feed_progress(struct node_feed *f, json_t *frame)
 	                 json_object_get(pr, "rev"), "sandbox",
 	                 json_object_get(pr, "sandbox"), "bytes",
 	                 json_object_get(pr, "bytes"), "total", json_object_get(pr, "total"));
-	enc = body ? json_dumps(body, JSON_COMPACT) : NULL;
-	json_decref(body);
-	p = enc ? calloc(1, sizeof(*p)) : NULL;
-	easy = p ? curl_easy_init() : NULL;
-	if (easy == NULL) {
-		free(p);
-		return;
+	if (body != NULL &&
+	    node_cp_post(n, "/v1/feed/progress", body, 3000L, prog_done, n) == 0) {
+		n->progress_inflight = true;
+		n->progress_last_ms = uv_now(n->loop);
 	}
-	p->n = n;
-	snprintf(auth, sizeof(auth), "Authorization: Node %s", n->node_token);
-	p->hdrs = curl_slist_append(NULL, auth);
-	sodium_memzero(auth, sizeof(auth));
-	if (p->hdrs != NULL)
-		p->hdrs = curl_slist_append(p->hdrs, "Content-Type: application/json");
-	snprintf(url, sizeof(url), "%s/v1/feed/progress", n->cp_url);
-	curl_easy_setopt(easy, CURLOPT_URL, url);
-	curl_easy_setopt(easy, CURLOPT_HTTPHEADER, p->hdrs);
-	http_easy_direct(easy);
-	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, 3000L);
-	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, prog_discard);
-	curl_easy_setopt(easy, CURLOPT_COPYPOSTFIELDS, enc);
-	n->progress_inflight = true;
-	n->progress_last_ms = uv_now(n->loop);
-	if (p->hdrs == NULL || httpc_start(n->httpc, easy, prog_done, p, &err) < 0)
-		prog_done(easy, CURLE_OK, p);
+	json_decref(body);
 }
 
 /* Context of the feed.apply call in flight (one at a time). */

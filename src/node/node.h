@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include <curl/curl.h>
+#include <jansson.h>
 #include <uv.h>
 
 #include "err.h"
@@ -63,6 +64,14 @@ struct node {
 int node_feed_start(struct node *n, struct tt_err *err);
 /* node_feed_stop: cancels timers and transfers (the httpc aborts them). */
 void node_feed_stop(struct node *n);
+
+/* node_cp_post: POST cp_url + path (JSON body, borrowed) with the node
+ * token, bounded by timeout_ms; done(arg, status, answer) runs once on
+ * the loop (status 0: no answer; answer NULL unless JSON; may be NULL).
+ * -1 when it could not start (done never runs). src/node/events.c. */
+typedef void (*node_cp_done_fn)(void *arg, long status, json_t *answer);
+int node_cp_post(struct node *n, const char *path, json_t *body, long timeout_ms,
+                 node_cp_done_fn done, void *arg);
 
 /* node_events_start: watches the manager for lost executions and reports
  * each to the cp (src/node/events.c). */

@@ -215,5 +215,29 @@ cluster_up_or_bail() {
 		tap_bail "$1" "$(cat "$WORK/up.err"; tail -n 5 "$STATE"/logs/*.log 2>/dev/null)"
 	fi
 }
+# ---- a worker w3 started by hand, beside a `tether up` cluster ------------------------
+# Scripts that stop and start a worker themselves run w3 alone (node-api,
+# its manager with it) on the cluster's cp, snapshot store and state dir.
+W3_PID=
+# start_w3 [ARGS...]: `tetherd node --id w3` (ARGS appended, log in
+# WORK/w3.log); 0 once the cp lists w3 up (10 s).
+start_w3() {
+	mkdir -p "$STATE/workers/w3"
+	"$ROOT/build/tetherd" node --id w3 --listen 127.0.0.1:$((BASE + 13)) --cp "$CP" \
+		--node-token-file "$STATE/cp/node.token" --state "$STATE/workers/w3" \
+		--guest-bin "$ROOT/build/tether-guest" --snapshots "$STATE/snapshots" \
+		"$@" >>"$WORK/w3.log" 2>&1 &
+	W3_PID=$!
+	wait_until 100 w3_up
+}
+# w3_up: the cp lists w3 up.
+w3_up() { timeout 20 "$ROOT/build/tether" workers 2>/dev/null | grep -q "^w3 .*up"; }
+# stop_w3 [TENTHS]: SIGTERM to w3 (an orderly stop), SIGKILL after TENTHS/10 s
+# (default 10 s). Registered at exit by the scripts that use w3.
+stop_w3() {
+	stop_pid "$W3_PID" "${1:-100}"
+	W3_PID=
+}
+
 # cluster_key: the admin API key `tether up` wrote to the client config.
 cluster_key() { sed -n 's/^api_key=//p' "$HOME/.config/tether/config"; }

@@ -13,7 +13,6 @@ set -u
 . "$(dirname "$0")/lib.sh"
 cluster_setup tether-lc
 TT_DETAIL_LINES=12
-W3_PID=
 
 # T: the CLI, bounded so a hang fails a check instead of the suite.
 T() { timeout 120 "$ROOT/build/tether" "$@"; }
@@ -23,25 +22,11 @@ LC() { TETHER_URL=$LC_URL TETHER_API_KEY=$KEY timeout 120 "$ROOT/build/tether" "
 info() { LC info "$1" --json | jget "$2"; }
 
 stop_up() { cluster_down; }
-stop_w3() {
-	stop_pid "$W3_PID" 100
-	W3_PID=
-}
 at_exit stop_w3
 
 start_up() { cluster_up 2; }
 # cg_gone NAME: no cgroup of that name is left, v1 or v2.
 cg_gone() { ! ls -d /sys/fs/cgroup/*/tether/"$1" /sys/fs/cgroup/tether/"$1" >/dev/null 2>&1; }
-start_w3() {
-	mkdir -p "$STATE/workers/w3"
-	"$ROOT/build/tetherd" node --id w3 --listen 127.0.0.1:$((BASE + 13)) --cp "$CP" \
-		--node-token-file "$STATE/cp/node.token" --state "$STATE/workers/w3" \
-		--guest-bin "$ROOT/build/tether-guest" --snapshots "$STATE/snapshots" \
-		>>"$WORK/w3.log" 2>&1 &
-	W3_PID=$!
-	wait_until 100 w3_up
-}
-w3_up() { LC workers 2>/dev/null | grep -q "^w3 .*up"; }
 # node_exec SBX TOKEN NODE_URL CMD: POST exec at a node; prints "STATUS BODY".
 node_exec() {
 	curl -s -o "$WORK/ne.body" -w '%{http_code}' -X POST -H "Authorization: Capability $2" \

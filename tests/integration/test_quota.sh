@@ -18,21 +18,7 @@ W3_PID=
 MIB=$((1 << 20))
 
 T() { timeout 120 "$ROOT/build/tether" "$@"; }
-stop_w3() {
-	stop_pid "$W3_PID" 100
-	W3_PID=
-}
 at_exit stop_w3
-start_w3() {
-	mkdir -p "$STATE/workers/w3"
-	"$ROOT/build/tetherd" node --id w3 --listen 127.0.0.1:$((BASE + 13)) --cp "$CP" \
-		--node-token-file "$STATE/cp/node.token" --state "$STATE/workers/w3" \
-		--guest-bin "$ROOT/build/tether-guest" --snapshots "$STATE/snapshots" \
-		--disk-mb 16 >>"$WORK/w3.log" 2>&1 &
-	W3_PID=$!
-	wait_until 100 w3_up
-}
-w3_up() { T workers 2>/dev/null | grep -q "^w3 .*up"; }
 # sbx_dir W SBX: the sandbox's directory on worker W.
 sbx_dir() { echo "$STATE/workers/$1/sandboxes/$2"; }
 # mgr_pid W: the sbx-manager of worker W.
@@ -133,7 +119,7 @@ r=$(T exec "$A" -- sh -c 'df -k /workspace | tail -n1 | awk "{print \$2}"' 2>&1)
 [ -n "$r" ] && [ "$r" -le $((64 * 1024)) ] && ok "on w2, A is still capped (${r} KiB)" || notok "cap on w2" "$r"
 
 # ---- a snapshot larger than the target's cap -----------------------------------------------
-if start_w3; then ok "extra worker w3 up (--disk-mb 16)"; else notok "extra worker w3 up" "$(tail -n 5 "$WORK/w3.log")"; fi
+if start_w3 --disk-mb 16; then ok "extra worker w3 up (--disk-mb 16)"; else notok "extra worker w3 up" "$(tail -n 5 "$WORK/w3.log")"; fi
 T exec "$A" -- sh -c 'head -c 31457280 /dev/urandom >/workspace/big30' >"$WORK/e" 2>&1 || notok "30 MiB in A" "$(cat "$WORK/e")"
 T exec "$A" -- sh -c "md5sum /workspace/big30; $SUMS" >"$WORK/s4" 2>&1
 T migrate "$A" --worker w3 >"$WORK/m3" 2>&1

@@ -21,20 +21,7 @@ set -u
 . "$(dirname "$0")/lib.sh"
 cluster_setup tether-restart
 T() { timeout 60 "$ROOT/build/tether" "$@"; }
-W3_PID=
-stop_w3() { stop_pid "$W3_PID" 200; W3_PID=; }
-at_exit stop_w3
-# start_w3: node-api w3 (its manager with it), waits until it is up.
-start_w3() {
-	mkdir -p "$STATE/workers/w3"
-	"$ROOT/build/tetherd" node --id w3 --listen 127.0.0.1:$((BASE + 13)) --cp "$CP" \
-		--node-token-file "$STATE/cp/node.token" --state "$STATE/workers/w3" \
-		--guest-bin "$ROOT/build/tether-guest" --snapshots "$STATE/snapshots" \
-		>>"$WORK/w3.log" 2>&1 &
-	W3_PID=$!
-	wait_until 100 w3_up
-}
-w3_up() { T workers 2>/dev/null | grep -q "^w3 .*up"; }
+at_exit 'stop_w3 200'
 # rec FIELD: a column of the sandbox's record in w3's runtime.db.
 rec() { sqlite3 "$STATE/workers/w3/runtime.db" "SELECT $1 FROM executions WHERE sbx='$ID'"; }
 # field F: F of `tether info --json`.

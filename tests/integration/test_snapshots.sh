@@ -17,27 +17,12 @@ set -u
 . "$(dirname "$0")/lib.sh"
 cluster_setup tether-snap
 TT_DETAIL_LINES=12
-W3_PID=
 MIB=$((1 << 20))
 SIZE=${SNAP_MIB:-20}
 
 T() { timeout 120 "$ROOT/build/tether" "$@"; }
 info() { T info "$1" --json | jget "$2"; }
-stop_w3() {
-	stop_pid "$W3_PID" 100
-	W3_PID=
-}
 at_exit stop_w3
-start_w3() {
-	mkdir -p "$STATE/workers/w3"
-	"$ROOT/build/tetherd" node --id w3 --listen 127.0.0.1:$((BASE + 13)) --cp "$CP" \
-		--node-token-file "$STATE/cp/node.token" --state "$STATE/workers/w3" \
-		--guest-bin "$ROOT/build/tether-guest" --snapshots "$STATE/snapshots" \
-		>>"$WORK/w3.log" 2>&1 &
-	W3_PID=$!
-	wait_until 100 w3_up
-}
-w3_up() { T workers 2>/dev/null | grep -q "^w3 .*up"; }
 # store_gens SBX: the generations with a complete snapshot in the store.
 store_gens() { (cd "$STATE/snapshots/$1" 2>/dev/null && ls -- *.meta 2>/dev/null) | sed 's/\.meta$//' | sort -n | tr '\n' ' ' | sed 's/ $//'; }
 store_bytes() { du -sb "$STATE/snapshots/$1" 2>/dev/null | cut -f1; }

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -351,6 +352,13 @@ int cli_up(int argc, char **argv)
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGCHLD);
 	sigprocmask(SIG_BLOCK, &set, NULL);
+	/* Orphans of the cluster (a signer whose cp died, a manager whose
+	 * node-api died, bridges and sandboxes whose manager died) become our
+	 * children and are reaped at once: a group is empty only once its
+	 * zombies are gone, and pid 1 may reap late (seconds, here). */
+	if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
+		fprintf(stderr, "tether: cannot become a subreaper (%s); restarts may "
+		        "wait for pid 1 to reap\n", strerror(errno));
 
 	w = up_start(&u);
 	if (w == 0 && tether_config_write(cfg, u.edge_url, u.admin_key, &err) < 0) {

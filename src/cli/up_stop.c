@@ -174,8 +174,9 @@ static void progress_end(struct up *u, struct progress *p)
 	}
 	json_decref(list);
 	if (paused > 0)
-		fprintf(stderr, "stopped: %d sandbox%s paused; they resume when the "
-		        "cluster starts again\n", paused, paused == 1 ? "" : "es");
+		fprintf(stderr, "stopped: %d sandbox%s paused; %s when the cluster "
+		        "starts again\n", paused, paused == 1 ? "" : "es",
+		        paused == 1 ? "it resumes" : "they resume");
 	if (failed > 0)
 		fprintf(stderr, "stopped: %d sandbox%s could not be paused (state failed; "
 		        "tether info ID says why)\n", failed, failed == 1 ? "" : "es");

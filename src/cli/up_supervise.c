@@ -372,7 +372,7 @@ static bool restart_ready(struct child *k, uint64_t now)
 
 /* back_check: a restarted child answering /healthz is said to be back,
  * with the time since it died. */
-static void back_check(struct child *k, uint64_t now)
+static void back_check(struct child *k)
 {
 	char url[64];
 	_cleanup_free_ char *body = NULL;
@@ -382,7 +382,7 @@ static void back_check(struct child *k, uint64_t now)
 		k->back_pending = false;
 		fprintf(stderr, "tether: %s is back (pid %d, %.1f s after it died)\n",
 		        k->name, (int)k->pid, (double)(up_now_ms() - k->died_ms) / 1000.0);
-	} else if (now - k->started_ms > UP_BACK_PROBE_MS) {
+	} else if (up_now_ms() > k->started_ms + UP_BACK_PROBE_MS) {
 		k->back_pending = false;
 		fprintf(stderr, "tether: %s runs again (pid %d) but does not answer at "
 		        "%s yet (see %s)\n", k->name, (int)k->pid, url, k->log);
@@ -416,7 +416,7 @@ void up_tick(struct up *u)
 			}
 		}
 		if (k->pid > 0 && k->back_pending)
-			back_check(k, now);
+			back_check(k);
 	}
 }
 

@@ -241,7 +241,8 @@ pause_cancels "a pause cancels an output-only exec stream at once (refresh_route
 "$T" rm "$PS" >/dev/null 2>&1
 
 # ---- a backend that drops mid-stream: transport error, never repeated --------
-# (last: killing a node-api takes `tether up` down with it)
+# (last: tether up restarts the node-api, but its sandboxes do not survive its
+# death yet)
 "$T" exec "$ID" -- sh -c "echo started; sleep 30" >"$WORK/o" 2>"$WORK/e" &
 XP=$!
 wait_until 100 grep -q started "$WORK/o"

@@ -148,7 +148,6 @@ grep -q '^stopped: 1 sandbox ' "$WORK/up.err" && ok "the stop says what became o
 	notok "stop reports the pausing sandbox" "$(sed -n '/Interrupt received/,$p' "$WORK/up.err")"
 # last_ms LOG: the time of a log's last line, in ms of the day.
 last_ms() { tail -n 1 "$1" | awk '{ split($1, t, /[:.]/); print ((t[1] * 60 + t[2]) * 60 + t[3]) * 1000 + t[4] }'; }
-first_ms() { grep -m1 "$2" "$1" | awk '{ split($1, t, /[:.]/); print ((t[1] * 60 + t[2]) * 60 + t[3]) * 1000 + t[4] }'; }
 w1e=$(last_ms "$STATE/logs/w1.log") w2e=$(last_ms "$STATE/logs/w2.log") ee=$(last_ms "$STATE/logs/edge.log") ce=$(last_ms "$STATE/logs/cp.log")
 # the cp's own stop: its last "signal" line
 cs=$(grep 'signal 15: shutting down' "$STATE/logs/cp.log" | tail -n 1 | awk '{ split($1, t, /[:.]/); print ((t[1] * 60 + t[2]) * 60 + t[3]) * 1000 + t[4] }')

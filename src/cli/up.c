@@ -1,8 +1,8 @@
 /* tether up: a whole local cluster in the foreground (control plane, N
  * workers, edge), laid out as in docs/ARCHITECTURE.md ("Local cluster
- * layout"). Children get their own process group and a parent-death
- * signal, so neither a terminal Ctrl-C nor our own death leaves strays;
- * SIGINT/SIGTERM are forwarded, and any child dying early stops the rest. */
+ * layout"). A child that dies while starting stops the rest; once the
+ * cluster is up, one that dies is restarted (up_supervise.c), and Ctrl-C
+ * stops the workers first, the cp last (up_stop.c). */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -11,13 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <netinet/in.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -26,33 +22,13 @@
 
 #include "cleanup.h"
 #include "cli/cli.h"
+#include "cli/up.h"
 #include "cli/verbs.h"
 #include "client/tether.h"
 #include "http.h"
 #include "node/paths.h"
 
-#define UP_MAX_WORKERS 16
-#define UP_MAX_CHILDREN (UP_MAX_WORKERS + 2)
 #define UP_READY_SECONDS 30
-
-struct child {
-	char name[16];   /* "cp", "w1", "edge" */
-	char log[PATH_MAX + 32];
-	pid_t pid;       /* 0 once reaped */
-	int status;
-};
-
-struct up {
-	char state[PATH_MAX];
-	char bindir[PATH_MAX];
-	int base;
-	int workers;
-	char disk_mb[16];    /* --disk-mb for every worker; "" = its default */
-	struct child kids[UP_MAX_CHILDREN];
-	int nkids;
-	int stop_signal;     /* set once SIGINT/SIGTERM arrived */
-	char admin_key[256]; /* wiped on exit */
-};
 
 /* mkdir_p: creates dir and its parents (mode 0700: state holds keys). */
 static int mkdir_p(const char *dir)
@@ -72,215 +48,6 @@ static int mkdir_p(const char *dir)
 	return 0;
 }
 
-/* up_spawn: starts one child with argv, its output appended to its log. */
-static int up_spawn(struct up *u, const char *name, char *const argv[])
-{
-	struct child *k = &u->kids[u->nkids];
-	sigset_t none;
-	pid_t pid;
-
-	char log[sizeof(k->log)];
-
-	/* via a local buffer: name may point into *u as far as gcc knows */
-	snprintf(log, sizeof(log), "%s/logs/%s.log", u->state, name);
-	memcpy(k->log, log, sizeof(log));
-	snprintf(k->name, sizeof(k->name), "%s", name);
-	pid = fork();
-	if (pid < 0)
-		return cli_fail("cannot start %s: %s", name, strerror(errno));
-	if (pid == 0) {
-		int fd = open(k->log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-		int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
-
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-		/* our own group: a terminal Ctrl-C reaches only tether up, which
-		 * forwards it once; the death signal covers tether up being killed */
-		setpgid(0, 0);
-		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		if (getppid() == 1)
-			_exit(1);
-		if (fd < 0 || nul < 0 || dup2(nul, 0) < 0 || dup2(fd, 1) < 0 ||
-		    dup2(fd, 2) < 0)
-			_exit(127);
-		execv(argv[0], argv);
-		dprintf(2, "tether up: cannot run %s: %s\n", argv[0], strerror(errno));
-		_exit(127);
-	}
-	setpgid(pid, pid); /* also from here, so the group exists before any kill */
-	k->pid = pid;
-	u->nkids++;
-	return 0;
-}
-
-/* up_log_tail: prints the last lines of a child's log, to say why it died. */
-static void up_log_tail(const struct child *k)
-{
-	_cleanup_close_ int fd = open(k->log, O_RDONLY | O_CLOEXEC);
-	char buf[1024];
-	off_t end;
-	ssize_t n;
-
-	if (fd < 0 || (end = lseek(fd, 0, SEEK_END)) < 0)
-		return;
-	if (lseek(fd, end > (off_t)sizeof(buf) - 1 ? end - (off_t)sizeof(buf) + 1 : 0,
-	          SEEK_SET) < 0)
-		return;
-	n = read(fd, buf, sizeof(buf) - 1);
-	if (n <= 0)
-		return;
-	buf[n] = '\0';
-	const char *start = buf;
-	int lines = 0;
-	for (char *p = buf + n - 1; p > buf; p--)
-		if (*p == '\n' && p != buf + n - 1 && ++lines == 5) {
-			start = p + 1;
-			break;
-		}
-	fprintf(stderr, "--- last lines of %s ---\n%s", k->log, start);
-	if (buf[n - 1] != '\n')
-		fputc('\n', stderr);
-}
-
-/* up_reap: collects exited children; returns the first one that died, or
- * NULL. */
-static struct child *up_reap(struct up *u)
-{
-	struct child *dead = NULL;
-	int status;
-	pid_t pid;
-
-	while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-		for (int i = 0; i < u->nkids; i++) {
-			if (u->kids[i].pid != pid)
-				continue;
-			u->kids[i].pid = 0;
-			u->kids[i].status = status;
-			if (dead == NULL)
-				dead = &u->kids[i];
-		}
-	}
-	return dead;
-}
-
-/* describe: "exited with status N" / "was killed by signal N". */
-static void describe(int status, char *buf, size_t cap)
-{
-	if (WIFEXITED(status))
-		snprintf(buf, cap, "exited with status %d", WEXITSTATUS(status));
-	else if (WIFSIGNALED(status))
-		snprintf(buf, cap, "was killed by signal %d (%s)", WTERMSIG(status),
-		         strsignal(WTERMSIG(status)));
-	else
-		snprintf(buf, cap, "stopped");
-}
-
-/* up_wait: sleeps up to ms, waking for signals; returns 1 if a stop signal
- * arrived, -1 if a child died (reported), 0 otherwise. */
-static int up_wait(struct up *u, long ms)
-{
-	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
-	sigset_t set;
-	struct child *dead;
-	int sig;
-
-	sigemptyset(&set);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGCHLD);
-	sig = sigtimedwait(&set, NULL, &ts);
-	if (sig == SIGINT || sig == SIGTERM) {
-		u->stop_signal = sig;
-		return 1;
-	}
-	dead = up_reap(u);
-	if (dead != NULL) {
-		char how[96];
-		describe(dead->status, how, sizeof(how));
-		cli_fail("%s %s unexpectedly; stopping the cluster", dead->name, how);
-		up_log_tail(dead);
-		return -1;
-	}
-	return 0;
-}
-
-/* up_stop: SIGTERM to every group, a grace period, then SIGKILL. */
-static void up_stop(struct up *u, int sig)
-{
-	int alive;
-
-	for (int i = u->nkids - 1; i >= 0; i--)
-		if (u->kids[i].pid > 0)
-			kill(-u->kids[i].pid, sig); /* the child's whole group */
-	for (int tries = 0; tries < 100; tries++) { /* up to 10 s */
-		struct timespec ts = { 0, 100000000L };
-		up_reap(u);
-		alive = 0;
-		for (int i = 0; i < u->nkids; i++)
-			alive += u->kids[i].pid > 0;
-		if (alive == 0)
-			break;
-		nanosleep(&ts, NULL);
-	}
-	for (int i = 0; i < u->nkids; i++) {
-		if (u->kids[i].pid > 0) {
-			fprintf(stderr, "tether: %s did not stop in 10 s; killing it\n",
-			        u->kids[i].name);
-			kill(-u->kids[i].pid, SIGKILL);
-			waitpid(u->kids[i].pid, NULL, 0);
-			u->kids[i].pid = 0;
-		}
-	}
-}
-
-/* sink_cb: bounded in-memory body for readiness probes. */
-static size_t sink_cb(char *data, size_t size, size_t n, void *arg)
-{
-	char **buf = arg;
-	size_t len = *buf ? strlen(*buf) : 0, add = size * n;
-	char *nb;
-
-	if (len + add > (1u << 20))
-		return 0;
-	nb = realloc(*buf, len + add + 1);
-	if (nb == NULL)
-		return 0;
-	memcpy(nb + len, data, add);
-	nb[len + add] = '\0';
-	*buf = nb;
-	return add;
-}
-
-/* probe: GET url (with a Bearer key if given); the status, or 0 if no
- * answer. *body (owned by the caller) gets the answer. */
-static long probe(const char *url, const char *key, char **body)
-{
-	char auth[300];
-	struct curl_slist *h = NULL;
-	CURL *e = curl_easy_init();
-	long status = 0;
-
-	*body = NULL;
-	if (e == NULL)
-		return 0;
-	if (key) {
-		snprintf(auth, sizeof(auth), "Authorization: Bearer %s", key);
-		h = curl_slist_append(h, auth);
-		sodium_memzero(auth, sizeof(auth));
-	}
-	curl_easy_setopt(e, CURLOPT_URL, url);
-	curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-	curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 2000L);
-	http_easy_direct(e);
-	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, sink_cb);
-	curl_easy_setopt(e, CURLOPT_WRITEDATA, body);
-	if (curl_easy_perform(e) == CURLE_OK)
-		curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
-	curl_easy_cleanup(e);
-	curl_slist_free_all(h);
-	return status;
-}
-
 /* up_wait_healthy: polls url/healthz until 200. 0 ready, 1 stop signal,
  * -1 child died or timeout (reported). */
 static int up_wait_healthy(struct up *u, const char *what, const char *url)
@@ -291,7 +58,7 @@ static int up_wait_healthy(struct up *u, const char *what, const char *url)
 	for (int i = 0; i < UP_READY_SECONDS * 10; i++) {
 		_cleanup_free_ char *body = NULL;
 		int w;
-		if (probe(hz, NULL, &body) == 200)
+		if (up_probe(hz, NULL, 2000, &body) == 200)
 			return 0;
 		if ((w = up_wait(u, 100)) != 0)
 			return w;
@@ -301,8 +68,8 @@ static int up_wait_healthy(struct up *u, const char *what, const char *url)
 	return -1;
 }
 
-/* read_admin_key: the cp's admin API key (S/cp/admin.key), trimmed. */
-static int read_admin_key(struct up *u)
+/* up_read_admin_key: see up.h (trimmed). */
+int up_read_admin_key(struct up *u)
 {
 	char path[PATH_MAX + 16];
 	_cleanup_close_ int fd = -1;
@@ -330,7 +97,7 @@ static int workers_up(struct up *u, const char *cp_url)
 	int n = 0;
 
 	snprintf(url, sizeof(url), "%s/v1/workers", cp_url);
-	if (probe(url, u->admin_key, &body) != 200 || body == NULL)
+	if (up_probe(url, u->admin_key, 2000, &body) != 200 || body == NULL)
 		return 0;
 	j = json_loads(body, JSON_REJECT_DUPLICATES, NULL);
 	json_array_foreach(json_object_get(j, "workers"), i, w) {
@@ -453,22 +220,6 @@ static int up_lock(const struct up *u)
 	return tt_steal_fd(&fd);
 }
 
-/* port_in_use: whether 127.0.0.1:port cannot be bound (SO_REUSEADDR as
- * the daemons use it, so a closing connection does not count). */
-static int port_in_use(int port)
-{
-	_cleanup_close_ int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_in a = { .sin_family = AF_INET,
-	                         .sin_port = htons((uint16_t)port),
-	                         .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	int one = 1;
-
-	if (fd < 0)
-		return 0; /* cannot tell: the daemon will say */
-	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	return bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 && errno == EADDRINUSE;
-}
-
 /* up_ports_free: checks every port of the cluster before starting, so a
  * second 'tether up' says so instead of finding the first one's daemons
  * answering its health checks. 0 free, -1 reported. */
@@ -488,8 +239,10 @@ static int up_ports_free(struct up *u)
 
 /* up_start: cp, workers, edge, each waited for. 0 ready, 1 stopped by a
  * signal, -1 failed (reported). */
-static int up_start(struct up *u, char *cp_url, char *edge_url, size_t cap)
+static int up_start(struct up *u)
 {
+	char *cp_url = u->cp_url, *edge_url = u->edge_url;
+	size_t cap = sizeof(u->cp_url);
 	char tetherd[PATH_MAX + 16], guest[PATH_MAX + 16];
 	char dir[PATH_MAX + 32], listen[64], tokf[PATH_MAX + 32], id[16];
 	char snaps[PATH_MAX + 32];
@@ -507,11 +260,11 @@ static int up_start(struct up *u, char *cp_url, char *edge_url, size_t cap)
 	snprintf(dir, sizeof(dir), "%s/cp", u->state);
 	snprintf(listen, sizeof(listen), "127.0.0.1:%d", u->base);
 	char *cp_argv[] = { tetherd, "cp", "--state", dir, "--listen", listen, NULL };
-	if (up_spawn(u, "cp", cp_argv) != 0)
+	if (up_spawn(u, UP_CP, "cp", u->base, cp_argv) != 0)
 		return -1;
 	if ((w = up_wait_healthy(u, "the control plane", cp_url)) != 0)
 		return w;
-	for (int i = 0; read_admin_key(u) < 0; i++) {
+	for (int i = 0; up_read_admin_key(u) < 0; i++) {
 		if (i == 50)
 			return cli_fail("%s/cp/admin.key is missing or empty (the API key "
 			               "was shown once; reset the state dir)", u->state), -1;
@@ -538,7 +291,7 @@ static int up_start(struct up *u, char *cp_url, char *edge_url, size_t cap)
 			node_argv[16] = "--disk-mb";
 			node_argv[17] = u->disk_mb;
 		}
-		if (up_spawn(u, id, node_argv) != 0)
+		if (up_spawn(u, UP_WORKER, id, u->base + 10 + i, node_argv) != 0)
 			return -1;
 	}
 	for (int i = 0; workers_up(u, cp_url) < u->workers; i++) {
@@ -551,7 +304,7 @@ static int up_start(struct up *u, char *cp_url, char *edge_url, size_t cap)
 
 	snprintf(listen, sizeof(listen), "127.0.0.1:%d", u->base + 1);
 	char *edge_argv[] = { tetherd, "edge", "--listen", listen, "--cp", cp_url, NULL };
-	if (up_spawn(u, "edge", edge_argv) != 0)
+	if (up_spawn(u, UP_EDGE, "edge", u->base + 1, edge_argv) != 0)
 		return -1;
 	return up_wait_healthy(u, "the edge", edge_url);
 }
@@ -574,7 +327,9 @@ static void up_welcome(struct up *u, const char *cp_url, const char *edge_url,
 	       "  tether cp $id:/tmp/some-file ./copy\n"
 	       "  tether ls\n"
 	       "  tether rm $id\n\n"
-	       "Ctrl-C stops the cluster.\n",
+	       "A daemon that dies is restarted. Ctrl-C stops the cluster: the\n"
+	       "workers first (a second Ctrl-C does not wait for them), the\n"
+	       "control plane last.\n",
 	       up_on_path(u) ? "" : " (after: export PATH=\"",
 	       up_on_path(u) ? "" : u->bindir,
 	       up_on_path(u) ? "" : ":$PATH\")");
@@ -586,7 +341,7 @@ int cli_up(int argc, char **argv)
 {
 	_cleanup_close_ int lock_fd = -1; /* held until the cluster is down */
 	struct up u;
-	char cp_url[128], edge_url[128], cfg[PATH_MAX], logs[PATH_MAX + 8];
+	char cfg[PATH_MAX], logs[PATH_MAX + 8];
 	struct tt_err err = { 0 };
 	sigset_t set;
 	int rc = 0, w;
@@ -610,25 +365,31 @@ int cli_up(int argc, char **argv)
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGCHLD);
 	sigprocmask(SIG_BLOCK, &set, NULL);
+	/* Orphans of the cluster (a signer whose cp died, a manager whose
+	 * node-api died, bridges and sandboxes whose manager died) become our
+	 * children and are reaped at once: a group is empty only once its
+	 * zombies are gone, and pid 1 may reap late (seconds, here). */
+	if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
+		fprintf(stderr, "tether: cannot become a subreaper (%s); restarts may "
+		        "wait for pid 1 to reap\n", strerror(errno));
 
-	w = up_start(&u, cp_url, edge_url, sizeof(cp_url));
-	if (w == 0 && tether_config_write(cfg, edge_url, u.admin_key, &err) < 0) {
+	w = up_start(&u);
+	if (w == 0 && tether_config_write(cfg, u.edge_url, u.admin_key, &err) < 0) {
 		cli_fail("%s", err.msg);
 		w = -1;
 	}
 	sodium_memzero(u.admin_key, sizeof(u.admin_key));
 	if (w == 0) {
-		up_welcome(&u, cp_url, edge_url, cfg);
-		while ((w = up_wait(&u, 1000)) == 0)
-			;
+		up_welcome(&u, u.cp_url, u.edge_url, cfg);
+		w = up_supervise(&u);
 	}
-	if (w > 0) {
+	if (w > 0)
 		fprintf(stderr, "tether: %s received; stopping the cluster\n",
 		        strsignal(u.stop_signal));
-		up_stop(&u, u.stop_signal);
-	} else {
-		up_stop(&u, SIGTERM);
+	else
 		rc = 1;
-	}
+	up_stop(&u);
+	up_children_free(&u);
+	sodium_memzero(u.admin_key, sizeof(u.admin_key));
 	return rc;
 }

@@ -185,9 +185,15 @@ left=$(loops_of "$STATE/")
 mnts=$(grep -c " $STATE/" /proc/self/mountinfo)
 [ "$left" = 0 ] && [ "$mnts" = 0 ] && ok "cluster stopped: no loop device, no mount under the state dir" ||
 	notok "cluster stop leaks nothing" "$left loop(s), $mnts mount(s): $(losetup -a)"
-[ -s "$(sbx_dir w1 "$R")/layer.img" ] && ok "... the running sandbox's image is kept on disk" || notok "image kept" "$(ls -la "$(sbx_dir w1 "$R")")"
+ls "$STATE/snapshots/$R/"*.meta >/dev/null 2>&1 &&
+	ok "... the running sandbox was paused by the stop (its snapshot is in the store)" ||
+	notok "running sandbox paused at stop" "$(ls -la "$(sbx_dir w1 "$R")" "$STATE/snapshots/$R" 2>&1; tail -n 5 "$WORK/up.err")"
 if cluster_up 2 --disk-mb 64; then ok "cluster up again on the same state"; else
 	tap_bail "cluster up again" "$(cat "$WORK/up.err"; tail -n 5 "$STATE"/logs/*.log)"; fi
+r=$(T exec "$R" -- cat /workspace/k 2>&1)
+[ "$r" = run ] && [ "$(T info "$R" --json | jget 'd["state"], d["worker"]')" = "('running', 'w1')" ] &&
+	ok "... and resumed on its worker when the cluster came back, its files there" ||
+	notok "resumed after the restart" "$r $(T info "$R" --json)"
 T resume "$P" >"$WORK/e" 2>&1 || notok "resume P after the restart" "$(cat "$WORK/e")"
 T exec "$P" -- sh -c 'cat /workspace/k; md5sum /home/r' >"$WORK/p2" 2>&1
 [ "$(head -n1 "$WORK/p2")" = kept ] && [ "$(tail -n1 "$WORK/p2")" = "$(cat "$WORK/p1")" ] &&

@@ -144,7 +144,7 @@ if kill -0 "$UP_PID" 2>/dev/null; then notok "Ctrl-C: tether up exits within 60 
 fi
 UP_PID=
 sed -n '/Interrupt received/,$p' "$WORK/up.err" | sed 's/^/# stop: /'
-grep -q '^stopped: 1 sandbox ' "$WORK/up.err" && ok "the stop says what became of the sandbox that was pausing" ||
+grep -Eq '^stopped: [0-9]+ sandboxes? paused' "$WORK/up.err" && ok "the stop says what became of the sandboxes it paused" ||
 	notok "stop reports the pausing sandbox" "$(sed -n '/Interrupt received/,$p' "$WORK/up.err")"
 # last_ms LOG: the time of a log's last line, in ms of the day.
 last_ms() { tail -n 1 "$1" | awk '{ split($1, t, /[:.]/); print ((t[1] * 60 + t[2]) * 60 + t[3]) * 1000 + t[4] }'; }

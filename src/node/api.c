@@ -627,6 +627,15 @@ static void op_on_error(struct api_op *op, const struct wire_frame *f)
 	}
 	/* A stream that got no byte yet answers like any other error. */
 	op->state = OP_RUNNING;
+	if (code != NULL && strcmp(code, "refresh_route") == 0) {
+		/* admitted, then its execution was retired while it ran: it may
+		 * have run, so it is a transport failure to the caller (a read
+		 * is retried, a write or exec never repeated), not a refusal */
+		op_reply_error(op, 502, "transport", "the execution was retired while "
+		               "this operation ran: it may or may not have run");
+		json_decref(obj);
+		return;
+	}
 	op_reply_error(op, guest_error_status(code), code ? code : "internal",
 	               msg ? msg : "operation failed");
 	json_decref(obj);

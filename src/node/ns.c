@@ -1208,6 +1208,42 @@ static int ns_fz_pids_cgroup(pid_t pid, char out[PATH_MAX], struct tt_err *err)
 	                  (int)pid);
 }
 
+/* ns_fz_exiting: pid is past the point where cgroups change: a zombie, or
+ * a task the kernel skipped when asked to move it (an exiting one: the
+ * write succeeds, the task stays where it was). Such a task runs nothing
+ * more, so it neither needs freezing nor counts as one that appeared. */
+static bool ns_fz_exiting(const char *pid, const char *fz)
+{
+	char path[64], buf[4096], want[PATH_MAX];
+	const char *name = strrchr(fz, '/');
+	_cleanup_close_ int fd = -1;
+	ssize_t n;
+	char *rp;
+
+	if (snprintf(path, sizeof(path), "/proc/%s/stat", pid) >= (int)sizeof(path) ||
+	    (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+		return true; /* gone */
+	n = read(fd, buf, sizeof(buf) - 1);
+	if (n <= 0)
+		return true;
+	buf[n] = '\0';
+	rp = strrchr(buf, ')');
+	if (rp == NULL || rp[1] != ' ' || rp[2] == 'Z' || rp[2] == 'X')
+		return true;
+	close(fd);
+	fd = -1;
+	if (name == NULL ||
+	    snprintf(path, sizeof(path), "/proc/%s/cgroup", pid) >= (int)sizeof(path) ||
+	    snprintf(want, sizeof(want), ":freezer:/tether%s\n", name) >= (int)sizeof(want) ||
+	    (fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+		return true;
+	n = read(fd, buf, sizeof(buf) - 1);
+	if (n <= 0)
+		return true;
+	buf[n] = '\0';
+	return strstr(buf, want) == NULL;
+}
+
 /* ns_fz_move: moves every task listed in src/cgroup.procs that is not yet
  * in the freezer; returns how many it moved, -1 on error. */
 static int ns_fz_move(const char *src, const char *fz, struct tt_err *err)
@@ -1246,7 +1282,11 @@ static int ns_fz_move(const char *src, const char *fz, struct tt_err *err)
 				continue; /* exited meanwhile */
 			return tt_err_sys(err, TT_ERR_SYS, "freezer: move task %s", t);
 		}
-		moved++;
+		/* an exiting task is skipped silently: not "moved", else each
+		 * pass would count it again (a false fork storm: pauses failed
+		 * while an aborted command's processes were on their way out) */
+		if (!ns_fz_exiting(t, fz))
+			moved++;
 	}
 	return moved;
 }

@@ -50,7 +50,7 @@ fuzz_one() {
 	name=$(basename "$bin")
 	corpus=fuzz/corpus/${name#fuzz_}
 	scratch=$(mktemp -d)
-	if "$bin" -max_total_time="${FUZZ_SECONDS:-8}" -timeout=5 -rss_limit_mb=1024 \
+	if "$bin" -max_total_time="${FUZZ_SECONDS:-5}" -timeout=5 -rss_limit_mb=1024 \
 		-print_final_stats=0 "$scratch" "$corpus" >"$scratch.log" 2>&1; then
 		echo "ok 1 - $name"
 	else

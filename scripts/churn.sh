@@ -9,15 +9,13 @@
 #   default 60 s. `make churn` runs the long version (--ops 1000000).
 # Environment: CHURN_SANDBOXES (6), CHURN_WORKERS (3), CHURN_JSON=FILE (keep
 # the JSON summary there), KEEP=1 (keep the scratch dir: state, logs),
-# CHURN_UPLOAD_KEEPALIVE (default 0, see below).
+# CHURN_UPLOAD_KEEPALIVE (default 1, see below).
 #
-# CHURN_UPLOAD_KEEPALIVE=0 (the default for now) sends each file PUT on a
-# connection of its own (build/churn --fresh-upload-connections); every
-# other call uses keep-alive. Today's edge spins at 100 % CPU and stops
-# answering everyone after a streamed PUT on a keep-alive connection is
-# refused before its body was read (issue 12, "the edge stops answering
-# everyone"); set CHURN_UPLOAD_KEEPALIVE=1 to run that way (and make it the
-# default once the edge is fixed).
+# CHURN_UPLOAD_KEEPALIVE=1 (the default) sends file PUTs on kept-alive
+# connections like every other call; 0 sends each on a connection of its own
+# (build/churn --fresh-upload-connections: the edge once spun at 100 % CPU
+# after a refused upload on a kept-alive connection; fixed, see
+# tests/integration/test_transitions.sh).
 # Exit status: build/churn's (0 ok, 1 safety violations, 2 error rate above
 # --max-error-rate, 3 setup), or 3 when the cluster does not come up.
 set -u
@@ -68,7 +66,7 @@ edge_cpu_s() {
 	awk -v hz="$(getconf CLK_TCK)" '{ printf "%.1f", ($14 + $15) / hz }' "/proc/$edge_pid/stat"
 }
 upload=(--fresh-upload-connections)
-[ "${CHURN_UPLOAD_KEEPALIVE:-0}" = 1 ] && upload=()
+[ "${CHURN_UPLOAD_KEEPALIVE:-1}" = 1 ] && upload=()
 json=${CHURN_JSON:-$WORK/churn.json}
 t0=$(date +%s)
 build/churn --workers "$workers" --json "$json" "${upload[@]}" "${run[@]}" "$@" "${ids[@]}"

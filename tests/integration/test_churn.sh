@@ -36,7 +36,7 @@ done
 ok "6 sandboxes created on w1..w3"
 
 upload=(--fresh-upload-connections)
-[ "${CHURN_UPLOAD_KEEPALIVE:-0}" = 1 ] && upload=()
+[ "${CHURN_UPLOAD_KEEPALIVE:-1}" = 1 ] && upload=()
 J=$WORK/churn.json
 # bounded: the run, then at most ~15 s of settling and verification, and
 # 15 s per call (a wedged daemon cannot hold the script)

@@ -661,24 +661,11 @@ void cp_op_expire(struct cp *cp, const char *sbx, int64_t rev)
 
 static void cp_migrate_continue(struct cp *cp, const char *sbx);
 
-/* What the sweep collects (it must not write while listing). */
-struct cp_sweep_list {
-	struct cp_sandbox *v;
-	size_t n, cap;
-};
-
-/* cp_sweep_one: keeps sandboxes with a pending pause/install. */
-static void cp_sweep_one(const struct cp_sandbox *sb, void *arg)
+/* cp_sandboxes_keep: see cp.h. */
+void cp_sandboxes_keep(struct cp_sandboxes *l, const struct cp_sandbox *sb)
 {
-	struct cp_sweep_list *l = arg;
 	struct cp_sandbox *nv;
 
-	/* A create waits for its install's ack like a pause or resume
-	 * (before, one never acked stayed starting for good). */
-	if (!cp_op_pending(sb) && strcmp(sb->state, "starting") != 0 &&
-	    !(strcmp(sb->state, "paused") == 0 &&
-	      (sb->migrate_to[0] != '\0' || sb->resume_on[0] != '\0')))
-		return;
 	if (l->n == l->cap) {
 		nv = reallocarray(l->v, l->cap ? l->cap * 2 : 8, sizeof(*nv));
 		if (nv == NULL)
@@ -689,13 +676,25 @@ static void cp_sweep_one(const struct cp_sandbox *sb, void *arg)
 	l->v[l->n++] = *sb;
 }
 
+/* cp_sweep_one: keeps sandboxes with a pending pause/install. */
+static void cp_sweep_one(const struct cp_sandbox *sb, void *arg)
+{
+	/* A create waits for its install's ack like a pause or resume
+	 * (before, one never acked stayed starting for good). */
+	if (!cp_op_pending(sb) && strcmp(sb->state, "starting") != 0 &&
+	    !(strcmp(sb->state, "paused") == 0 &&
+	      (sb->migrate_to[0] != '\0' || sb->resume_on[0] != '\0')))
+		return;
+	cp_sandboxes_keep(arg, sb);
+}
+
 /* cp_sweep: every CP_SWEEP_MS, fails pauses/resumes whose worker is down
  * or that waited CP_ACK_WAIT_SECS (also those a restarted cp inherited). */
 static void cp_sweep(uv_timer_t *t)
 {
 	struct cp *cp = t->data;
 	struct tt_err err = { 0 };
-	struct cp_sweep_list l = { 0 };
+	struct cp_sandboxes l = { 0 };
 	_cleanup_free_ struct cp_sandbox *owned = NULL;
 	struct cp_worker w;
 	char why[CPDB_ERR_MAX];

@@ -83,6 +83,15 @@ struct cp_sess {
 	int settle_over;
 };
 
+/* Copies of sandboxes collected while listing (a listing must not write);
+ * the caller frees v. cp_sandboxes_keep appends one (dropped when out of
+ * memory: the next sweep or call sees it again). */
+struct cp_sandboxes {
+	struct cp_sandbox *v;
+	size_t n, cap;
+};
+void cp_sandboxes_keep(struct cp_sandboxes *l, const struct cp_sandbox *sb);
+
 /* cp_sandbox_json: the API's sandbox object (node_url from the worker). */
 json_t *cp_sandbox_json(struct cp *cp, const struct cp_sandbox *s);
 

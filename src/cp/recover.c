@@ -137,8 +137,7 @@ int cp_lost(struct cp *cp, struct lws *wsi, json_t *body)
 struct cp_drain_scan {
 	const char *worker;
 	int64_t since;           /* the drain began (0: now) */
-	struct cp_sandbox *run;
-	size_t nrun, cap;
+	struct cp_sandboxes run; /* running there: to pause */
 	int pending;
 };
 
@@ -146,7 +145,6 @@ struct cp_drain_scan {
 static void cp_drain_one(const struct cp_sandbox *sb, void *arg)
 {
 	struct cp_drain_scan *d = arg;
-	struct cp_sandbox *nv;
 
 	if (strcmp(sb->worker, d->worker) != 0)
 		return;
@@ -157,14 +155,7 @@ static void cp_drain_one(const struct cp_sandbox *sb, void *arg)
 	if (strcmp(sb->state, "running") != 0 ||
 	    (d->since > 0 && sb->relaunch_at >= d->since))
 		return;
-	if (d->nrun == d->cap) {
-		nv = reallocarray(d->run, d->cap ? d->cap * 2 : 8, sizeof(*nv));
-		if (nv == NULL)
-			return;
-		d->run = nv;
-		d->cap = d->cap ? d->cap * 2 : 8;
-	}
-	d->run[d->nrun++] = *sb;
+	cp_sandboxes_keep(&d->run, sb);
 }
 
 /* cp_drain: {"worker"}: pauses what runs there (each to resume there);
@@ -188,18 +179,18 @@ int cp_drain(struct cp *cp, struct lws *wsi, json_t *body)
 	    cpdb_worker_drain(cp->db, worker, tt_now(), &err) < 0 ||
 	    cpdb_worker_get(cp->db, worker, &w, &err) < 0 ||
 	    (d.since = w.draining, cpdb_sandboxes_each(cp->db, cp_drain_one, &d, &err)) < 0) {
-		free(d.run);
+		free(d.run.v);
 		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
 	}
-	for (size_t i = 0; i < d.nrun; i++) {
-		if (cp_pause_begin(cp, &d.run[i], NULL, worker, &rev, &why) < 0) {
+	for (size_t i = 0; i < d.run.n; i++) {
+		if (cp_pause_begin(cp, &d.run.v[i], NULL, worker, &rev, &why) < 0) {
 			log_warn("sandbox %s: not paused for the stop of %s: %s",
-			         d.run[i].id, worker, why.msg);
+			         d.run.v[i].id, worker, why.msg);
 			continue;
 		}
 		begun++;
 	}
-	free(d.run);
+	free(d.run.v);
 	if (begun > 0)
 		log_info("worker %s stops: pausing %d sandbox(es), to resume there",
 		         worker, begun);

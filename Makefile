@@ -38,7 +38,7 @@ BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 BINS    := $(BUILD)/tetherd $(BUILD)/tether $(if $(GUEST_SRC),$(BUILD)/tether-guest) \
            $(if $(BRIDGE_SRC),$(BUILD)/tether-bridge) $(BUILD)/churn
 
-.PHONY: all deps run check unit bench fuzz churn clean
+.PHONY: all deps run check unit bench fuzz churn crash clean
 all: deps-quiet $(BINS) $(TESTS) $(BENCHES)
 
 deps:
@@ -135,6 +135,11 @@ fuzz: deps fuzzers
 # / CHURN_SECONDS=S; CHURN_ARGS are passed on to build/churn.
 churn: all
 	@scripts/churn.sh $(if $(CHURN_SECONDS),$(CHURN_SECONDS),--ops $(or $(CHURN_OPS),1000000)) $(CHURN_ARGS)
+
+# The crash-safety suite (issue 12): kill -9 each daemon in turn under churn
+# load, CRASH_ROUNDS rounds (default 3; ~2 min each); docs/RESULTS.md.
+crash: all
+	@scripts/crash.sh $(or $(CRASH_ROUNDS),3)
 
 run: deps
 	@$(MAKE) --no-print-directory all

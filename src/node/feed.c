@@ -472,7 +472,14 @@ static void feed_on_http_done(CURL *easy, CURLcode rc, void *arg)
 	case FS_REGISTER:
 		log_info("registered with the control plane as %s (%s), feed from rev %" PRIu64,
 		         f->n->id, f->n->node_url, f->n->applied_rev);
-		feed_next(f, FS_POLL, 0);
+		/* Acknowledge what the manager applied before polling: a node-api
+		 * that died between a manager's apply and its ack left those
+		 * updates applied but unacknowledged, and the cp learns their
+		 * outcome only from an ack that covers them (a pause's: it asks
+		 * again, answered from the store). Waiting for the next update
+		 * to ack them let a pause time out (30 s), its sandbox fail and
+		 * be resumed from the older snapshot, losing acknowledged writes. */
+		feed_next(f, FS_ACK, 0);
 		break;
 	case FS_POLL:
 		if (feed_take_updates(f, obj) < 0) {

@@ -159,6 +159,7 @@ struct http {
 	const char *up;
 	size_t up_len, up_off;
 	uint64_t deadline_us; /* if set, no call runs past it (at least 1 s) */
+	unsigned attempts;    /* requests curl was about to send (http_prereq) */
 };
 
 struct fmodel {
@@ -584,6 +585,24 @@ static void http_free(struct http *h)
 
 /* http_do: one call to the edge: a JSON body (json), a streamed body with a
  * Content-Length (up), or none. Fills status, rc, body and gen_hdr. */
+/* http_prereq: CURLOPT_PREREQFUNCTION, right before each attempt's
+ * request is sent. libcurl silently resends a request whose reused
+ * keep-alive connection died before an answer (the edge killed while it
+ * ran the first copy); only the first may go, and a call that went out
+ * once may have run, whatever the retry's error says (curl 7 after the
+ * first copy reached the edge is no proof it did not run). */
+static int http_prereq(void *arg, char *primary_ip, char *local_ip, int primary_port,
+                       int local_port)
+{
+	struct http *h = arg;
+
+	(void)primary_ip;
+	(void)local_ip;
+	(void)primary_port;
+	(void)local_port;
+	return h->attempts++ == 0 ? CURL_PREREQFUNC_OK : CURL_PREREQFUNC_ABORT;
+}
+
 static void http_do(struct http *h, const char *method, const char *path,
                     const char *json, const char *up, size_t up_len)
 {
@@ -597,7 +616,10 @@ static void http_do(struct http *h, const char *method, const char *path,
 	h->gen_hdr = -1;
 	h->status = 0;
 	h->errbuf[0] = '\0';
+	h->attempts = 0;
 	curl_easy_setopt(e, CURLOPT_URL, url);
+	curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, http_prereq);
+	curl_easy_setopt(e, CURLOPT_PREREQDATA, h);
 	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
 	long tmo = (long)O.timeout_s * 1000L;
 	if (h->deadline_us) {
@@ -683,11 +705,12 @@ static void http_class(const struct http *h, char *out, size_t cap)
 
 /* http_outcome: whether a call ran: 2xx yes; 4xx (admission refusals,
  * conflicts) and 503 ("did not start") no; a connection that could not be
- * made no; anything else (502 "may or may not have run", 500, timeouts,
+ * made, before any request went out, no; anything else (502 "may or may not have run", 500, timeouts,
  * broken connections) unknown. */
 static enum outcome http_outcome(const struct http *h)
 {
-	if (h->rc == CURLE_COULDNT_CONNECT || h->rc == CURLE_COULDNT_RESOLVE_HOST)
+	if ((h->rc == CURLE_COULDNT_CONNECT || h->rc == CURLE_COULDNT_RESOLVE_HOST) &&
+	    h->attempts == 0)
 		return OUT_REFUSED;
 	if (h->rc != CURLE_OK)
 		return OUT_UNKNOWN;

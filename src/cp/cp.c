@@ -1228,6 +1228,22 @@ static int cp_ack_apply(struct cp *cp, const char *worker, json_t *up,
 	}
 	if (strcmp(sb.worker, worker) != 0)
 		return 0;
+	if (strcmp(kind, "install") == 0 && res == NULL && gen == sb.generation &&
+	    !json_is_true(json_object_get(up, "again")) &&
+	    (strcmp(sb.state, "starting") == 0 ||
+	     (strcmp(sb.state, "resuming") == 0 && sb.op_rev == rev))) {
+		/* covered without its result (node-api restarted between the
+		 * apply and the ack): the outcome is not known, ask again */
+		int64_t again = 0;
+
+		if (cpdb_install_reask(cp->db, &sb, up, tt_now(), &again, err) < 0)
+			return -1;
+		log_warn("sandbox %s: %s acknowledged install rev %lld without its result;"
+		         " asking again (rev %lld)", sbx, worker, (long long)rev,
+		         (long long)again);
+		feed_wake(cp, worker);
+		return 0;
+	}
 	if (strcmp(kind, "install") == 0 && strcmp(sb.state, "starting") == 0 &&
 	    gen == sb.generation) {
 		if (!ok)
@@ -1266,7 +1282,8 @@ static int cp_ack_apply(struct cp *cp, const char *worker, json_t *up,
  * acks are applied in one transaction with the worker's ack stamp. The
  * lifecycle outcomes (resume, pause) have their own transactions and
  * follow-ups, so they keep the one-by-one path. */
-static int cp_ack_plain(struct cp *cp, const char *worker, json_t *up)
+static int cp_ack_plain(struct cp *cp, const char *worker, json_t *up,
+                        json_t *res)
 {
 	struct tt_err err = { 0 };
 	const char *kind = json_string_value(json_object_get(up, "kind"));
@@ -1278,7 +1295,7 @@ static int cp_ack_plain(struct cp *cp, const char *worker, json_t *up)
 	    strcmp(sb.worker, worker) != 0)
 		return 1; /* nothing to apply */
 	if (strcmp(kind, "install") == 0)
-		return strcmp(sb.state, "resuming") != 0;
+		return res != NULL && strcmp(sb.state, "resuming") != 0;
 	return strcmp(kind, "pause") != 0;
 }
 
@@ -1318,7 +1335,8 @@ static int cp_ack(struct cp *cp, struct lws *wsi, json_t *body)
 	json_array_foreach(ups, i, up) {
 		if (json_integer_value(json_object_get(up, "rev")) > rev)
 			break;
-		if (!cp_ack_plain(cp, worker, up))
+		if (!cp_ack_plain(cp, worker, up,
+		                  cp_ack_result(results, json_integer_value(json_object_get(up, "rev")))))
 			batch = 0;
 	}
 	if (batch && cpdb_batch_begin(cp->db, &err) < 0) {

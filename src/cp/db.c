@@ -791,6 +791,33 @@ int cpdb_pause_reask(struct cpdb *db, const struct cp_sandbox *s, int64_t now,
 	return cpdb_commit(db, rc < 0 ? -1 : 0, err);
 }
 
+/* cpdb_install_reask: see db.h. */
+int cpdb_install_reask(struct cpdb *db, const struct cp_sandbox *s, json_t *up,
+                       int64_t now, int64_t *rev, struct tt_err *err)
+{
+	json_t *body = json_deep_copy(up);
+	int rc;
+
+	if (body == NULL)
+		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+	json_object_del(body, "rev");
+	json_object_del(body, "kind");
+	json_object_del(body, "worker");
+	json_object_set_new(body, "again", json_true());
+	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0) {
+		json_decref(body);
+		return -1;
+	}
+	rc = cpdb_feed_insert(db, "install", s->worker, body, now, rev, err);
+	json_decref(body);
+	if (rc == 0)
+		rc = cpdb_change(db, err, "update", "UPDATE sandboxes SET op_rev=?2"
+		                 " WHERE id=?1 AND state IN ('starting','resuming')"
+		                 " AND generation=?3", "tii", s->id, *rev,
+		                 (int64_t)s->generation);
+	return cpdb_commit(db, rc < 0 ? -1 : 0, err);
+}
+
 /* cpdb_sandbox_cas: a guarded state change, optionally with a retire. */
 int cpdb_sandbox_cas(struct cpdb *db, const char *id, const char *from,
                      uint64_t gen, int64_t op_rev, const char *to,

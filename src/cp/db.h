@@ -194,6 +194,14 @@ int cpdb_snapshot_record(struct cpdb *db, const char *id, const struct cpdb_reco
  * first (at most cap; *n of them). */
 int cpdb_snapshot_gens(struct cpdb *db, const char *id, uint64_t *out, size_t cap,
                        size_t *n, struct tt_err *err);
+/* cpdb_install_reask: appends the install up (a feed row, borrowed) again
+ * for s's worker, marked "again": true, for an ack that covered it without
+ * its result (node-api acknowledged what its manager applied after a
+ * restart): the worker answers the new one from its record (already
+ * running: ok; failed: tried again), instead of the install counting as
+ * done. The sandbox waits for that rev (op_rev). 0 and *rev, or -1. */
+int cpdb_install_reask(struct cpdb *db, const struct cp_sandbox *s, json_t *up,
+                       int64_t now, int64_t *rev, struct tt_err *err);
 /* cpdb_pause_reask: appends a pause of s's generation again for its worker
  * (body marked "again": true, so it is asked once more at most), for an
  * ack that covered the pause without its result: the worker answers from

@@ -246,9 +246,10 @@ static void ack_lifecycle(struct cp_park *p, const struct cp_sandbox *sb)
 		park_ready(p, 503, ack_refusal(cp, "unavailable", msg, sb));
 		return;
 	}
-	if (strcmp(sb->state, "resuming") == 0 && sb->generation == p->gen &&
-	    sb->op_rev == p->rev)
+	if (strcmp(sb->state, "resuming") == 0 && sb->generation == p->gen) {
+		p->rev = sb->op_rev; /* its install asked again: that one's ack */
 		return;
+	}
 	if (strcmp(sb->state, "running") == 0 && sb->generation == p->gen) {
 		o = cp_sandbox_json(cp, sb);
 		json_object_set_new(o, "resumed_from",
@@ -289,6 +290,10 @@ static void ack_answer(struct cp_park *p)
 			           "worker did not confirm the destroy"));
 		return;
 	case CP_WAIT_CREATE:
+		if (strcmp(sb.state, "starting") == 0 && sb.op_rev > p->rev) {
+			p->rev = sb.op_rev; /* asked again: that one's ack answers */
+			return;
+		}
 		if (strcmp(sb.state, "running") == 0) {
 			park_ready(p, 201, cp_sandbox_json(cp, &sb));
 			return;

@@ -242,9 +242,17 @@ what_did() {
 		[ "$lost" -gt 0 ] && DID="$DID, $lost lost across the restart"
 		;;
 	bridge | guest)
-		if sbx_now "$V_SBX"; then
-			DID="cp: $S_STATE g$S_GEN a$S_ATT on $S_WORKER; note: $(jx "$WORK/sbx.$V_SBX" 'd.get("note","-")')"
-		else DID="cp: cannot read $V_SBX"; fi
+		# the cp's own line for it: re-activated in place, or relaunched
+		cpl=$(tail -n +$((C0 + 1)) "$STATE/logs/cp.log" | grep "sandbox $V_SBX: \(re-activated\|relaunched\|.*failed\)" | head -n 1 | sed "s/.*sandbox $V_SBX: //")
+		sbx_now "$V_SBX"
+		DID="cp: ${cpl:-no re-activation or relaunch logged}; now $S_STATE g$S_GEN a$S_ATT on $S_WORKER"
+		;;
+	esac
+	case $t in
+	node-api | manager | bridge | guest)
+		# a migration of the sandbox probed that the kill made fail
+		cpl=$(tail -n +$((C0 + 1)) "$STATE/logs/cp.log" | grep "sandbox [a-z0-9_]*: gen [0-9]* pause failed\|relaunched as generation" | grep -v "sandbox $V_SBX: relaunched" | head -n 2 | sed 's/.*warn: //' | tr '\n' ';')
+		[ -n "$cpl" ] && DID="$DID; also: $cpl"
 		;;
 	esac
 }
@@ -264,6 +272,13 @@ crash_one() {
 	capf=$WORK/cap-k$KN.json
 	ecall "$capf" 30 POST "/v1/sandboxes/$V_SBX/capabilities" '{"purpose":"control","ops":["exec","fs.read","fs.write"]}' >/dev/null
 	victim "$t"
+	# a bridge or guest agent the migrations retired between the look and the
+	# kill is looked for again (it must be a live one that dies)
+	local tries=1
+	while [ -n "$V_PID" ] && [ "$(echo "$V_PID" | wc -w)" = 1 ] && ! kill -0 "$V_PID" 2>/dev/null && [ "$tries" -lt 5 ]; do
+		victim "$t"
+		tries=$((tries + 1))
+	done
 	if [ -z "$V_PID" ] || [ "$(echo "$V_PID" | wc -w)" != 1 ]; then
 		notok "kill $KN ($t): exactly one process to kill" "found '$V_PID' for $t ($V_DETAIL)"
 		KILLS+=("$KN|$t|-|$V_DETAIL|-|-|not found")
@@ -272,7 +287,15 @@ crash_one() {
 	U0=$(wc -l <"$WORK/up.err") C0=$(wc -l <"$STATE/logs/cp.log") L0=0
 	[ -n "$V_W" ] && L0=$(wc -l <"$STATE/logs/$V_W.log")
 	t0=$(ms)
-	kill -9 "$V_PID" 2>/dev/null || V_DETAIL="$V_DETAIL (already gone at the kill)"
+	if ! kill -9 "$V_PID" 2>/dev/null; then
+		case $t in
+		bridge | guest) # once more on a fresh look; else say so
+			victim "$t"
+			t0=$(ms)
+			kill -9 "$V_PID" 2>/dev/null || V_DETAIL="$V_DETAIL (already gone at the kill)" ;;
+		*) V_DETAIL="$V_DETAIL (already gone at the kill)" ;;
+		esac
+	fi
 	t_rec=$(until_ok "$CRASH_BOUND" "$t0" probe "$V_SBX")
 	if [ -n "$t_rec" ]; then
 		ok "kill $KN: $t ($V_DETAIL, pid $V_PID): a capability and an exec on $V_SBX succeed again within $CRASH_BOUND s ($t_rec ms)"

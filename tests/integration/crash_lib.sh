@@ -215,7 +215,7 @@ victim() {
 # logs gained since the kill: U0 of up.err, C0 of cp.log, L0 of the
 # worker's log, and the sandbox's note).
 what_did() {
-	local t=$1 up cpl wl name back adopted notad lost
+	local t=$1 up cpl wl name back why adopted notad lost
 	up=$(tail -n +$((U0 + 1)) "$WORK/up.err" | grep '^tether: ')
 	case $t in cp | edge) name=$t ;; node-api | manager) name=$V_W ;; esac
 	case $t in
@@ -257,9 +257,13 @@ what_did() {
 	esac
 }
 
+# take_cap FILE: a capability of V_SBX (all data ops) through the edge.
+take_cap() { ecall "$1" 30 POST "/v1/sandboxes/$V_SBX/capabilities" '{"purpose":"control","ops":["exec","fs.read","fs.write"]}' >/dev/null; }
+
 # crash_one TARGET ROUND: one kill and its checks.
 crash_one() {
-	local t=$1 r=$2 word t0 t_rec t_set capf code exists replay_ok
+	local t=$1 r=$2 word t0 t_rec t_set capf code exists replay_ok got
+	REPLAY="no capability to replay"
 	KN=$((KN + 1))
 	kill -0 "$CHURN_PID" 2>/dev/null || notok "kill $KN ($t): churn still runs" "$(tail -n 5 "$WORK/churn.err")"
 	# before: an acknowledged write and a capability of the sandbox probed
@@ -269,8 +273,6 @@ crash_one() {
 		notok "kill $KN ($t): an acknowledged write before it" "$(cat "$WORK/put.out")"
 		word=
 	else WRITES+=("$V_SBX|$KN|$word"); fi
-	capf=$WORK/cap-k$KN.json
-	ecall "$capf" 30 POST "/v1/sandboxes/$V_SBX/capabilities" '{"purpose":"control","ops":["exec","fs.read","fs.write"]}' >/dev/null
 	victim "$t"
 	# a bridge or guest agent the migrations retired between the look and the
 	# kill is looked for again (it must be a live one that dies)
@@ -284,6 +286,10 @@ crash_one() {
 		KILLS+=("$KN|$t|-|$V_DETAIL|-|-|not found")
 		return
 	fi
+	# the capability replayed after the kill: taken last, so for a bridge or
+	# guest agent it names the very execution killed (its activation)
+	capf=$WORK/cap-k$KN.json
+	take_cap "$capf"
 	U0=$(wc -l <"$WORK/up.err") C0=$(wc -l <"$STATE/logs/cp.log") L0=0
 	[ -n "$V_W" ] && L0=$(wc -l <"$STATE/logs/$V_W.log")
 	t0=$(ms)
@@ -291,6 +297,7 @@ crash_one() {
 		case $t in
 		bridge | guest) # once more on a fresh look; else say so
 			victim "$t"
+			take_cap "$capf"
 			t0=$(ms)
 			kill -9 "$V_PID" 2>/dev/null || V_DETAIL="$V_DETAIL (already gone at the kill)" ;;
 		*) V_DETAIL="$V_DETAIL (already gone at the kill)" ;;

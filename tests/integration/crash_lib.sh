@@ -310,12 +310,6 @@ crash_one() {
 		notok "kill $KN: $t ($V_DETAIL, pid $V_PID): operations on $V_SBX succeed again within $CRASH_BOUND s" \
 			"$(cat "$WORK/probe.cap" "$WORK/probe.out" 2>/dev/null | head -c 400; echo; tail -n +$((U0 + 1)) "$WORK/up.err" | grep '^tether' | tail -n 3)"
 	fi
-	# the write acknowledged before the kill
-	if [ -n "$word" ]; then
-		got=$(get_file "$V_SBX" "/workspace/crash-k$KN" 2>&1)
-		[ "$got" = "$word" ] && ok "kill $KN ($t): the write acknowledged before it reads back" ||
-			notok "kill $KN ($t): the write acknowledged before it reads back" "wanted '$word', got '$got'"
-	fi
 	# the capability taken before the kill, replayed at its node
 	if [ -n "$(jx "$capf" 'd["token"]')" ]; then
 		code=$(curl -s -m 20 -o "$WORK/replay.out" -w '%{http_code}' -H "Authorization: Capability $(jx "$capf" 'd["token"]')" \
@@ -332,6 +326,12 @@ crash_one() {
 		case $t in bridge | guest) [ "$code" = 409 ] || [ "$code" = 403 ] || replay_ok= ;; esac
 		[ -n "$replay_ok" ] && ok "kill $KN ($t): the capability from before it, replayed at its node: $code, and ran iff allowed" ||
 			notok "kill $KN ($t): the capability from before it is refused (or ran, if its execution lives on)" "$REPLAY; marker exists: $exists"
+	fi
+	# the write acknowledged before the kill
+	if [ -n "$word" ]; then
+		got=$(get_file "$V_SBX" "/workspace/crash-k$KN" 2>&1)
+		[ "$got" = "$word" ] && ok "kill $KN ($t): the write acknowledged before it reads back" ||
+			notok "kill $KN ($t): the write acknowledged before it reads back" "wanted '$word', got '$got'"
 	fi
 	what_did "$t"
 	t_set=$(until_ok "$CRASH_SETTLE" "$t0" settled)

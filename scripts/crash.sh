@@ -38,6 +38,7 @@ for r in $(seq 0 $((ROUNDS - 1))); do
 	crash_round "$r"
 done
 crash_verdict
+crash_pause_ack
 echo "# $KN kills in $(($(date +%s) - t_start)) s; load $(cut -d' ' -f1-3 /proc/loadavg)"
 crash_cleanup
 tap_done

@@ -215,7 +215,7 @@ victim() {
 # logs gained since the kill: U0 of up.err, C0 of cp.log, L0 of the
 # worker's log, and the sandbox's note).
 what_did() {
-	local t=$1 up cpl wl name back adopted notad lost
+	local t=$1 up cpl wl name back why adopted notad lost
 	up=$(tail -n +$((U0 + 1)) "$WORK/up.err" | grep '^tether: ')
 	case $t in cp | edge) name=$t ;; node-api | manager) name=$V_W ;; esac
 	case $t in
@@ -242,16 +242,28 @@ what_did() {
 		[ "$lost" -gt 0 ] && DID="$DID, $lost lost across the restart"
 		;;
 	bridge | guest)
-		if sbx_now "$V_SBX"; then
-			DID="cp: $S_STATE g$S_GEN a$S_ATT on $S_WORKER; note: $(jx "$WORK/sbx.$V_SBX" 'd.get("note","-")')"
-		else DID="cp: cannot read $V_SBX"; fi
+		# the cp's own line for it: re-activated in place, or relaunched
+		cpl=$(tail -n +$((C0 + 1)) "$STATE/logs/cp.log" | grep "sandbox $V_SBX: \(re-activated\|relaunched\|.*failed\)" | head -n 1 | sed "s/.*sandbox $V_SBX: //")
+		sbx_now "$V_SBX"
+		DID="cp: ${cpl:-no re-activation or relaunch logged}; now $S_STATE g$S_GEN a$S_ATT on $S_WORKER"
+		;;
+	esac
+	case $t in
+	node-api | manager | bridge | guest)
+		# a migration of the sandbox probed that the kill made fail
+		cpl=$(tail -n +$((C0 + 1)) "$STATE/logs/cp.log" | grep "sandbox [a-z0-9_]*: gen [0-9]* pause failed\|relaunched as generation" | grep -v "sandbox $V_SBX: relaunched" | head -n 2 | sed 's/.*warn: //' | tr '\n' ';')
+		[ -n "$cpl" ] && DID="$DID; also: $cpl"
 		;;
 	esac
 }
 
+# take_cap FILE: a capability of V_SBX (all data ops) through the edge.
+take_cap() { ecall "$1" 30 POST "/v1/sandboxes/$V_SBX/capabilities" '{"purpose":"control","ops":["exec","fs.read","fs.write"]}' >/dev/null; }
+
 # crash_one TARGET ROUND: one kill and its checks.
 crash_one() {
-	local t=$1 r=$2 word t0 t_rec t_set capf code exists replay_ok
+	local t=$1 r=$2 word t0 t_rec t_set capf code exists replay_ok got
+	REPLAY="no capability to replay"
 	KN=$((KN + 1))
 	kill -0 "$CHURN_PID" 2>/dev/null || notok "kill $KN ($t): churn still runs" "$(tail -n 5 "$WORK/churn.err")"
 	# before: an acknowledged write and a capability of the sandbox probed
@@ -261,30 +273,42 @@ crash_one() {
 		notok "kill $KN ($t): an acknowledged write before it" "$(cat "$WORK/put.out")"
 		word=
 	else WRITES+=("$V_SBX|$KN|$word"); fi
-	capf=$WORK/cap-k$KN.json
-	ecall "$capf" 30 POST "/v1/sandboxes/$V_SBX/capabilities" '{"purpose":"control","ops":["exec","fs.read","fs.write"]}' >/dev/null
 	victim "$t"
+	# a bridge or guest agent the migrations retired between the look and the
+	# kill is looked for again (it must be a live one that dies)
+	local tries=1
+	while [ -n "$V_PID" ] && [ "$(echo "$V_PID" | wc -w)" = 1 ] && ! kill -0 "$V_PID" 2>/dev/null && [ "$tries" -lt 5 ]; do
+		victim "$t"
+		tries=$((tries + 1))
+	done
 	if [ -z "$V_PID" ] || [ "$(echo "$V_PID" | wc -w)" != 1 ]; then
 		notok "kill $KN ($t): exactly one process to kill" "found '$V_PID' for $t ($V_DETAIL)"
 		KILLS+=("$KN|$t|-|$V_DETAIL|-|-|not found")
 		return
 	fi
+	# the capability replayed after the kill: taken last, so for a bridge or
+	# guest agent it names the very execution killed (its activation)
+	capf=$WORK/cap-k$KN.json
+	take_cap "$capf"
 	U0=$(wc -l <"$WORK/up.err") C0=$(wc -l <"$STATE/logs/cp.log") L0=0
 	[ -n "$V_W" ] && L0=$(wc -l <"$STATE/logs/$V_W.log")
 	t0=$(ms)
-	kill -9 "$V_PID" 2>/dev/null || V_DETAIL="$V_DETAIL (already gone at the kill)"
+	if ! kill -9 "$V_PID" 2>/dev/null; then
+		case $t in
+		bridge | guest) # once more on a fresh look; else say so
+			victim "$t"
+			take_cap "$capf"
+			t0=$(ms)
+			kill -9 "$V_PID" 2>/dev/null || V_DETAIL="$V_DETAIL (already gone at the kill)" ;;
+		*) V_DETAIL="$V_DETAIL (already gone at the kill)" ;;
+		esac
+	fi
 	t_rec=$(until_ok "$CRASH_BOUND" "$t0" probe "$V_SBX")
 	if [ -n "$t_rec" ]; then
 		ok "kill $KN: $t ($V_DETAIL, pid $V_PID): a capability and an exec on $V_SBX succeed again within $CRASH_BOUND s ($t_rec ms)"
 	else
 		notok "kill $KN: $t ($V_DETAIL, pid $V_PID): operations on $V_SBX succeed again within $CRASH_BOUND s" \
 			"$(cat "$WORK/probe.cap" "$WORK/probe.out" 2>/dev/null | head -c 400; echo; tail -n +$((U0 + 1)) "$WORK/up.err" | grep '^tether' | tail -n 3)"
-	fi
-	# the write acknowledged before the kill
-	if [ -n "$word" ]; then
-		got=$(get_file "$V_SBX" "/workspace/crash-k$KN" 2>&1)
-		[ "$got" = "$word" ] && ok "kill $KN ($t): the write acknowledged before it reads back" ||
-			notok "kill $KN ($t): the write acknowledged before it reads back" "wanted '$word', got '$got'"
 	fi
 	# the capability taken before the kill, replayed at its node
 	if [ -n "$(jx "$capf" 'd["token"]')" ]; then
@@ -302,6 +326,12 @@ crash_one() {
 		case $t in bridge | guest) [ "$code" = 409 ] || [ "$code" = 403 ] || replay_ok= ;; esac
 		[ -n "$replay_ok" ] && ok "kill $KN ($t): the capability from before it, replayed at its node: $code, and ran iff allowed" ||
 			notok "kill $KN ($t): the capability from before it is refused (or ran, if its execution lives on)" "$REPLAY; marker exists: $exists"
+	fi
+	# the write acknowledged before the kill
+	if [ -n "$word" ]; then
+		got=$(get_file "$V_SBX" "/workspace/crash-k$KN" 2>&1)
+		[ "$got" = "$word" ] && ok "kill $KN ($t): the write acknowledged before it reads back" ||
+			notok "kill $KN ($t): the write acknowledged before it reads back" "wanted '$word', got '$got'"
 	fi
 	what_did "$t"
 	t_set=$(until_ok "$CRASH_SETTLE" "$t0" settled)

@@ -25,5 +25,6 @@ cluster_setup tether-crash-test
 crash_setup
 crash_round 0
 crash_verdict
+crash_pause_ack
 crash_cleanup
 tap_done

@@ -40,7 +40,6 @@ KWIN=()      # one line per kill: "N target T0_MS T1_MS" (epoch ms)
 WRITES=()    # writes acknowledged before a kill: "SBX|N|CONTENT"
 CHURN_PID=
 
-ms() { echo $(($(date +%s%N) / 1000000)); }
 # jx FILE EXPR: EXPR (python, over d) of the JSON in FILE ("" if it is not JSON).
 jx() { python3 -c 'import json,sys
 try: d=json.load(open(sys.argv[1]))
@@ -104,16 +103,6 @@ probe() {
 	[ "$(ecall "$WORK/probe.cap" 5 POST "/v1/sandboxes/$1/capabilities" '{"purpose":"control","ops":["exec"]}')" = 201 ] &&
 		[ "$(ecall "$WORK/probe.out" 5 POST "/v1/sandboxes/$1/exec" '{"cmd":["cat","/workspace/crash-probe"]}')" = 200 ] &&
 		[ "$(jx "$WORK/probe.out" 'd["exit_code"], d["stdout"]')" = "(0, 'probe $1')" ]
-}
-# until_ok BOUND_S T0 CMD...: ms from T0 until CMD succeeds, "" past BOUND_S.
-until_ok() {
-	local end=$(($2 + $1 * 1000)) t0=$2
-	shift 2
-	while [ "$(ms)" -lt "$end" ]; do
-		"$@" >/dev/null 2>&1 && { echo $(($(ms) - t0)); return 0; }
-		sleep 0.1
-	done
-	echo ""
 }
 # settled: every daemon there, three workers up, every sandbox answering.
 settled() {
@@ -303,7 +292,7 @@ crash_one() {
 		*) V_DETAIL="$V_DETAIL (already gone at the kill)" ;;
 		esac
 	fi
-	t_rec=$(until_ok "$CRASH_BOUND" "$t0" probe "$V_SBX")
+	t_rec=$(until_ms "$t0" $CRASH_BOUND probe "$V_SBX")
 	if [ -n "$t_rec" ]; then
 		ok "kill $KN: $t ($V_DETAIL, pid $V_PID): a capability and an exec on $V_SBX succeed again within $CRASH_BOUND s ($t_rec ms)"
 	else
@@ -334,7 +323,7 @@ crash_one() {
 			notok "kill $KN ($t): the write acknowledged before it reads back" "wanted '$word', got '$got'"
 	fi
 	what_did "$t"
-	t_set=$(until_ok "$CRASH_SETTLE" "$t0" settled)
+	t_set=$(until_ms "$t0" $CRASH_SETTLE settled)
 	[ -n "$t_set" ] || notok "kill $KN ($t): the cluster settles within $CRASH_SETTLE s" "$(daemons_there || echo 'a daemon is missing'; cat "$WORK/workers" 2>/dev/null | head -c 300)"
 	KWIN+=("$KN $t $t0 $(ms)")
 	KILLS+=("$KN|$t|$V_PID|$V_DETAIL|${t_rec:-never}|${t_set:-never}|$DID; $REPLAY")
@@ -381,7 +370,7 @@ crash_verdict() {
 	sed 's/^/#   /' "$WORK/windows.out"
 
 	# (b) no runtime record lost
-	for id in "${IDS[@]}"; do until_ok 30 "$(ms)" sbx_running "$id" >/dev/null; done
+	for id in "${IDS[@]}"; do until_ms "$(ms)" 30 sbx_running "$id" >/dev/null; done
 	ecall "$WORK/ls.json" 0 GET /v1/sandboxes >/dev/null
 	out=$($CHK records "$STATE" "$WORK/ls.json" "${IDS[@]}")
 	okrc $? "no runtime record lost: every sandbox runs, its worker's record is its current execution, no other worker runs it"
@@ -488,7 +477,7 @@ crash_pause_ack() {
 	done
 	t0=$(ms)
 	kill -9 "$np"
-	t_p=$(until_ok 10 "$t0" sbx_paused_at "$id" "$g")
+	t_p=$(until_ms "$t0" 10 sbx_paused_at "$id" "$g")
 	sbx_now "$id"
 	st=$S_STATE sg=$(jx "$WORK/sbx.$id" '(d.get("snapshot") or {}).get("generation")')
 	[ -n "$t_p" ] && ok "node-api killed after its manager paused $id (g$g) but before the ack: paused with the snapshot of g$g within 10 s (${t_p} ms; the pause times out at 30 s)" ||

@@ -107,6 +107,20 @@ wait_until() {
 	return 1
 }
 
+# ms: a wall clock in milliseconds (for recovery times).
+ms() { echo $(($(date +%s%N) / 1000000)); }
+# until_ms T0 BOUND_S CMD...: ms from T0 until CMD succeeds (tried every
+# 0.1 s), or "" once BOUND_S seconds passed without it.
+until_ms() {
+	local t0=$1 end=$(($(ms) + $2 * 1000))
+	shift 2
+	while [ "$(ms)" -lt "$end" ]; do
+		"$@" >/dev/null 2>&1 && { echo $(($(ms) - t0)); return 0; }
+		sleep 0.1
+	done
+	echo ""
+}
+
 # ---- ports ----------------------------------------------------------------------
 # free_port: one port the kernel says is free now.
 free_port() {

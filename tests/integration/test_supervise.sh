@@ -14,7 +14,6 @@ cluster_setup tether-supervise
 TT_DETAIL_LINES=12
 
 T() { timeout 60 "$ROOT/build/tether" "$@"; }
-ms() { echo $(($(date +%s%N) / 1000000)); }
 # The daemons, by the argv tether up gives them (this cluster's only).
 cp_pid() { pgrep -f "tetherd cp --state $STATE/cp --listen 127.0.0.1:$BASE\$"; }
 edge_pid() { pgrep -f "tetherd edge --listen 127.0.0.1:$((BASE + 1)) "; }
@@ -25,16 +24,6 @@ healthz() { curl -sf -m 2 "http://127.0.0.1:$((BASE + 1))/healthz" >/dev/null; }
 ls_ok() { T ls >/dev/null 2>&1; }
 # exec_reads SBX WORD: an exec on SBX prints WORD (from /workspace/f).
 exec_reads() { [ "$(timeout 20 "$ROOT/build/tether" exec "$1" -- cat /workspace/f 2>"$WORK/exec.err")" = "$2" ]; }
-# until_ms T0 BOUND_S CMD...: ms from T0 until CMD succeeds, or "" after BOUND_S.
-until_ms() {
-	local t0=$1 end=$(($(ms) + $2 * 1000))
-	shift 2
-	while [ "$(ms)" -lt "$end" ]; do
-		"$@" >/dev/null 2>&1 && { echo $(($(ms) - t0)); return 0; }
-		sleep 0.1
-	done
-	echo ""
-}
 
 cluster_up_or_bail "tether up --workers 2" 2
 A=$(T create --worker w1 2>"$WORK/e")

@@ -794,8 +794,8 @@ static void node_done(CURL *easy, CURLcode rc, void *arg)
 	if (transport) {
 		/* nothing ran: the node refused the connection, or said so
 		 * itself (its manager restarts or stops) */
-		if (((rc == CURLE_COULDNT_CONNECT && !curlonce_sent(&x->in_once) &&
-		      x->in_forwarded == 0) ||
+		if (x->in_forwarded == 0 &&
+		    ((rc == CURLE_COULDNT_CONNECT && !curlonce_sent(&x->in_once)) ||
 		     (rc == CURLE_OK && strcmp(v, "unavailable") == 0)) &&
 		    xreq_retry_later(x, easy, RETRY_ROUTE))
 			return;

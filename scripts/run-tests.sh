@@ -29,7 +29,11 @@ run_suite() {
 	if [ "$notok" -gt 0 ]; then
 		failures+=("$name")
 		echo "FAIL $name ($ok ok, $notok failed, exit $rc); log: $out"
-		grep -E '^not ok|^# |ERROR|Assert|runtime error|AddressSanitizer' "$out" | head -n 20 | sed 's/^/    /'
+		# the failing cases first (each with its detail lines), then the rest
+		awk '/^not ok/ { show = 1; n = 0; print; next }
+		     /^ok / { show = 0; next }
+		     show && /^#/ && n < 12 { print; n++ }' "$out" | head -n 40 | sed 's/^/    /'
+		grep -E 'ERROR|Assert|runtime error|AddressSanitizer' "$out" | head -n 10 | sed 's/^/    /'
 	else
 		echo "ok   $name ($ok)"
 	fi

@@ -121,12 +121,48 @@ int cp_transitional(const struct cp_sandbox *sb)
 	       (strcmp(sb->state, "paused") == 0 && sb->migrate_to[0] != '\0');
 }
 
+/* cp_leased: a rebuilt attempt was given a capability of sb's execution
+ * less than CP_REBUILD_LEASE_MS ago. */
+static int cp_leased(struct cp *cp, const struct cp_sandbox *sb)
+{
+	uint64_t now = uv_now(cp->loop);
+
+	for (size_t i = 0; i < CP_REBUILD_LEASES; i++) {
+		const struct cp_lease *l = &cp->leases[i];
+
+		if (l->until > now && l->gen == sb->generation &&
+		    l->att == sb->activation && strcmp(l->sbx, sb->id) == 0)
+			return 1;
+	}
+	return 0;
+}
+
+/* cp_lease: notes the capability just given to a rebuilt attempt (the
+ * slot that ends first is reused). */
+static void cp_lease(struct cp *cp, const struct cp_sandbox *sb)
+{
+	struct cp_lease *l = &cp->leases[0];
+
+	for (size_t i = 1; i < CP_REBUILD_LEASES; i++) {
+		if (cp->leases[i].until < l->until)
+			l = &cp->leases[i];
+	}
+	snprintf(l->sbx, sizeof(l->sbx), "%s", sb->id);
+	l->gen = sb->generation;
+	l->att = sb->activation;
+	l->until = uv_now(cp->loop) + CP_REBUILD_LEASE_MS;
+}
+
 /* cp_settle_waits: a transition in flight, or (for a capability refused
  * as stale) the same execution still recorded as running: the worker
- * retired or lost it and the cp has not heard yet. */
-int cp_settle_waits(const struct cp_sandbox *sb, const struct cp_settle *w)
+ * retired or lost it and the cp has not heard yet; a lifecycle call also
+ * waits out a rebuilt attempt's lease. */
+int cp_settle_waits(struct cp *cp, const struct cp_sandbox *sb,
+                    const struct cp_settle *w)
 {
 	if (cp_transitional(sb))
+		return 1;
+	if (!w->op && cp_leased(cp, sb))
 		return 1;
 	/* paused by its worker's stop: back as soon as the worker is (an
 	 * operation waits for that; a lifecycle call may move it meanwhile) */
@@ -145,7 +181,7 @@ static int cp_wait_transition(struct cp *cp, struct cp_sess *s,
 {
 	int secs;
 
-	if (s->settle_over || !cp_settle_waits(sb, w))
+	if (s->settle_over || !cp_settle_waits(cp, sb, w))
 		return 0;
 	if (s->settle_deadline == 0) {
 		secs = http_wait_seconds(wsi);
@@ -472,6 +508,8 @@ static int cp_capability(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	}
 	if (cpdb_worker_get(cp->db, sb->worker, &w, &err) <= 0)
 		w.node_url[0] = '\0';
+	if (sw.stale_gen != 0)
+		cp_lease(cp, sb);
 	metrics_inc("tether_cp_capabilities_total", NULL);
 	metrics_observe_us("tether_cp_sign_seconds", NULL, cp_now_us() - t0);
 	return http_reply_json(wsi, 201, json_pack(

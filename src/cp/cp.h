@@ -23,6 +23,8 @@
 #define CP_FEED_WAIT_MAX 30   /* long-poll bound */
 #define CP_FEED_BATCH 256     /* updates per feed answer */
 #define CP_SETTLE_POLL_MS 200 /* a transition waiter re-checks this often */
+#define CP_REBUILD_LEASE_MS 500 /* a rebuilt attempt's execution stays put */
+#define CP_REBUILD_LEASES 32    /* rebuilt attempts leased at once */
 
 /* Client side of the signer process (src/cp/signer.c). Requests are
  * synchronous on the socketpair: a signature costs tens of microseconds,
@@ -52,6 +54,17 @@ void cp_signer_stop(struct cp_signer *s);
 
 struct cp_park;
 
+/* A capability given to a rebuilt attempt (SPEC §8: exactly one, after a
+ * RefreshRoute) holds lifecycle calls on its execution for a moment, so
+ * the attempt is admitted and drained by a pause rather than refused by
+ * it: the caller would see the second RefreshRoute. */
+struct cp_lease {
+	char sbx[TT_SBX_ID_LEN + 1];
+	uint64_t gen;
+	uint32_t att;
+	uint64_t until; /* uv_now() */
+};
+
 /* The control plane daemon (one per process, on one loop). */
 struct cp {
 	uv_loop_t *loop;
@@ -64,6 +77,7 @@ struct cp {
 	unsigned keep_snapshots; /* older complete snapshots kept per sandbox
 	                          * besides the newest (--keep-snapshots) */
 	uv_timer_t sweep;       /* fails pauses/resumes that cannot finish */
+	struct cp_lease leases[CP_REBUILD_LEASES];
 };
 
 /* Per-HTTP-connection state (lws allocates and zeroes it). */
@@ -113,7 +127,8 @@ struct cp_settle {
 	                * stop to come back (resume_on) */
 };
 /* cp_settle_waits: whether a request waiting as w on sb must go on. */
-int cp_settle_waits(const struct cp_sandbox *sb, const struct cp_settle *w);
+int cp_settle_waits(struct cp *cp, const struct cp_sandbox *sb,
+                    const struct cp_settle *w);
 
 /* cp_worker_up: polled within cp->worker_timeout, or parked in a poll. */
 int cp_worker_up(struct cp *cp, const struct cp_worker *w, int64_t now);

@@ -388,10 +388,10 @@ static void settle_check(struct cp_park *p)
 	if (p->rerun)
 		return;
 	rc = cpdb_sandbox_get(p->cp->db, p->sbx, &sb, &err);
-	if (rc == 1 && cp_settle_waits(&sb, &p->settle) &&
+	if (rc == 1 && cp_settle_waits(p->cp, &sb, &p->settle) &&
 	    uv_now(p->cp->loop) < p->sess->settle_deadline)
 		return;
-	if (rc == 1 && cp_settle_waits(&sb, &p->settle))
+	if (rc == 1 && cp_settle_waits(p->cp, &sb, &p->settle))
 		p->sess->settle_over = 1; /* answered as things are */
 	p->rerun = 1;
 	uv_timer_stop(&p->timer);

@@ -55,6 +55,7 @@
 
 #include "bridge/adopt.h"
 #include "bridge/args.h"
+#include "bridge/guestsock.h"
 #include "bridge/reason.h"
 #include "claims.h"
 #include "cleanup.h"
@@ -93,6 +94,8 @@ struct bridge {
 	 * check is then a plain send/recv, no thread + setns per operation.
 	 * -1 after a failed query: reopened on the next operation. */
 	int diag_nl;
+	/* The guest socket's directory, held from start (guestsock.h). */
+	struct guestsock gsock;
 	/* Idle guest connections, verified when they were opened. */
 	struct uvutil_pool *pool;
 	uv_pipe_t server;
@@ -435,7 +438,7 @@ static int listener_verified(struct bridge *b, int file_fd, struct tt_err *err)
 	}
 	if (b->diag_nl < 0)
 		return -1;
-	rc = verify_listener_fd_nl(file_fd, b->arg.guest_socket, b->diag_nl, &b->init_id, err);
+	rc = verify_listener_fd_nl(file_fd, b->gsock.via_fd, b->diag_nl, &b->init_id, err);
 	if (rc < 0 && (err == NULL || err->code != TT_ERR_VERIFY)) {
 		close(b->diag_nl);
 		b->diag_nl = -1;
@@ -490,10 +493,11 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 	/* The listener first: whoever now listens at the path must be the
 	 * init's socket, seen from inside the sandbox's network namespace. A
 	 * replacement never even gets a connection. The socket file is held
-	 * (an O_PATH fd, no symlink followed) from the check to the connect,
-	 * which goes through that fd: it reaches the very file checked, and
-	 * works whatever the length of the path (unixaddr.h). */
-	if (unixaddr_file(c->b->arg.guest_socket, &ua, &err) < 0) {
+	 * (an O_PATH fd opened in the directory held since start, no symlink
+	 * followed) from the check to the connect, which goes through that
+	 * fd: it reaches the very file checked, and works whatever the length
+	 * of the path (guestsock.h). */
+	if (guestsock_file(&c->b->gsock, &ua, &err) < 0) {
 		char msg[300];
 
 		snprintf(msg, sizeof(msg), "guest listener: no socket file: %.200s", err.msg);
@@ -727,6 +731,8 @@ static int pin_peers(struct bridge *b, struct tt_err *err)
 	b->diag_nl = sockdiag_open_in_netns(b->netns_fd, NULL, err);
 	if (b->diag_nl < 0)
 		return -1; /* stuck or not: we refuse to start */
+	if (guestsock_open(&b->gsock, b->arg.guest_socket, err) < 0)
+		return -1;
 	/* The pid named the pinned init while we opened it: still alive, same
 	 * start time. */
 	if (procid_pidfd_alive(b->init_pidfd, err) != 1 ||
@@ -766,6 +772,7 @@ int main(int argc, char **argv)
 	b->mgr_pidfd = -1;
 	b->netns_fd = -1;
 	b->diag_nl = -1;
+	b->gsock.dir_fd = -1;
 	bridge_args_init(&b->arg);
 	if (bridge_args_parse(&b->arg, argc, argv, false) < 0)
 		return 1;

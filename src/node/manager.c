@@ -677,21 +677,11 @@ static void handle_data_op(struct mgr_conn *c)
 
 /* ---- feed apply --------------------------------------------------------- */
 
-/* rm_cb: nftw callback removing one entry (bottom-up, no symlink follow). */
-static int rm_cb(const char *p, const struct stat *st, int type, struct FTW *ftw)
-{
-	(void)st;
-	(void)ftw;
-	if (type == FTW_DP)
-		return rmdir(p) < 0 && errno != ENOENT ? -1 : 0;
-	return unlink(p) < 0 && errno != ENOENT ? -1 : 0;
-}
-
 /* remove_tree: deletes a sandbox directory; its layer filesystem is
- * unmounted and its image deleted first (nftw stays on the directory's
- * own filesystem, so a layer still mounted would be left behind, files
- * and loop device included); never follows symlinks planted by the
- * sandbox. */
+ * unmounted and its image deleted first (the removal stays on the
+ * directory's own filesystem, so a layer still mounted would be left
+ * behind, files and loop device included); fd-relative at any depth,
+ * never following symlinks planted by the sandbox (ns_tree_remove). */
 static int remove_tree(const char *path)
 {
 	struct tt_err err = { 0 };
@@ -703,7 +693,11 @@ static int remove_tree(const char *path)
 		errno = EBUSY;
 		return -1;
 	}
-	return nftw(path, rm_cb, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+	if (ns_tree_remove(path, &err) < 0) {
+		log_warn("removing %s: %s", path, err.msg);
+		return -1;
+	}
+	return 0;
 }
 
 /* layer_unmount_of: unmounts the layer of sbx (the image stays): done

@@ -9,7 +9,9 @@
  *    uts, ipc and pid namespaces belong to the host's user namespace: root
  *    in the sandbox (host uid_base) has no capability over them (cannot
  *    mount, configure the network or write sysctls even without seccomp).
- *  - The manager writes uid/gid maps, the child becomes uid 0 inside, sets
+ *  - The child takes the sandbox's host uid (so the user namespace, and
+ *    what the kernel charges per user of it, belong to that uid), the
+ *    manager writes uid/gid maps, the child becomes uid 0 inside, sets
  *    no_new_privs, loads the seccomp filter and execs the init with the
  *    readiness pipe as fd 3. The manager returns once "ready\n" arrives.
  * The child runs after a raw clone of a possibly multi-threaded process, so
@@ -62,6 +64,7 @@ struct ns_plan {
 	int cg_tasks[3];                /* v1 "tasks" files to join (-1: none) */
 	int netns_fd;                   /* a made-ahead netns to join, or -1 */
 	int mntns_fd;                   /* a clean mount ns to copy, or -1 */
+	uid_t uid_base;                 /* the sandbox's host id range start */
 	int layer_tree[4];              /* detached binds of home, tmp,
 	                                 * workspace and run (with mntns_fd),
 	                                 * or -1 */
@@ -378,8 +381,17 @@ __attribute__((noreturn)) static void child_main(const struct ns_plan *p)
 	 * setgroups is denied they could never be dropped. */
 	if (setgroups(0, NULL) < 0)
 		child_fail(p, "setgroups");
-	/* Privileged: the user namespace comes last, so it owns none of the
-	 * namespaces above. */
+	/* Privileged: we become the sandbox's own host uid and gid (its
+	 * mapped root) before making the user namespace, so that namespace
+	 * is owned by that uid and everything the kernel counts per user of
+	 * it (inotify instances, user namespaces) is charged to this
+	 * sandbox, not to host root. Every capability goes with the change;
+	 * the parent, still root, writes the maps. */
+	if (setresgid(p->uid_base, p->uid_base, p->uid_base) < 0 ||
+	    setresuid(p->uid_base, p->uid_base, p->uid_base) < 0)
+		child_fail(p, "become the sandbox's host uid");
+	/* The user namespace comes last, so it owns none of the namespaces
+	 * above. */
 	if (unshare(CLONE_NEWUSER) < 0)
 		child_fail(p, "unshare user namespace");
 	struct ns_msg m = { .kind = MSG_USERNS };
@@ -916,6 +928,7 @@ int ns_sandbox_launch(const struct ns_config *cfg, struct ns_sandbox *out,
 	struct ns_plan p;
 	memset(&p, 0, sizeof p);
 	p.guest_bin = cfg->guest_bin;
+	p.uid_base = cfg->uid_base;
 	p.log_fd = cfg->log_fd > 2 ? cfg->log_fd : -1;
 	p.cg_tasks[0] = p.cg_tasks[1] = p.cg_tasks[2] = -1;
 	p.netns_fd = cfg->use_netns ? cfg->netns_fd : -1;

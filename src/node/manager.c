@@ -3160,6 +3160,9 @@ int manager_main(int argc, char **argv)
 	m->cpu_millis = MGR_CPU_MILLIS;
 	if (parse_args(m, argc, argv) < 0)
 		return 1;
+	/* Our bridges' own uid: in this worker's range, mapped into no
+	 * sandbox (node/uids.h). */
+	bridgectl_run_as(m->uid_base + TT_UID_PER_SANDBOX * TT_UID_BRIDGE_SLOT);
 	if (bridgectl_bin(m->bridge_bin, sizeof(m->bridge_bin), &err) < 0) {
 		log_error("%s", err.msg);
 		return 1;

@@ -54,8 +54,16 @@ int ns_run_mount(const char *dir, uid_t uid, struct tt_err *err)
 	if (lstat(dir, &st) < 0 || !S_ISDIR(st.st_mode))
 		return tt_err_set(err, TT_ERR_INVALID, "%s is not a directory", dir);
 	if (run_mounted(dir)) {
-		/* A re-activation in place after a stop that left it (unit
-		 * tests without a layer): same owner, same caps. */
+		/* One left by a stop without a layer unmount (unit tests), or
+		 * a spare's tree taken by a sandbox of another slot (a
+		 * resume): same caps; its root is handed to uid below. */
+		_cleanup_close_ int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW |
+		                              O_CLOEXEC);
+
+		/* Privileged: the run tmpfs's root to this sandbox's root. */
+		if (fd < 0 || fchown(fd, uid, uid) < 0 || fchmod(fd, 0700) < 0)
+			return tt_err_sys(err, TT_ERR_SYS, "handing %s to uid %u", dir,
+			                  (unsigned)uid);
 		return 0;
 	}
 	snprintf(opts, sizeof(opts), "mode=0700,uid=%u,gid=%u,size=%llu,nr_inodes=%u",

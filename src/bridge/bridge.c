@@ -761,31 +761,10 @@ static int pin_peers(struct bridge *b, struct tt_err *err)
  * waiting (and pins us as we will stay: uid included). */
 static int listen_ready(struct bridge *b, struct tt_err *err)
 {
-	int fd, rc;
-
-	/* Bound as root (its directory is the manager's, root-only), then
-	 * the drop, then listen(): a connection's SO_PEERCRED is the
-	 * listener's credentials at listen() time, which must be the uid
-	 * the manager pins us with. */
-	uv_pipe_init(b->loop, &b->server, 0);
 	b->server.data = b;
-	fd = unixaddr_bind(b->arg.listen_path, err);
-	if (fd < 0)
+	if (bridge_listen_as(b->loop, &b->server, b->arg.listen_path, b->arg.run_as,
+	                     on_connection, err) < 0)
 		return -1;
-	if (b->arg.run_as != 0 && bridge_drop(b->arg.run_as, err) < 0) {
-		close(fd);
-		return -1;
-	}
-	rc = uv_pipe_open(&b->server, fd);
-	if (rc < 0) {
-		close(fd);
-		return tt_err_set(err, TT_ERR_IO, "listen on %s: %s", b->arg.listen_path,
-		                  uv_strerror(rc));
-	}
-	rc = uv_listen((uv_stream_t *)&b->server, 64, on_connection);
-	if (rc < 0)
-		return tt_err_set(err, TT_ERR_IO, "listen on %s: %s", b->arg.listen_path,
-		                  uv_strerror(rc));
 	if (b->arg.ready_fd >= 0) {
 		/* 6 bytes into an empty pipe: never blocks, never short. */
 		if (write(b->arg.ready_fd, "ready\n", 6) != 6)

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "bridge/drop.h"
+#include "unixaddr.h"
 
 /* caps_set: permitted = effective = mask, inheritable none (capset(2)). */
 static int caps_set(uint64_t mask)
@@ -96,5 +97,33 @@ int bridge_drop(uid_t id, struct tt_err *err)
 	if (caps_get(&eff, &prm, &inh) < 0 || eff != BRIDGE_KEPT_CAPS ||
 	    prm != BRIDGE_KEPT_CAPS || inh != 0)
 		return tt_err_set(err, TT_ERR_SYS, "drop: capabilities not as set");
+	return 0;
+}
+
+/* bridge_listen_as: see drop.h. bridge.sock's directory is the manager's
+ * (root-only): only root can bind there, so the bind comes first. */
+int bridge_listen_as(uv_loop_t *loop, uv_pipe_t *server, const char *path, uid_t run_as,
+                     uv_connection_cb cb, struct tt_err *err)
+{
+	void *data = server->data;
+	int fd, rc;
+
+	uv_pipe_init(loop, server, 0);
+	server->data = data;
+	fd = unixaddr_bind(path, err);
+	if (fd < 0)
+		return -1;
+	if (run_as != 0 && bridge_drop(run_as, err) < 0) {
+		close(fd);
+		return -1;
+	}
+	rc = uv_pipe_open(server, fd);
+	if (rc < 0) {
+		close(fd);
+		return tt_err_set(err, TT_ERR_IO, "listen on %s: %s", path, uv_strerror(rc));
+	}
+	rc = uv_listen((uv_stream_t *)server, 64, cb);
+	if (rc < 0)
+		return tt_err_set(err, TT_ERR_IO, "listen on %s: %s", path, uv_strerror(rc));
 	return 0;
 }

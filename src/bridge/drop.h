@@ -3,6 +3,7 @@
 #define TETHER_BRIDGE_DROP_H
 
 #include <sys/types.h>
+#include <uv.h>
 
 #include "err.h"
 
@@ -19,5 +20,12 @@
  * verified afterwards (all ids equal id, setuid(0) fails, the sets read
  * back). Must run as root. 0, or -1 with err (the caller exits). */
 int bridge_drop(uid_t id, struct tt_err *err);
+
+/* bridge_listen_as: server (initialised here; its data kept) bound at path
+ * as root, then (run_as != 0) bridge_drop(run_as), then listening with cb:
+ * a connection's SO_PEERCRED is the listener's credentials at listen()
+ * time, which must be the uid the manager pins us with. 0, or -1. */
+int bridge_listen_as(uv_loop_t *loop, uv_pipe_t *server, const char *path, uid_t run_as,
+                     uv_connection_cb cb, struct tt_err *err);
 
 #endif

@@ -49,7 +49,7 @@ enum {
 	OPT_SBX = 1 << 0, OPT_GEN = 1 << 1, OPT_ATT = 1 << 2, OPT_LISTEN = 1 << 3,
 	OPT_GUEST = 1 << 4, OPT_INIT_PID = 1 << 5, OPT_INIT_START = 1 << 6,
 	OPT_MANAGER = 1 << 7, OPT_SECRET_FD = 1 << 8, OPT_READY_FD = 1 << 9,
-	OPT_ASSIGN_FD = 1 << 10,
+	OPT_ASSIGN_FD = 1 << 10, OPT_RUN_AS = 1 << 11,
 };
 #define OPTS_EXECUTION (OPT_SBX | OPT_GEN | OPT_ATT | OPT_LISTEN | OPT_GUEST | \
                         OPT_INIT_PID | OPT_INIT_START)
@@ -69,6 +69,7 @@ int bridge_args_parse(struct bridge_args *a, int argc, char **argv, bool assigne
 		{ "secret-fd", required_argument, NULL, OPT_SECRET_FD },
 		{ "ready-fd", required_argument, NULL, OPT_READY_FD },
 		{ "assign-fd", required_argument, NULL, OPT_ASSIGN_FD },
+		{ "run-as", required_argument, NULL, OPT_RUN_AS },
 		{ NULL, 0, NULL, 0 },
 	};
 	unsigned long long v = 0;
@@ -92,6 +93,7 @@ int bridge_args_parse(struct bridge_args *a, int argc, char **argv, bool assigne
 		case OPT_SECRET_FD: bad |= parse_num(optarg, 3, INT_MAX, &v); a->secret_fd = (int)v; break;
 		case OPT_READY_FD: bad |= parse_num(optarg, 3, INT_MAX, &v); a->ready_fd = (int)v; break;
 		case OPT_ASSIGN_FD: bad |= parse_num(optarg, 3, INT_MAX, &v); a->assign_fd = (int)v; break;
+		case OPT_RUN_AS: bad |= parse_num(optarg, 1, UINT32_MAX - 1, &v); a->run_as = (uid_t)v; break;
 		default: bad = 1; break;
 		}
 	}
@@ -108,9 +110,10 @@ int bridge_args_parse(struct bridge_args *a, int argc, char **argv, bool assigne
 		if (!assigned)
 			fprintf(stderr, "usage: tether-bridge --sbx ID --gen N --att N --listen PATH"
 			                " --guest-socket PATH --init-pid PID --init-start T"
-			                " --manager-pid PID --secret-fd FD [--ready-fd FD]\n"
+			                " --manager-pid PID --secret-fd FD [--ready-fd FD]"
+			                " [--run-as ID]\n"
 			                "       tether-bridge --manager-pid PID --assign-fd FD"
-			                " [--ready-fd FD]   (the rest, after the activation"
+			                " [--ready-fd FD] [--run-as ID]   (the rest, after the activation"
 			                " secret, on FD)\n");
 		return -1;
 	}

@@ -31,6 +31,9 @@ struct bridge_args {
 	int secret_fd;   /* the secret alone, or -1 */
 	int assign_fd;   /* a spare's assignment, or -1 */
 	int ready_fd;    /* -1: nobody waits for readiness */
+	/* --run-as ID: once set up, the bridge becomes uid/gid ID with only
+	 * the capabilities it needs (drop.h); 0 = unset (stays as started). */
+	uid_t run_as;
 };
 
 /* bridge_args_init: nothing set, every fd -1. */

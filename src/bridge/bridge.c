@@ -55,6 +55,8 @@
 
 #include "bridge/adopt.h"
 #include "bridge/args.h"
+#include "bridge/drop.h"
+#include "bridge/guestsock.h"
 #include "bridge/reason.h"
 #include "claims.h"
 #include "cleanup.h"
@@ -84,6 +86,8 @@ struct bridge {
 	struct proc_identity init_id, mgr_id;
 	int init_pidfd;
 	int mgr_pidfd;                    /* the pinned manager's: has it exited? */
+	uid_t mgr_uid;                    /* the first manager's uid: a successor
+	                                   * adopting us must have it too */
 	/* Proven by a restarted manager to take over once the pinned one has
 	 * exited (guest/hello.h, "Adoption"); derived from the secret. */
 	uint8_t adopt_key[HELLO_PROOF_LEN];
@@ -91,8 +95,13 @@ struct bridge {
 	/* A sock_diag socket created once inside that namespace (a socket
 	 * stays bound to the namespace it was created in): each listener
 	 * check is then a plain send/recv, no thread + setns per operation.
-	 * -1 after a failed query: reopened on the next operation. */
+	 * -1 after a failed query: replaced on the next operation by the
+	 * reserve made beside it (after the privilege drop no new one can be
+	 * made in that namespace: setns needs CAP_SYS_ADMIN), else reopened. */
 	int diag_nl;
+	int diag_reserve;
+	/* The guest socket's directory, held from start (guestsock.h). */
+	struct guestsock gsock;
 	/* Idle guest connections, verified when they were opened. */
 	struct uvutil_pool *pool;
 	uv_pipe_t server;
@@ -424,6 +433,10 @@ static int listener_verified(struct bridge *b, int file_fd, struct tt_err *err)
 	bool stuck = false;
 	int rc;
 
+	if (b->diag_nl < 0 && b->diag_reserve >= 0) {
+		b->diag_nl = b->diag_reserve;
+		b->diag_reserve = -1;
+	}
 	if (b->diag_nl < 0)
 		b->diag_nl = sockdiag_open_in_netns(b->netns_fd, &stuck, err);
 	if (stuck) {
@@ -435,7 +448,7 @@ static int listener_verified(struct bridge *b, int file_fd, struct tt_err *err)
 	}
 	if (b->diag_nl < 0)
 		return -1;
-	rc = verify_listener_fd_nl(file_fd, b->arg.guest_socket, b->diag_nl, &b->init_id, err);
+	rc = verify_listener_fd_nl(file_fd, b->gsock.via_fd, b->diag_nl, &b->init_id, err);
 	if (rc < 0 && (err == NULL || err->code != TT_ERR_VERIFY)) {
 		close(b->diag_nl);
 		b->diag_nl = -1;
@@ -490,10 +503,11 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 	/* The listener first: whoever now listens at the path must be the
 	 * init's socket, seen from inside the sandbox's network namespace. A
 	 * replacement never even gets a connection. The socket file is held
-	 * (an O_PATH fd, no symlink followed) from the check to the connect,
-	 * which goes through that fd: it reaches the very file checked, and
-	 * works whatever the length of the path (unixaddr.h). */
-	if (unixaddr_file(c->b->arg.guest_socket, &ua, &err) < 0) {
+	 * (an O_PATH fd opened in the directory held since start, no symlink
+	 * followed) from the check to the connect, which goes through that
+	 * fd: it reaches the very file checked, and works whatever the length
+	 * of the path (guestsock.h). */
+	if (guestsock_file(&c->b->gsock, &ua, &err) < 0) {
 		char msg[300];
 
 		snprintf(msg, sizeof(msg), "guest listener: no socket file: %.200s", err.msg);
@@ -563,7 +577,7 @@ static struct bconn *bconn_new(void)
 }
 
 /* adopt_accept: a valid adoption proof from peer: if the pinned manager is
- * still gone, pin peer (pidfd + recheck, our uid) as the manager. */
+ * still gone, pin peer (pidfd + recheck, the manager's uid) as the manager. */
 static int adopt_accept(void *data, int conn_fd, pid_t peer, char *msg, size_t cap)
 {
 	struct bridge *b = data;
@@ -586,7 +600,7 @@ static int adopt_accept(void *data, int conn_fd, pid_t peer, char *msg, size_t c
 		         err.msg[0] ? err.msg : "the peer changed during the challenge");
 		return -1;
 	}
-	if (id.uid != geteuid()) {
+	if (id.uid != b->mgr_uid) {
 		close(pidfd);
 		snprintf(msg, cap, "adoption: pid %d runs as uid %u", (int)peer, (unsigned)id.uid);
 		return -1;
@@ -612,7 +626,7 @@ static void adopt_done(void *data, pid_t peer, const char *reason, const char *m
 }
 
 /* may_adopt: the connection on fd may try to adopt us: the pinned manager
- * has exited and the peer runs as our uid (its proof decides). *peer gets
+ * has exited and the peer runs as its uid (its proof decides). *peer gets
  * its pid. */
 static bool may_adopt(struct bridge *b, int fd, pid_t *peer)
 {
@@ -621,7 +635,7 @@ static bool may_adopt(struct bridge *b, int fd, pid_t *peer)
 
 	if (b->mgr_pidfd < 0 || procid_pidfd_alive(b->mgr_pidfd, NULL) != 0 ||
 	    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.pid <= 0 ||
-	    cred.uid != geteuid())
+	    cred.uid != b->mgr_uid)
 		return false;
 	*peer = cred.pid;
 	return true;
@@ -714,6 +728,7 @@ static int pin_peers(struct bridge *b, struct tt_err *err)
 	if (b->mgr_id.uid != geteuid())
 		return tt_err_set(err, TT_ERR_VERIFY, "manager pid %d runs as uid %u, not ours",
 		                  (int)b->arg.manager_pid, (unsigned)b->mgr_id.uid);
+	b->mgr_uid = b->mgr_id.uid;
 	if (procid_pin(b->arg.init_pid, &b->init_id, &b->init_pidfd, err) < 0)
 		return -1;
 	if (b->init_id.start_time != b->arg.init_start)
@@ -727,6 +742,11 @@ static int pin_peers(struct bridge *b, struct tt_err *err)
 	b->diag_nl = sockdiag_open_in_netns(b->netns_fd, NULL, err);
 	if (b->diag_nl < 0)
 		return -1; /* stuck or not: we refuse to start */
+	b->diag_reserve = sockdiag_open_in_netns(b->netns_fd, NULL, err);
+	if (b->diag_reserve < 0)
+		return -1;
+	if (guestsock_open(&b->gsock, b->arg.guest_socket, err) < 0)
+		return -1;
 	/* The pid named the pinned init while we opened it: still alive, same
 	 * start time. */
 	if (procid_pidfd_alive(b->init_pidfd, err) != 1 ||
@@ -736,12 +756,14 @@ static int pin_peers(struct bridge *b, struct tt_err *err)
 	return 0;
 }
 
-/* listen_ready: the manager's socket (0600), then "ready\n" on the
- * readiness fd so the manager stops waiting. */
+/* listen_ready: the manager's socket (0600), the privilege drop (with
+ * --run-as), then "ready\n" on the readiness fd so the manager stops
+ * waiting (and pins us as we will stay: uid included). */
 static int listen_ready(struct bridge *b, struct tt_err *err)
 {
-	if (uvutil_listen(b->loop, &b->server, b->arg.listen_path, 64, on_connection, b,
-	                  err) < 0)
+	b->server.data = b;
+	if (bridge_listen_as(b->loop, &b->server, b->arg.listen_path, b->arg.run_as,
+	                     on_connection, err) < 0)
 		return -1;
 	if (b->arg.ready_fd >= 0) {
 		/* 6 bytes into an empty pipe: never blocks, never short. */
@@ -766,6 +788,8 @@ int main(int argc, char **argv)
 	b->mgr_pidfd = -1;
 	b->netns_fd = -1;
 	b->diag_nl = -1;
+	b->diag_reserve = -1;
+	b->gsock.dir_fd = -1;
 	bridge_args_init(&b->arg);
 	if (bridge_args_parse(&b->arg, argc, argv, false) < 0)
 		return 1;

@@ -24,6 +24,7 @@
 #include "cli/cli.h"
 #include "cli/up.h"
 #include "cli/verbs.h"
+#include "node/uids.h"
 #include "client/tether.h"
 #include "http.h"
 #include "node/paths.h"
@@ -126,8 +127,14 @@ static int up_parse(struct up *u, int argc, char **argv)
 		char *end = NULL;
 		if (strcmp(argv[i], "--workers") == 0 && v) {
 			long n = strtol(v, &end, 10);
-			if (*end || n < 1 || n > UP_MAX_WORKERS)
-				return cli_fail("up: --workers must be 1..%d", UP_MAX_WORKERS);
+			/* Each worker has a host uid range of its own (node/uids.h):
+			 * the 32-bit id space bounds how many fit. */
+			long fit = (long)((UINT32_MAX - 1ull - TT_UID_BASE_DEFAULT) /
+			                  TT_UID_PER_WORKER);
+			long max = fit < UP_MAX_WORKERS ? fit : UP_MAX_WORKERS;
+
+			if (*end || n < 1 || n > max)
+				return cli_fail("up: --workers must be 1..%ld", max);
 			u->workers = (int)n;
 		} else if (strcmp(argv[i], "--port") == 0 && v) {
 			long n = strtol(v, &end, 10);
@@ -278,6 +285,8 @@ static int up_start(struct up *u)
 	if (mkdir_p(snaps) < 0)
 		return cli_fail("cannot create %s: %s", snaps, strerror(errno)), -1;
 	for (int i = 1; i <= u->workers; i++) {
+		char uid_base[24];
+
 		snprintf(id, sizeof(id), "w%d", i);
 		snprintf(dir, sizeof(dir), "%s/workers/%s", u->state, id);
 		snprintf(listen, sizeof(listen), "127.0.0.1:%d", u->base + 10 + i);
@@ -286,10 +295,15 @@ static int up_start(struct up *u)
 		char *node_argv[] = { tetherd, "node", "--id", id, "--listen", listen,
 		                      "--cp", cp_url, "--node-token-file", tokf,
 		                      "--state", dir, "--guest-bin", guest,
-		                      "--snapshots", snaps, NULL, NULL, NULL };
+		                      "--snapshots", snaps, "--uid-base", uid_base,
+		                      NULL, NULL, NULL };
+		/* Disjoint host uid ranges: sandboxes on different workers never
+		 * share ids, nor the kernel's per-uid limits (node/uids.h). */
+		snprintf(uid_base, sizeof(uid_base), "%llu",
+		         TT_UID_BASE_DEFAULT + (unsigned long long)(i - 1) * TT_UID_PER_WORKER);
 		if (u->disk_mb[0]) { /* each sandbox's disk cap (default 1 GiB) */
-			node_argv[16] = "--disk-mb";
-			node_argv[17] = u->disk_mb;
+			node_argv[18] = "--disk-mb";
+			node_argv[19] = u->disk_mb;
 		}
 		if (up_spawn(u, UP_WORKER, id, u->base + 10 + i, node_argv) != 0)
 			return -1;

@@ -1,6 +1,10 @@
 /* Control-plane SQLite store (see db.h). Every write that must be atomic
  * with a feed update runs in BEGIN IMMEDIATE ... COMMIT. */
 #include "cp/db.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -184,6 +188,42 @@ static int cpdb_migrate(struct cpdb *db, struct tt_err *err)
 	return 0;
 }
 
+/* cpdb_private: path (made if missing, with create) is a regular file of
+ * mode 0600, narrowed if wider, before SQLite writes a byte to it; no
+ * symlink is followed. It holds API key hashes and every sandbox's state;
+ * SQLite gives the -wal and -shm files it creates the database's mode. */
+static int cpdb_private(const char *path, bool create, struct tt_err *err)
+{
+	int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0), 0600);
+	struct stat st;
+	int rc = 0;
+
+	if (fd < 0)
+		return !create && errno == ENOENT ? 0 :
+		       tt_err_sys(err, TT_ERR_IO, "cp.db: open %s", path);
+	if (fstat(fd, &st) < 0 || ((st.st_mode & 077) != 0 && fchmod(fd, st.st_mode & 0700) < 0))
+		rc = tt_err_sys(err, TT_ERR_IO, "cp.db: making %s private", path);
+	else if (!S_ISREG(st.st_mode))
+		rc = tt_err_set(err, TT_ERR_IO, "cp.db: %s is not a regular file", path);
+	close(fd);
+	return rc;
+}
+
+/* cpdb_private_all: the database and, where they exist already (from a run
+ * before files were made private), its -wal and -shm files: 0600. */
+static int cpdb_private_all(const char *path, struct tt_err *err)
+{
+	char side[PATH_MAX];
+
+	if (cpdb_private(path, true, err) < 0)
+		return -1;
+	snprintf(side, sizeof(side), "%s-wal", path);
+	if (cpdb_private(side, false, err) < 0)
+		return -1;
+	snprintf(side, sizeof(side), "%s-shm", path);
+	return cpdb_private(side, false, err);
+}
+
 /* cpdb_open: opens the file, sets durability pragmas, creates the schema. */
 struct cpdb *cpdb_open(const char *path, struct tt_err *err)
 {
@@ -198,6 +238,10 @@ struct cpdb *cpdb_open(const char *path, struct tt_err *err)
 		tt_err_set(err, TT_ERR_INVALID, "%s: the path is %zu bytes long; SQLite takes"
 		           " at most %d", "cp.db", strlen(path),
 		           sqlite3_vfs_find(NULL)->mxPathname - 8);
+		free(db);
+		return NULL;
+	}
+	if (cpdb_private_all(path, err) < 0) {
 		free(db);
 		return NULL;
 	}

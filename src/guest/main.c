@@ -205,14 +205,17 @@ static int listen_unix(const char *path, struct tt_err *err)
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return tt_err_sys(err, TT_ERR_SYS, "socket");
-	/* The socket file is created 0600 from the start (umask), so there is
-	 * no window in which another user could connect. */
-	old = umask(0177);
+	/* The socket file is 0666: the host bridge connects as a uid of its
+	 * own (no CAP_DAC_OVERRIDE; src/bridge/drop.c). Only the sandbox's
+	 * own processes can reach it besides (its directory is the sandbox's
+	 * run dir, under the manager's root-only tree on the host), and we
+	 * answer only peers outside our pid namespace (serve.c). */
+	old = umask(0);
 	rc = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
 	umask(old);
 	if (rc < 0)
 		return tt_err_sys(err, TT_ERR_SYS, "bind %s", path);
-	if (chmod(path, 0600) < 0 || listen(fd, 128) < 0)
+	if (chmod(path, 0666) < 0 || listen(fd, 128) < 0)
 		return tt_err_sys(err, TT_ERR_SYS, "listen %s", path);
 	return tt_steal_fd(&fd);
 }

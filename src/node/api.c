@@ -1315,6 +1315,8 @@ static const char *const usage_text =
 	"--node-token-file FILE --state DIR [--guest-bin PATH] [--snapshots DIR]\n"
 	"       [--disk-mb N] [--disk-inodes N]  (each sandbox's disk and inode cap;\n"
 	"       default 1024 MiB, one inode per 16 KiB)\n"
+	"       [--uid-base N]  (this worker's host uid range; default 1000000)\n"
+	"       [--cpu-millis N]  (each sandbox's CPU cap; default 1000 = one CPU)\n"
 	"       [--user NAME]  (when started as root; default nobody)\n";
 
 /* node_read_token: the node token file (first line, bounded). */
@@ -1374,6 +1376,8 @@ static int node_parse(struct node *n, int argc, char **argv, struct tt_err *err)
 		{ "user", required_argument, NULL, 'u' },
 		{ "disk-mb", required_argument, NULL, 'D' },
 		{ "disk-inodes", required_argument, NULL, 'I' },
+		{ "uid-base", required_argument, NULL, 'U' },
+		{ "cpu-millis", required_argument, NULL, 'C' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -1395,6 +1399,8 @@ static int node_parse(struct node *n, int argc, char **argv, struct tt_err *err)
 		case 'u': n->user = optarg; break;
 		case 'D': n->disk_mb = optarg; break;
 		case 'I': n->disk_inodes = optarg; break;
+		case 'U': n->uid_base = optarg; break;
+		case 'C': n->cpu_millis = optarg; break;
 		default:
 			return tt_err_set(err, TT_ERR_INVALID, "%s", usage_text);
 		}
@@ -1491,6 +1497,14 @@ static int node_spawn_manager(struct node *n, struct tt_err *err)
 	if (n->disk_inodes != NULL) {
 		args[i++] = (char *)"--disk-inodes";
 		args[i++] = (char *)n->disk_inodes;
+	}
+	if (n->uid_base != NULL) { /* this worker's host uid range */
+		args[i++] = (char *)"--uid-base";
+		args[i++] = (char *)n->uid_base;
+	}
+	if (n->cpu_millis != NULL) { /* each sandbox's CPU cap */
+		args[i++] = (char *)"--cpu-millis";
+		args[i++] = (char *)n->cpu_millis;
 	}
 	args[i] = NULL;
 	memset(&o, 0, sizeof(o));

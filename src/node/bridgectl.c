@@ -60,6 +60,15 @@ static void bp_close(int *fd)
 	*fd = -1;
 }
 
+/* The uid every bridge we spawn drops to once set up (0: none given). */
+static uid_t bc_run_as;
+
+/* bridgectl_run_as: see bridgectl.h. */
+void bridgectl_run_as(uid_t id)
+{
+	bc_run_as = id;
+}
+
 /* bridgectl_spawn: posix_spawn (vfork-like: no copy of our page tables)
  * of `tether-bridge --manager-pid OURS --assign-fd 3 --ready-fd 4`. The
  * bridge inherits nothing but stdio and those two pipes: not our
@@ -68,9 +77,9 @@ static void bp_close(int *fd)
  * clobber the other; dup2 clears close-on-exec. */
 int bridgectl_spawn(const char *bin, struct bridge_proc *bp, struct tt_err *err)
 {
-	char mpid[16];
+	char mpid[16], run_as[16];
 	char *argv[] = { "tether-bridge", "--manager-pid", mpid, "--assign-fd", "3",
-	                 "--ready-fd", "4", NULL };
+	                 "--ready-fd", "4", NULL, NULL, NULL };
 	posix_spawn_file_actions_t fa;
 	int assign[2], ready[2], hi, rc;
 	pid_t pid;
@@ -79,6 +88,11 @@ int bridgectl_spawn(const char *bin, struct bridge_proc *bp, struct tt_err *err)
 	if (access(bin, X_OK) < 0)
 		return tt_err_sys(err, TT_ERR_NOT_FOUND, "bridge binary %s", bin);
 	snprintf(mpid, sizeof(mpid), "%d", (int)getpid());
+	if (bc_run_as != 0) {
+		snprintf(run_as, sizeof(run_as), "%u", (unsigned)bc_run_as);
+		argv[7] = "--run-as";
+		argv[8] = run_as;
+	}
 	if (pipe2(assign, O_CLOEXEC) < 0)
 		return tt_err_sys(err, TT_ERR_SYS, "bridge assignment pipe");
 	if (pipe2(ready, O_CLOEXEC) < 0) {

@@ -40,6 +40,9 @@ struct bridge_assignment {
 /* bridgectl_bin: tether-bridge next to this executable. */
 int bridgectl_bin(char *out, size_t cap, struct tt_err *err);
 
+/* bridgectl_run_as: every bridge spawned from now on drops to uid/gid id
+ * once set up (tether-bridge --run-as; src/bridge/drop.c). */
+void bridgectl_run_as(uid_t id);
 /* bridgectl_spawn: starts bin waiting for its assignment; bp filled. */
 int bridgectl_spawn(const char *bin, struct bridge_proc *bp, struct tt_err *err);
 

@@ -46,6 +46,7 @@
 #include "snapshot.h"
 #include "snapstore.h"
 #include "node/records.h"
+#include "node/uids.h"
 #include "procid.h"
 #include "relay.h"
 #include "tetherd/roles.h"
@@ -57,8 +58,8 @@
 
 #define MGR_CAPCACHE_ENTRIES 4096
 #define MGR_UPDATES_MAX 1000      /* updates in one feed.apply */
-#define MGR_UID_BASE 1000000u
-#define MGR_UID_COUNT 65536u
+#define MGR_UID_COUNT TT_UID_PER_SANDBOX
+#define MGR_CPU_MILLIS 1000u       /* each sandbox's CPU cap: one CPU */
 #define MGR_BRIDGE_READY_MS 5000
 #define MGR_LOCK_WAIT_MS 10000     /* for a predecessor on its way out */
 #define MGR_SPARE_BACKOFF_MIN_MS 250   /* first wait after a failed spare */
@@ -208,6 +209,10 @@ struct manager {
 	 * inode count (--disk-mb, --disk-inodes; ns_layer.c). */
 	uint64_t layer_bytes;
 	uint64_t layer_inodes;     /* 0 = one per NS_LAYER_BYTES_PER_INODE */
+	/* This worker's host id range (--uid-base; node/uids.h) and each
+	 * sandbox's CPU bandwidth in millicores (--cpu-millis; 0 = none). */
+	uid_t uid_base;
+	uint32_t cpu_millis;
 	/* The mount namespace sandboxes start from (ns_mntns_clean: ours
 	 * without the layer mounts), or -1 (then they copy ours). */
 	int clean_mntns;
@@ -677,21 +682,11 @@ static void handle_data_op(struct mgr_conn *c)
 
 /* ---- feed apply --------------------------------------------------------- */
 
-/* rm_cb: nftw callback removing one entry (bottom-up, no symlink follow). */
-static int rm_cb(const char *p, const struct stat *st, int type, struct FTW *ftw)
-{
-	(void)st;
-	(void)ftw;
-	if (type == FTW_DP)
-		return rmdir(p) < 0 && errno != ENOENT ? -1 : 0;
-	return unlink(p) < 0 && errno != ENOENT ? -1 : 0;
-}
-
 /* remove_tree: deletes a sandbox directory; its layer filesystem is
- * unmounted and its image deleted first (nftw stays on the directory's
- * own filesystem, so a layer still mounted would be left behind, files
- * and loop device included); never follows symlinks planted by the
- * sandbox. */
+ * unmounted and its image deleted first (the removal stays on the
+ * directory's own filesystem, so a layer still mounted would be left
+ * behind, files and loop device included); fd-relative at any depth,
+ * never following symlinks planted by the sandbox (ns_tree_remove). */
 static int remove_tree(const char *path)
 {
 	struct tt_err err = { 0 };
@@ -703,7 +698,11 @@ static int remove_tree(const char *path)
 		errno = EBUSY;
 		return -1;
 	}
-	return nftw(path, rm_cb, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+	if (ns_tree_remove(path, &err) < 0) {
+		log_warn("removing %s: %s", path, err.msg);
+		return -1;
+	}
+	return 0;
 }
 
 /* layer_unmount_of: unmounts the layer of sbx (the image stays): done
@@ -1143,8 +1142,9 @@ static void exec_cfg(struct manager *m, struct ns_config *cfg, const char *dir,
 	cfg->guest_bin = m->guest_bin;
 	/* Each slot gets its own host uid range, never overlapping another
 	 * sandbox's (and never host root). */
-	cfg->uid_base = MGR_UID_BASE + MGR_UID_COUNT * slot;
+	cfg->uid_base = m->uid_base + MGR_UID_COUNT * slot;
 	cfg->uid_count = MGR_UID_COUNT;
+	cfg->cpu_millis = m->cpu_millis;
 	/* The layer's cap: the spare's filesystem, or one made now (copied
 	 * from the template once there is one). */
 	cfg->layer_bytes = m->layer_bytes;
@@ -1847,9 +1847,9 @@ struct mgr_apply {
 static void apply_continue(struct mgr_apply *ap);
 
 /* uid_base_of: the host id base of a record's slot (as exec_start maps it). */
-static uid_t uid_base_of(const struct rec_exec *rec)
+static uid_t uid_base_of(const struct manager *m, const struct rec_exec *rec)
 {
-	return MGR_UID_BASE + MGR_UID_COUNT * rec->slot;
+	return m->uid_base + MGR_UID_COUNT * rec->slot;
 }
 
 /* layer_move_up: moves every entry of ldfd/name up into ldfd (same
@@ -1910,8 +1910,8 @@ static int layer_restore_into(struct manager *m, const struct rec_exec *rec,
 	if (snapstore_dir_open(m->snap_dir, &s, err) < 0)
 		return -1;
 	o.chown = true;
-	o.id_base = uid_base_of(rec);
-	o.gid_base = uid_base_of(rec);
+	o.id_base = uid_base_of(m, rec);
+	o.gid_base = uid_base_of(m, rec);
 	/* Unpacked INSIDE the capped filesystem (then moved up by renames):
 	 * a snapshot larger than the cap fails with ENOSPC there, never
 	 * touching the worker's filesystem; a failed unpack leaves nothing. */
@@ -2011,27 +2011,17 @@ static void pause_send_progress(struct mgr_pause *p, uint64_t done, uint64_t tot
 
 /* layer_discard: the layer of sbx once its snapshot is published: it
  * lives in the store now, and resumes always restore it. Its image goes
- * (unmounted first), then the mount point. */
+ * (unmounted first), then the whole sandbox directory: nothing in it
+ * outlives a published pause, and after a migrate this worker never
+ * hears of the sandbox again (a resume here makes a fresh one). */
 static void layer_discard(struct manager *m, const char *sbx)
 {
-	_cleanup_close_ int dfd = -1;
-	struct tt_err err = { 0 };
 	char dir[PATH_MAX];
 
 	if (sandbox_dir(m, sbx, dir, sizeof(dir)) < 0)
 		return;
-	if (ns_layer_remove(dir, &err) < 0) {
-		log_warn("removing the layer of %s: %s", sbx, err.msg);
-		return;
-	}
-	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (dfd < 0) {
-		if (errno != ENOENT)
-			log_warn("removing the layer of %s: open %s: %s", sbx, dir, strerror(errno));
-		return;
-	}
-	if (snapshot_rm_tree(dfd, "layer", &err) < 0)
-		log_warn("removing the layer of %s: %s", sbx, err.msg);
+	if (remove_tree(dir) < 0)
+		log_warn("removing the directory of paused %s: %s", sbx, strerror(errno));
 }
 
 /* pause_result_ok: a pause's successful result: the published snapshot
@@ -2319,7 +2309,7 @@ static int pause_start(struct mgr_apply *ap, json_t *u, uint64_t rev,
 	p = calloc(1, sizeof(*p));
 	if (p == NULL)
 		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
-	p->uid_base = uid_base_of(cur);
+	p->uid_base = uid_base_of(m, cur);
 	/* Retire first, durably: from here admission answers RefreshRoute. */
 	if (records_retire(m->db, sbx, gen, 0, err) < 0) {
 		free(p);
@@ -2952,6 +2942,8 @@ static int parse_args(struct manager *m, int argc, char **argv)
 		{ "private-socket-dir", no_argument, NULL, 'P' },
 		{ "disk-mb", required_argument, NULL, 'D' },
 		{ "disk-inodes", required_argument, NULL, 'I' },
+		{ "uid-base", required_argument, NULL, 'U' },
+		{ "cpu-millis", required_argument, NULL, 'C' },
 		{ NULL, 0, NULL, 0 },
 	};
 	char *end;
@@ -2990,6 +2982,24 @@ static int parse_args(struct manager *m, int argc, char **argv)
 			else
 				m->layer_inodes = v;
 			break;
+		case 'U':
+		case 'C':
+			errno = 0;
+			v = strtoull(optarg, &end, 10);
+			if (errno != 0 || *end != '\0' || optarg[0] < '0' || optarg[0] > '9' ||
+			    (o == 'U' && (v < TT_UID_PER_SANDBOX ||
+			                  v + TT_UID_PER_WORKER >= UINT32_MAX)) ||
+			    (o == 'C' && v > 1000u * 1024u)) {
+				fprintf(stderr, "manager: --uid-base wants %u..%llu, --cpu-millis "
+				        "0..%u\n", TT_UID_PER_SANDBOX,
+				        UINT32_MAX - TT_UID_PER_WORKER - 1, 1000u * 1024u);
+				return -1;
+			}
+			if (o == 'U')
+				m->uid_base = (uid_t)v;
+			else
+				m->cpu_millis = (uint32_t)v;
+			break;
 		default: return -1;
 		}
 	}
@@ -3003,7 +3013,8 @@ static int parse_args(struct manager *m, int argc, char **argv)
 		fprintf(stderr, "usage: tetherd manager --state DIR --socket PATH --worker-id W"
 		                " --peer-pid PID --peer-uid UID [--guest-bin PATH]"
 		                " [--snapshots DIR] [--lifeline FD] [--private-socket-dir]"
-		                " [--disk-mb N] [--disk-inodes N]\n");
+		                " [--disk-mb N] [--disk-inodes N] [--uid-base N]"
+		                " [--cpu-millis N]\n");
 		return -1;
 	}
 	return 0;
@@ -3145,8 +3156,13 @@ int manager_main(int argc, char **argv)
 	m->spare_bridge = (struct bridge_proc){ .pid = 0, .pidfd = -1, .assign_fd = -1,
 	                                        .ready_fd = -1 };
 	m->layer_bytes = NS_DEFAULT_LAYER_BYTES;
+	m->uid_base = TT_UID_BASE_DEFAULT;
+	m->cpu_millis = MGR_CPU_MILLIS;
 	if (parse_args(m, argc, argv) < 0)
 		return 1;
+	/* Our bridges' own uid: in this worker's range, mapped into no
+	 * sandbox (node/uids.h). */
+	bridgectl_run_as(m->uid_base + TT_UID_PER_SANDBOX * TT_UID_BRIDGE_SLOT);
 	if (bridgectl_bin(m->bridge_bin, sizeof(m->bridge_bin), &err) < 0) {
 		log_error("%s", err.msg);
 		return 1;

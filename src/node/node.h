@@ -33,6 +33,8 @@ struct node {
 	const char *disk_mb;       /* --disk-mb, --disk-inodes: each sandbox's */
 	const char *disk_inodes;   /* layer cap, passed to the manager (which
 	                            * checks them); NULL = its defaults */
+	const char *uid_base;      /* --uid-base, --cpu-millis: likewise */
+	const char *cpu_millis;
 	char listen_host[64];
 	int port;
 	char node_url[128];        /* what we register: http://host:port */

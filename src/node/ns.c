@@ -9,7 +9,9 @@
  *    uts, ipc and pid namespaces belong to the host's user namespace: root
  *    in the sandbox (host uid_base) has no capability over them (cannot
  *    mount, configure the network or write sysctls even without seccomp).
- *  - The manager writes uid/gid maps, the child becomes uid 0 inside, sets
+ *  - The child takes the sandbox's host uid (so the user namespace, and
+ *    what the kernel charges per user of it, belong to that uid), the
+ *    manager writes uid/gid maps, the child becomes uid 0 inside, sets
  *    no_new_privs, loads the seccomp filter and execs the init with the
  *    readiness pipe as fd 3. The manager returns once "ready\n" arrives.
  * The child runs after a raw clone of a possibly multi-threaded process, so
@@ -62,8 +64,10 @@ struct ns_plan {
 	int cg_tasks[3];                /* v1 "tasks" files to join (-1: none) */
 	int netns_fd;                   /* a made-ahead netns to join, or -1 */
 	int mntns_fd;                   /* a clean mount ns to copy, or -1 */
-	int layer_tree[3];              /* detached binds of home, tmp,
-	                                 * workspace (with mntns_fd), or -1 */
+	uid_t uid_base;                 /* the sandbox's host id range start */
+	int layer_tree[4];              /* detached binds of home, tmp,
+	                                 * workspace and run (with mntns_fd),
+	                                 * or -1 */
 };
 
 /* Control messages child -> parent on the SEQPACKET socketpair. */
@@ -258,8 +262,17 @@ static void child_rootfs(const struct ns_plan *p)
 	}
 	child_mkdir(p, "run", 0755);
 	child_mkdir(p, "run/tether", 0755);
-	/* Privileged: the guest socket dir, shared with the host bridge. */
-	child_bind(p, p->run, "run/tether", MS_NOSUID | MS_NODEV | MS_NOEXEC, "bind-mount /run/tether");
+	/* Privileged: the guest socket dir, shared with the host bridge: the
+	 * sandbox's capped run tmpfs (ns_run.c), as the parent's detached
+	 * bind or bound from its mount point. */
+	if (p->layer_tree[3] >= 0) {
+		if (move_mount(p->layer_tree[3], "", AT_FDCWD, "run/tether",
+		               MOVE_MOUNT_F_EMPTY_PATH) < 0)
+			child_fail(p, "attach /run/tether");
+	} else {
+		child_bind(p, p->run, "run/tether", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+		           "bind-mount /run/tether");
+	}
 
 	child_mkdir(p, ".tether", 0755);
 	if (p->guest_bin) {
@@ -368,8 +381,17 @@ __attribute__((noreturn)) static void child_main(const struct ns_plan *p)
 	 * setgroups is denied they could never be dropped. */
 	if (setgroups(0, NULL) < 0)
 		child_fail(p, "setgroups");
-	/* Privileged: the user namespace comes last, so it owns none of the
-	 * namespaces above. */
+	/* Privileged: we become the sandbox's own host uid and gid (its
+	 * mapped root) before making the user namespace, so that namespace
+	 * is owned by that uid and everything the kernel counts per user of
+	 * it (inotify instances, user namespaces) is charged to this
+	 * sandbox, not to host root. Every capability goes with the change;
+	 * the parent, still root, writes the maps. */
+	if (setresgid(p->uid_base, p->uid_base, p->uid_base) < 0 ||
+	    setresuid(p->uid_base, p->uid_base, p->uid_base) < 0)
+		child_fail(p, "become the sandbox's host uid");
+	/* The user namespace comes last, so it owns none of the namespaces
+	 * above. */
 	if (unshare(CLONE_NEWUSER) < 0)
 		child_fail(p, "unshare user namespace");
 	struct ns_msg m = { .kind = MSG_USERNS };
@@ -463,7 +485,7 @@ static int ns_prepare_dirs(const struct ns_config *cfg, struct ns_plan *p,
 	if (ns_mkdir_owned(p->layer_home, cfg->uid_base, 0755, err) < 0 ||
 	    ns_mkdir_owned(p->layer_tmp, cfg->uid_base, 01777, err) < 0 ||
 	    ns_mkdir_owned(p->layer_ws, cfg->uid_base, 0755, err) < 0 ||
-	    ns_mkdir_owned(p->run, cfg->uid_base, 0700, err) < 0)
+	    ns_mkdir_root(p->run, err) < 0 || ns_run_mount(p->run, cfg->uid_base, err) < 0)
 		return -1;
 	if (ns_path(sb->guest_socket, p->run, "guest.sock", err) < 0)
 		return -1;
@@ -753,7 +775,7 @@ void ns_sandbox_init(struct ns_sandbox *sb)
  * mount no one attached goes with its last fd). */
 static void ns_layer_trees_close(struct ns_plan *p)
 {
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < 4; i++) {
 		if (p->layer_tree[i] >= 0)
 			close(p->layer_tree[i]);
 		p->layer_tree[i] = -1;
@@ -761,15 +783,17 @@ static void ns_layer_trees_close(struct ns_plan *p)
 }
 
 /* ns_layer_trees: detached bind mounts (nosuid, nodev) of the layer's
- * home, tmp and workspace, made here where the layer is mounted, for a
+ * home, tmp and workspace and of the run tmpfs (also noexec), made here where the layer is mounted, for a
  * child that starts from the clean mount namespace (close-on-exec; the
  * child inherits them). */
 static int ns_layer_trees(struct ns_plan *p, struct tt_err *err)
 {
-	const char *src[3] = { p->layer_home, p->layer_tmp, p->layer_ws };
-	struct mount_attr a = { .attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV };
+	const char *src[4] = { p->layer_home, p->layer_tmp, p->layer_ws, p->run };
 
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < 4; i++) {
+		struct mount_attr a = { .attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV |
+		                                    (i == 3 ? MOUNT_ATTR_NOEXEC : 0) };
+
 		/* Privileged: a private, detached copy of one layer directory
 		 * (no submounts), to be attached in the sandbox's namespace. */
 		p->layer_tree[i] = open_tree(AT_FDCWD, src[i], OPEN_TREE_CLONE |
@@ -786,7 +810,7 @@ static int ns_layer_trees(struct ns_plan *p, struct tt_err *err)
 
 /* ns_mntns_detach_layers: in a fresh private copy of the mount tree,
  * detaches every layer filesystem (ext4 on a loop device, mounted on a
- * ".../layer" dir): the clean namespace must not pin any. Child of fork:
+ * ".../layer" dir) and run tmpfs: the clean namespace must not pin any. Child of fork:
  * stdio only, bounded buffer. Returns how many it could not detach. */
 static int ns_mntns_detach_layers(void)
 {
@@ -816,8 +840,13 @@ static int ns_mntns_detach_layers(void)
 		if (sep == NULL || f[4] == NULL)
 			continue;
 		size_t ml = strlen(f[4]);
-		if (strncmp(sep + 3, "ext4 /dev/loop", 14) != 0 || ml < 6 ||
-		    strcmp(f[4] + ml - 6, "/layer") != 0)
+		bool layer = strncmp(sep + 3, "ext4 /dev/loop", 14) == 0 && ml >= 6 &&
+		             strcmp(f[4] + ml - 6, "/layer") == 0;
+		/* A sandbox's run tmpfs (ns_run.c), there for an execution
+		 * running when the manager started. */
+		bool run = strncmp(sep + 3, "tmpfs ", 6) == 0 && ml >= 4 &&
+		           strcmp(f[4] + ml - 4, "/run") == 0 && strstr(f[4], "/sandboxes/");
+		if (!layer && !run)
 			continue;
 		/* Privileged: only in this private copy of the tree. */
 		if (umount2(f[4], MNT_DETACH) < 0)
@@ -899,11 +928,12 @@ int ns_sandbox_launch(const struct ns_config *cfg, struct ns_sandbox *out,
 	struct ns_plan p;
 	memset(&p, 0, sizeof p);
 	p.guest_bin = cfg->guest_bin;
+	p.uid_base = cfg->uid_base;
 	p.log_fd = cfg->log_fd > 2 ? cfg->log_fd : -1;
 	p.cg_tasks[0] = p.cg_tasks[1] = p.cg_tasks[2] = -1;
 	p.netns_fd = cfg->use_netns ? cfg->netns_fd : -1;
 	p.mntns_fd = cfg->use_mntns ? cfg->mntns_fd : -1;
-	p.layer_tree[0] = p.layer_tree[1] = p.layer_tree[2] = -1;
+	p.layer_tree[0] = p.layer_tree[1] = p.layer_tree[2] = p.layer_tree[3] = -1;
 	if (cfg->use_netns && cfg->netns_fd < 0)
 		return tt_err_set(err, TT_ERR_INVALID, "use_netns without a netns fd");
 	if (cfg->use_mntns && cfg->mntns_fd < 0)

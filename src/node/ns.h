@@ -200,6 +200,12 @@ int ns_layer_remove(const char *dir, struct tt_err *err);
  * copied it would copy, privatise and detach them all (measured here: 100
  * extra mounts double the create p50). Needs root; forks a helper. */
 int ns_mntns_clean(struct tt_err *err);
+/* ns_tree_remove: removes the directory tree at path (absolute; no symlink
+ * in its directories), of any depth, fd-relative (ns_tree.c): symlinks in
+ * it are unlinked, never followed, and it never enters another filesystem
+ * (a mount point left inside makes it fail: unmount first). Absent is
+ * fine. 0, or -1 with err (what could be removed is gone). */
+int ns_tree_remove(const char *path, struct tt_err *err);
 /* ns_netns_make: a new, empty network namespace held by the returned fd
  * (close-on-exec, owned by the caller), for ns_config.netns_fd. The calling
  * thread creates it and returns to its own namespace; should that return

@@ -32,6 +32,17 @@ int ns_cgroup_rename(struct ns_sandbox *sb, const char *name, struct tt_err *err
  * dying tasks to leave) and clears the paths. Idempotent. */
 int ns_cgroup_remove(struct ns_sandbox *sb, struct tt_err *err);
 
+/* The sandbox's /run/tether (ns_run.c): a tmpfs of this many bytes and
+ * inodes (the guest socket needs one of each; the rest is the tenant's). */
+#define NS_RUN_BYTES  (4ull << 20)
+#define NS_RUN_INODES 256u
+/* ns_run_mount: mounts the capped tmpfs on dir (a root-only directory of
+ * ours), owned by uid, unless one is mounted there already. */
+int ns_run_mount(const char *dir, uid_t uid, struct tt_err *err);
+/* ns_run_umount: unmounts <sandbox_dir>/run if a tmpfs is mounted there
+ * (lazily when busy). Absent is fine. */
+int ns_run_umount(const char *sandbox_dir, struct tt_err *err);
+
 /* ns_seccomp_build: compiles the sandbox filter to classic BPF in the
  * caller's memory (prog->filter is malloc'd; caller frees with
  * ns_seccomp_free), so the child only has to load it, no allocation. */

@@ -45,6 +45,7 @@
 #include "cleanup.h"
 #include "log.h"
 #include "node/ns.h"
+#include "node/ns_int.h"
 
 #define LAYER_MNT_OPTS "errors=remount-ro,noinit_itable,discard"
 #define LAYER_MOUNT_FLAGS (MS_NOSUID | MS_NODEV)
@@ -459,6 +460,9 @@ int ns_layer_umount(const char *dir, struct tt_err *err)
 	char img[PATH_MAX], mnt[PATH_MAX];
 
 	if (layer_paths(dir, img, mnt, err) < 0)
+		return -1;
+	/* The run tmpfs goes with the layer: mounted exactly as long. */
+	if (ns_run_umount(dir, err) < 0)
 		return -1;
 	for (int i = 0; i < 4 && ns_layer_mounted(dir); i++) {
 		/* Privileged: unmounting the layer we mounted (no symlink is

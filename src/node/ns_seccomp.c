@@ -4,8 +4,12 @@
  * x86_64 ABI is allowed (i386 and x32 calls kill the process: they would
  * bypass a filter written in x86_64 numbers). Compiled in the manager with
  * libseccomp and exported as classic BPF, so the sandbox child only loads
- * it (no allocation after clone). */
+ * it (no allocation after clone). socket(2) and socketpair(2) are allowed
+ * only for the address families a sandbox has a use for. */
 #include <errno.h>
+#include <linux/netlink.h>
+#include <stdbool.h>
+#include <sys/socket.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
@@ -71,6 +75,29 @@ static const unsigned long bad_personality[] = {
 	READ_IMPLIES_EXEC, ADDR_NO_RANDOMIZE, MMAP_PAGE_ZERO,
 };
 
+/* Address families a sandbox may open sockets of: local, IPv4/IPv6 (its
+ * own loopback-only network namespace) and netlink (ip, ss). Every other
+ * family answers EAFNOSUPPORT: AF_VSOCK reaches the worker VM's host side
+ * (a sandbox bound ports in the VM's vsock space), AF_PACKET, AF_BLUETOOTH,
+ * AF_ALG, AF_XDP and the rest are kernel surface with no agent use. */
+static const int allowed_families[] = { AF_UNIX, AF_INET, AF_INET6, AF_NETLINK };
+/* Netlink protocols a sandbox may use: rtnetlink (ip) and sock_diag (ss);
+ * audit, uevents, netfilter, crypto and the others answer EPROTONOSUPPORT. */
+static const int allowed_netlink[] = { NETLINK_ROUTE, NETLINK_SOCK_DIAG };
+/* The kernel refuses families >= this (AF_MAX) and netlink protocols >=
+ * this (MAX_LINKS) itself. */
+#define SC_FAMILIES 46
+#define SC_NETLINK_PROTOS 32
+
+/* sc_in: v is one of the n values of set. */
+static bool sc_in(const int *set, size_t n, int v)
+{
+	for (size_t i = 0; i < n; i++)
+		if (set[i] == v)
+			return true;
+	return false;
+}
+
 /* sc_rule: adds one rule; unknown names (older kernels/libseccomp) are
  * skipped, any other failure is an error (fail closed). */
 static int sc_rule(scmp_filter_ctx ctx, uint32_t action, const char *name,
@@ -82,6 +109,39 @@ static int sc_rule(scmp_filter_ctx ctx, uint32_t action, const char *name,
 	int rc = seccomp_rule_add_array(ctx, action, nr, n, cmp);
 	if (rc < 0)
 		return tt_err_set(err, TT_ERR_SYS, "seccomp: rule for %s: %s", name, strerror(-rc));
+	return 0;
+}
+
+/* sc_socket_rules: socket(2) and socketpair(2) only for the allowed
+ * families (socketpair: AF_UNIX alone, the only family with pairs we
+ * allow), netlink only for the allowed protocols. The kernel reads these
+ * arguments as int: each comparison looks at the low 32 bits alone
+ * (masked), so high bits set by a caller cannot slip past a rule. */
+static int sc_socket_rules(scmp_filter_ctx ctx, struct tt_err *err)
+{
+	const size_t nfam = sizeof allowed_families / sizeof allowed_families[0];
+	const size_t nnl = sizeof allowed_netlink / sizeof allowed_netlink[0];
+
+	for (int fam = 0; fam < SC_FAMILIES; fam++) {
+		struct scmp_arg_cmp c = SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, (uint64_t)fam);
+
+		if (!sc_in(allowed_families, nfam, fam) &&
+		    sc_rule(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), "socket", 1, &c, err) < 0)
+			return -1;
+		if (fam != AF_UNIX &&
+		    sc_rule(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), "socketpair", 1, &c, err) < 0)
+			return -1;
+	}
+	for (int proto = 0; proto < SC_NETLINK_PROTOS; proto++) {
+		struct scmp_arg_cmp c[2] = {
+			SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffu, (uint64_t)AF_NETLINK),
+			SCMP_A2(SCMP_CMP_MASKED_EQ, 0xffffffffu, (uint64_t)proto),
+		};
+
+		if (!sc_in(allowed_netlink, nnl, proto) &&
+		    sc_rule(ctx, SCMP_ACT_ERRNO(EPROTONOSUPPORT), "socket", 2, c, err) < 0)
+			return -1;
+	}
 	return 0;
 }
 
@@ -108,7 +168,7 @@ static int sc_rules(scmp_filter_ctx ctx, struct tt_err *err)
 		if (sc_rule(ctx, SCMP_ACT_ERRNO(EPERM), "personality", 1, &c, err) < 0)
 			return -1;
 	}
-	return 0;
+	return sc_socket_rules(ctx, err);
 }
 
 /* The compiled filter never changes: compiled once per process (on the

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -574,9 +575,52 @@ static void test_migrate_old_schema(void **state)
 	assert_string_equal(got.state, "running");
 }
 
+/* mode_of: the permission bits of path, or -1. */
+static int mode_of(const char *path)
+{
+	struct stat st;
+
+	return stat(path, &st) < 0 ? -1 : (int)(st.st_mode & 07777);
+}
+
+/* test_private_files: cp.db and its -wal/-shm are 0600 under a lax umask
+ * from the first byte; files left wider by an older run are narrowed. */
+static void test_private_files(void **state)
+{
+	struct dbfix *f = *state;
+	struct tt_err err = { 0 };
+	char wal[300], shm[300];
+	mode_t old = umask(0);
+
+	snprintf(wal, sizeof(wal), "%s-wal", f->path);
+	snprintf(shm, sizeof(shm), "%s-shm", f->path);
+	/* The fixture opened it under the test's umask: reopen under 0. */
+	cpdb_close(f->db);
+	unlink(f->path);
+	unlink(wal);
+	unlink(shm);
+	f->db = cpdb_open(f->path, &err);
+	assert_non_null(f->db);
+	assert_int_equal(mode_of(f->path), 0600);
+	assert_int_equal(mode_of(wal), 0600);
+	assert_int_equal(mode_of(shm), 0600);
+	/* An older run's wider files. */
+	cpdb_close(f->db);
+	assert_int_equal(chmod(f->path, 0644), 0);
+	if (mode_of(wal) >= 0)
+		assert_int_equal(chmod(wal, 0666), 0);
+	f->db = cpdb_open(f->path, &err);
+	assert_non_null(f->db);
+	umask(old);
+	assert_int_equal(mode_of(f->path), 0600);
+	assert_true(mode_of(wal) == -1 || mode_of(wal) == 0600);
+	assert_int_equal(mode_of(shm), 0600);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_private_files, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_generation_never_reused,
 		                                setup, teardown),
 		cmocka_unit_test_setup_teardown(test_feed_revs_monotonic,

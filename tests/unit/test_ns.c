@@ -74,6 +74,8 @@ static void fx_free(struct fixture *fx)
 {
 	struct tt_err err;
 	assert_int_equal(ns_sandbox_stop(&fx->sb, &err), 0);
+	/* The run tmpfs (and a layer, if any) stays mounted after a stop. */
+	assert_int_equal(ns_layer_umount(fx->dir, &err), 0);
 	char cmd[128];
 	snprintf(cmd, sizeof cmd, "rm -rf %s", fx->dir);
 	assert_int_equal(system(cmd), 0);

@@ -11,7 +11,7 @@
 #include <sys/types.h>
 
 #include "err.h"
-#include "node/ns.h"
+#include "substrate/ns/ns.h"
 
 /* A spawned bridge: our child until reaped. pid 0 = none. */
 struct bridge_proc {

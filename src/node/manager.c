@@ -41,7 +41,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "node/bridgectl.h"
-#include "node/ns.h"
+#include "substrate/ns/ns.h"
 #include "node/paths.h"
 #include "snapshot.h"
 #include "snapstore.h"

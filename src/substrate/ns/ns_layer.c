@@ -44,7 +44,7 @@
 
 #include "cleanup.h"
 #include "log.h"
-#include "node/ns.h"
+#include "substrate/ns/ns.h"
 
 #define LAYER_MNT_OPTS "errors=remount-ro,noinit_itable,discard"
 #define LAYER_MOUNT_FLAGS (MS_NOSUID | MS_NODEV)

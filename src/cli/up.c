@@ -26,7 +26,7 @@
 #include "cli/verbs.h"
 #include "client/tether.h"
 #include "http.h"
-#include "node/paths.h"
+#include "manager/paths.h"
 
 #define UP_READY_SECONDS 30
 

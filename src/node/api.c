@@ -37,7 +37,7 @@
 #include "metrics.h"
 #include "node/mgrconn.h"
 #include "node/node.h"
-#include "node/paths.h"
+#include "manager/paths.h"
 #include "node/ws_exec.h"
 #include "tetherd/roles.h"
 #include "wire.h"

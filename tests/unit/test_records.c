@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "node/records.h"
+#include "manager/records.h"
 
 #define SBX_A "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa"
 #define SBX_B "sbx_bbbbbbbbbbbbbbbbbbbbbbbbbb"

@@ -307,7 +307,7 @@ static int bridge_finish(struct manager *m, struct mgr_exec *ex, struct bridge_p
 }
 
 void exec_cfg(struct manager *m, struct ns_config *cfg, const char *dir,
-                     uint32_t slot)
+              uint32_t slot)
 {
 	cfg->sandbox_dir = dir;
 	cfg->guest_bin = m->guest_bin;
@@ -338,7 +338,7 @@ void exec_runtime_init(struct manager *m, struct mgr_exec *ex)
 }
 
 struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec,
-                                   struct tt_err *err)
+                            struct tt_err *err)
 {
 	struct mgr_exec *ex = calloc(1, sizeof(*ex));
 	char dir[PATH_MAX];

@@ -175,7 +175,7 @@ static int layer_restore_into(struct manager *m, const struct rec_exec *rec,
 }
 
 int layer_restore(struct manager *m, const struct rec_exec *rec,
-                         const char *key, struct tt_err *err)
+                  const char *key, struct tt_err *err)
 {
 	char ksbx[SNAPSTORE_SBX_MAX + 1], dir[PATH_MAX];
 	struct snapshot_stats st = { 0 };

@@ -93,8 +93,8 @@ struct mgr_conn {
 	uint8_t buf[WIRE_PAYLOAD_MAX + WIRE_HDR_LEN];
 };
 
-/* Why an execution was lost while we ran (recover's finds get a generic
- * reason): what a watcher is told. Owned by manager.lost. */
+/* Why an execution was lost while we ran (recover_adopt's finds get a
+ * generic reason): what a watcher is told. Owned by manager.lost. */
 struct mgr_lost {
 	char sbx[TT_SBX_ID_LEN + 1];
 	uint64_t gen;
@@ -208,7 +208,7 @@ struct manager {
 	struct tt_err spare_sb_err;
 };
 
-/* ---- manager.c ------------------------------------------------------------- */
+/* ---- manager.c -------------------------------------------------------- */
 
 /* pidfd_open_raw: glibc 2.36 lacks a wrapper in older headers. */
 int pidfd_open_raw(pid_t pid);
@@ -221,7 +221,7 @@ int64_t mgr_now_us(void);
 /* manager_shutdown: stops every execution and the server; the loop ends. */
 void manager_shutdown(struct manager *m);
 
-/* ---- conn.c ---------------------------------------------------------------- */
+/* ---- conn.c ----------------------------------------------------------- */
 
 /* waiting_add: c now reads its next REQUEST (shutdown closes it). */
 void waiting_add(struct mgr_conn *c);
@@ -237,12 +237,12 @@ void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 /* conn_accept_cb: accept, check the peer, start reading its REQUEST. */
 void conn_accept_cb(uv_stream_t *server, int status);
 
-/* ---- admit.c --------------------------------------------------------------- */
+/* ---- admit.c ---------------------------------------------------------- */
 
 /* admit_data_op: admission, DECISION, then (allowed) connect the bridge. */
 void admit_data_op(struct mgr_conn *c);
 
-/* ---- exec.c ---------------------------------------------------------------- */
+/* ---- exec.c ----------------------------------------------------------- */
 
 /* exec_find: runtime state of sbx, or NULL. */
 struct mgr_exec *exec_find(struct manager *m, const char *sbx);
@@ -276,7 +276,7 @@ int exec_watch(struct manager *m, struct mgr_exec *ex, struct tt_err *err);
  * of slot, the layer's cap, and the spare netns (then consumed: the caller
  * closes it) and the clean mount namespace when there are. */
 void exec_cfg(struct manager *m, struct ns_config *cfg, const char *dir,
-                     uint32_t slot);
+              uint32_t slot);
 /* exec_runtime_init: what every runtime state starts with, started here
  * or adopted after a restart: its owner, a serial never handed out before,
  * and its (empty) pool of bridge connections (NULL when out of memory:
@@ -285,9 +285,9 @@ void exec_runtime_init(struct manager *m, struct mgr_exec *ex);
 /* exec_start: starts the sandbox and its bridge for rec (state starting);
  * fills the runtime state. Nothing is left running on failure. */
 struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec,
-                                   struct tt_err *err);
+                            struct tt_err *err);
 
-/* ---- layer.c --------------------------------------------------------------- */
+/* ---- layer.c ---------------------------------------------------------- */
 
 /* sandbox_tree_remove: deletes a sandbox directory; its layer filesystem is
  * unmounted and its image deleted first (nftw stays on the directory's
@@ -318,13 +318,13 @@ void snapshots_remove(struct manager *m, const char *sbx);
  * old filesystem (its size, stray inodes) survives. On failure nothing
  * stays mounted. */
 int layer_restore(struct manager *m, const struct rec_exec *rec,
-                         const char *key, struct tt_err *err);
+                  const char *key, struct tt_err *err);
 /* layer_discard: the layer of sbx once its snapshot is published: it
  * lives in the store now, and resumes always restore it. Its image goes
  * (unmounted first), then the mount point. */
 void layer_discard(struct manager *m, const char *sbx);
 
-/* ---- spare.c --------------------------------------------------------------- */
+/* ---- spare.c ---------------------------------------------------------- */
 
 /* spare_kick: schedules a refill right after the current loop iteration,
  * or once a failure's backoff is over. */
@@ -345,7 +345,7 @@ bool spare_claim(struct manager *m, const char *dir, struct ns_sandbox *sb);
 /* spare_init: fresh spares (a tree left by an earlier run is made again). */
 void spare_init(struct manager *m);
 
-/* ---- apply.c --------------------------------------------------------------- */
+/* ---- apply.c ---------------------------------------------------------- */
 
 /* update_str: a bounded string member of an update ("" allowed only when
  * empty_ok). */
@@ -356,7 +356,7 @@ uint64_t update_u64(json_t *u, const char *key);
  * the RESULT follows (maybe after a pause). -1: bad request. */
 int apply_feed(struct mgr_conn *c);
 
-/* ---- pause.c --------------------------------------------------------------- */
+/* ---- pause.c ---------------------------------------------------------- */
 
 /* pause_published: a pause of an execution that no longer runs here,
  * whose snapshot is complete in the store: the pause ran and published
@@ -378,20 +378,20 @@ typedef void (*pause_done_fn)(void *arg, json_t *result);
 int pause_start(struct manager *m, struct mgr_conn *c, json_t *u, uint64_t rev,
                 pause_done_fn done, void *arg, struct tt_err *err);
 
-/* ---- recover.c ------------------------------------------------------------- */
+/* ---- recover.c -------------------------------------------------------- */
 
 /* lost_forget: sbx runs again (or is gone): its loss is no news. */
 void lost_forget(struct manager *m, const char *sbx);
 /* lost_note: remembers why r was lost (for a watcher that comes later)
  * and tells the watcher now. */
 void lost_note(struct manager *m, const struct rec_exec *r,
-                      const char *reason, bool reactivate);
+               const char *reason, bool reactivate);
 /* watch_start: {"op":"watch"}: the connection hears of every execution
  * lost from now on, first of those lost already (found so at start: the
  * worker restarted without their processes; relaunched as the next
  * generation). */
 void watch_start(struct mgr_conn *c);
-/* recover: after a restart, adopt executions whose processes are still the
+/* recover_adopt: after a restart, adopt executions whose processes are still the
  * recorded ones; mark the others lost (admission: RefreshRoute). */
 void recover_adopt(struct manager *m);
 

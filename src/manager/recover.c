@@ -64,7 +64,7 @@ void lost_forget(struct manager *m, const char *sbx)
 }
 
 void lost_note(struct manager *m, const struct rec_exec *r,
-                      const char *reason, bool reactivate)
+               const char *reason, bool reactivate)
 {
 	struct mgr_lost *l = lost_find(m, r->id.sbx);
 
@@ -158,8 +158,8 @@ static void cgroups_release(const struct rec_exec *r)
 
 /* bridge_adopt: takes over the bridge of an execution our predecessor
  * started (guest/hello.h, "Adoption"): it must be the recorded bridge
- * (verify_peer against the identity pinned in recover), challenge us, and
- * accept the proof made with the recorded adoption key. Blocking, each
+ * (verify_peer against the identity pinned in recover_adopt), challenge
+ * us, and accept the proof made with the recorded adoption key. Blocking, each
  * read and write bounded (the bridge is local): runs once per execution,
  * at start, before we serve. */
 static int bridge_adopt(struct manager *m, struct mgr_exec *ex, const struct rec_exec *r,

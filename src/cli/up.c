@@ -154,7 +154,7 @@ static int up_parse(struct up *u, int argc, char **argv)
 	}
 	{
 		/* Refused now rather than by the first worker: each worker's
-		 * state dir is STATE/workers/wN (node/paths.h). */
+		 * state dir is STATE/workers/wN (manager/paths.h). */
 		size_t max = TT_WORKER_STATE_MAX - strlen("/workers/w") -
 		             (size_t)snprintf(NULL, 0, "%d", u->workers);
 

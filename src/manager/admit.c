@@ -240,6 +240,7 @@ static bool decision_may_wait(const char *op, const json_t *req)
 	       strcmp(op, "fs.remove") == 0;
 }
 
+/* admit_data_op: see manager_int.h. */
 void admit_data_op(struct mgr_conn *c)
 {
 	struct manager *m = c->m;

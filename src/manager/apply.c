@@ -30,6 +30,7 @@ struct mgr_apply {
 
 static void apply_continue(struct mgr_apply *ap);
 
+/* update_str: see manager_int.h. */
 const char *update_str(json_t *u, const char *key, size_t max, bool empty_ok)
 {
 	const char *s = json_string_value(json_object_get(u, key));
@@ -41,6 +42,7 @@ const char *update_str(json_t *u, const char *key, size_t max, bool empty_ok)
 	return s;
 }
 
+/* update_u64: see manager_int.h. */
 uint64_t update_u64(json_t *u, const char *key)
 {
 	json_t *v = json_object_get(u, key);
@@ -397,6 +399,7 @@ static void apply_continue(struct mgr_apply *ap)
 	apply_finish(ap);
 }
 
+/* apply_feed: see manager_int.h. */
 int apply_feed(struct mgr_conn *c)
 {
 	json_t *updates = json_object_get(c->req, "updates");

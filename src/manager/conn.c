@@ -14,6 +14,7 @@
 #include "uvutil.h"
 #include "wire_json.h"
 
+/* waiting_add: see manager_int.h. */
 void waiting_add(struct mgr_conn *c)
 {
 	c->wnext = c->m->waiting;
@@ -37,6 +38,7 @@ static void waiting_del(struct mgr_conn *c)
 	c->waiting = false;
 }
 
+/* conn_free: see manager_int.h. */
 void conn_free(struct mgr_conn *c)
 {
 	struct mgr_conn **pp;
@@ -59,6 +61,7 @@ void conn_free(struct mgr_conn *c)
 	free(c);
 }
 
+/* conn_fail: see manager_int.h. */
 void conn_fail(struct mgr_conn *c, const char *code, const char *msg)
 {
 	log_warn("operation on %s failed: %s: %s", c->sbx[0] ? c->sbx : "-", code, msg);
@@ -112,6 +115,7 @@ static void handle_control(struct mgr_conn *c, const char *op)
 	conn_free(c);
 }
 
+/* conn_alloc_cb: see manager_int.h. */
 void conn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
 	struct mgr_conn *c = h->data;
@@ -120,6 +124,7 @@ void conn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 	*buf = uv_buf_init((char *)c->buf, sizeof(c->buf));
 }
 
+/* conn_read_cb: see manager_int.h. */
 void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
 	struct mgr_conn *c = s->data;
@@ -173,6 +178,7 @@ static bool peer_allowed(struct manager *m, uv_pipe_t *p, struct ucred *cr)
 	return cr->uid == m->peer_uid && cr->pid == m->peer_pid;
 }
 
+/* conn_accept_cb: see manager_int.h. */
 void conn_accept_cb(uv_stream_t *server, int status)
 {
 	struct manager *m = server->data;

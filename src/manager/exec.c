@@ -25,6 +25,7 @@
 #define MGR_POOL_IDLE_MAX 4
 #define MGR_POOL_IDLE_MS 30000
 
+/* exec_find: see manager_int.h. */
 struct mgr_exec *exec_find(struct manager *m, const char *sbx)
 {
 	for (struct mgr_exec *ex = m->execs; ex; ex = ex->next)
@@ -33,6 +34,7 @@ struct mgr_exec *exec_find(struct manager *m, const char *sbx)
 	return NULL;
 }
 
+/* sandbox_dir: see manager_int.h. */
 int sandbox_dir(const struct manager *m, const char *sbx, char *out, size_t cap)
 {
 	int n = snprintf(out, cap, "%s/sandboxes/%s", m->state_dir, sbx);
@@ -40,6 +42,7 @@ int sandbox_dir(const struct manager *m, const char *sbx, char *out, size_t cap)
 	return n > 0 && (size_t)n < cap ? 0 : -1;
 }
 
+/* uid_base_of: see manager_int.h. */
 uid_t uid_base_of(const struct rec_exec *rec)
 {
 	return MGR_UID_BASE + MGR_UID_COUNT * rec->slot;
@@ -54,6 +57,7 @@ static void exec_poll_close_cb(uv_handle_t *h)
 		free(ex);
 }
 
+/* exec_free: see manager_int.h. */
 void exec_free(struct mgr_exec *ex)
 {
 	ex->polls_open = (int)ex->init_poll_on + (int)ex->bridge_poll_on;
@@ -68,6 +72,7 @@ void exec_free(struct mgr_exec *ex)
 	ex->init_poll_on = ex->bridge_poll_on = false;
 }
 
+/* cancel_leases: see manager_int.h. */
 void cancel_leases(struct manager *m, const char *sbx)
 {
 	struct mgr_conn *c = m->ops, *next;
@@ -81,6 +86,7 @@ void cancel_leases(struct manager *m, const char *sbx)
 	}
 }
 
+/* cancel_input_streams: see manager_int.h. */
 void cancel_input_streams(struct manager *m, const char *sbx)
 {
 	struct mgr_conn *c = m->ops, *next;
@@ -113,6 +119,7 @@ static void bridge_kill(struct mgr_exec *ex)
 		waitpid(ex->bridge_pid, NULL, 0);
 }
 
+/* exec_stop: see manager_int.h. */
 void exec_stop(struct manager *m, struct mgr_exec *ex)
 {
 	struct mgr_exec **pp;
@@ -154,6 +161,7 @@ void exec_stop(struct manager *m, struct mgr_exec *ex)
 	exec_free(ex);
 }
 
+/* exec_mark_state: see manager_int.h. */
 void exec_mark_state(struct manager *m, const char *sbx, enum rec_state st)
 {
 	const struct rec_exec *cur = records_get(m->db, sbx);
@@ -192,6 +200,7 @@ static void exec_died_cb(uv_poll_t *p, int status, int events)
 		          "exited" : "its host bridge exited", true);
 }
 
+/* exec_watch: see manager_int.h. */
 int exec_watch(struct manager *m, struct mgr_exec *ex, struct tt_err *err)
 {
 	ex->init_poll.data = ex;
@@ -306,6 +315,7 @@ static int bridge_finish(struct manager *m, struct mgr_exec *ex, struct bridge_p
 	return 0;
 }
 
+/* exec_cfg: see manager_int.h. */
 void exec_cfg(struct manager *m, struct ns_config *cfg, const char *dir,
               uint32_t slot)
 {
@@ -330,6 +340,7 @@ void exec_cfg(struct manager *m, struct ns_config *cfg, const char *dir,
 	}
 }
 
+/* exec_runtime_init: see manager_int.h. */
 void exec_runtime_init(struct manager *m, struct mgr_exec *ex)
 {
 	ex->m = m;
@@ -337,6 +348,7 @@ void exec_runtime_init(struct manager *m, struct mgr_exec *ex)
 	ex->pool = uvutil_pool_new(m->loop, MGR_POOL_IDLE_MAX, MGR_POOL_IDLE_MS);
 }
 
+/* exec_start: see manager_int.h. */
 struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec,
                             struct tt_err *err)
 {

@@ -27,6 +27,7 @@ static int rm_cb(const char *p, const struct stat *st, int type, struct FTW *ftw
 	return unlink(p) < 0 && errno != ENOENT ? -1 : 0;
 }
 
+/* sandbox_tree_remove: see manager_int.h. */
 int sandbox_tree_remove(const char *path)
 {
 	struct tt_err err = { 0 };
@@ -41,6 +42,7 @@ int sandbox_tree_remove(const char *path)
 	return nftw(path, rm_cb, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
 }
 
+/* layer_unmount_of: see manager_int.h. */
 void layer_unmount_of(struct manager *m, const char *sbx)
 {
 	struct tt_err err = { 0 };
@@ -50,6 +52,7 @@ void layer_unmount_of(struct manager *m, const char *sbx)
 		log_warn("unmounting the layer of %s: %s", sbx, err.msg);
 }
 
+/* snapshots_gc: see manager_int.h. */
 void snapshots_gc(struct manager *m)
 {
 	struct snapstore *s = NULL;
@@ -66,6 +69,7 @@ void snapshots_gc(struct manager *m)
 	snapstore_close(s);
 }
 
+/* snapshots_remove: see manager_int.h. */
 void snapshots_remove(struct manager *m, const char *sbx)
 {
 	struct snapstore *s = NULL;
@@ -174,6 +178,7 @@ static int layer_restore_into(struct manager *m, const struct rec_exec *rec,
 	return layer_move_up(ldfd, "restore", err);
 }
 
+/* layer_restore: see manager_int.h. */
 int layer_restore(struct manager *m, const struct rec_exec *rec,
                   const char *key, struct tt_err *err)
 {
@@ -208,6 +213,7 @@ int layer_restore(struct manager *m, const struct rec_exec *rec,
 	return 0;
 }
 
+/* layer_discard: see manager_int.h. */
 void layer_discard(struct manager *m, const char *sbx)
 {
 	_cleanup_close_ int dfd = -1;

@@ -28,16 +28,19 @@
 #define MGR_CAPCACHE_ENTRIES 4096
 #define MGR_LOCK_WAIT_MS 10000     /* for a predecessor on its way out */
 
+/* pidfd_open_raw: see manager_int.h. */
 int pidfd_open_raw(pid_t pid)
 {
 	return (int)syscall(SYS_pidfd_open, pid, 0);
 }
 
+/* pidfd_signal: see manager_int.h. */
 int pidfd_signal(int pidfd, int sig)
 {
 	return (int)syscall(SYS_pidfd_send_signal, pidfd, sig, NULL, 0);
 }
 
+/* mgr_now_ms: see manager_int.h. */
 int64_t mgr_now_ms(void)
 {
 	struct timespec ts;
@@ -46,6 +49,7 @@ int64_t mgr_now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* mgr_now_us: see manager_int.h. */
 int64_t mgr_now_us(void)
 {
 	struct timespec ts;
@@ -73,6 +77,7 @@ static void sock_dir_remove(struct manager *m)
 	m->own_sock_dir = false;
 }
 
+/* manager_shutdown: see manager_int.h. */
 void manager_shutdown(struct manager *m)
 {
 	if (m->stopping)

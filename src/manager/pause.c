@@ -106,6 +106,7 @@ static json_t *pause_result_ok(uint64_t rev, const char *sbx, uint64_t gen,
 	                 (json_int_t)info->size, "checksum", "blake2b:", sum);
 }
 
+/* pause_published: see manager_int.h. */
 json_t *pause_published(struct manager *m, json_t *u, uint64_t rev)
 {
 	const char *sbx = update_str(u, "sandbox", TT_SBX_ID_LEN, false);
@@ -329,6 +330,7 @@ static void pause_drain_cb(uv_timer_t *t)
 	pause_freeze(p);
 }
 
+/* pause_start: see manager_int.h. */
 int pause_start(struct manager *m, struct mgr_conn *c, json_t *u, uint64_t rev,
                 pause_done_fn done, void *arg, struct tt_err *err)
 {

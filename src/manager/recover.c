@@ -50,6 +50,7 @@ static struct mgr_lost *lost_find(struct manager *m, const char *sbx)
 	return NULL;
 }
 
+/* lost_forget: see manager_int.h. */
 void lost_forget(struct manager *m, const char *sbx)
 {
 	for (struct mgr_lost **pp = &m->lost; *pp != NULL; pp = &(*pp)->next) {
@@ -63,6 +64,7 @@ void lost_forget(struct manager *m, const char *sbx)
 	}
 }
 
+/* lost_note: see manager_int.h. */
 void lost_note(struct manager *m, const struct rec_exec *r,
                const char *reason, bool reactivate)
 {
@@ -89,6 +91,7 @@ static void watch_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 		conn_free(s->data);
 }
 
+/* watch_start: see manager_int.h. */
 void watch_start(struct mgr_conn *c)
 {
 	struct manager *m = c->m;
@@ -212,6 +215,7 @@ static int bridge_adopt(struct manager *m, struct mgr_exec *ex, const struct rec
 	return rc;
 }
 
+/* recover_adopt: see manager_int.h. */
 void recover_adopt(struct manager *m)
 {
 	for (size_t i = 0; i < records_count(m->db); i++) {

@@ -99,6 +99,7 @@ static void spare_refill_cb(uv_timer_t *t)
 	spare_sb_launch(m);
 }
 
+/* spare_kick: see manager_int.h. */
 void spare_kick(struct manager *m)
 {
 	int64_t wait = m->spare_retry_at - mgr_now_ms();
@@ -123,6 +124,7 @@ static void spare_succeeded(struct manager *m)
 	m->spare_retry_at = 0;
 }
 
+/* spare_sb_stop: see manager_int.h. */
 void spare_sb_stop(struct manager *m)
 {
 	struct tt_err err = { 0 };
@@ -151,6 +153,7 @@ static void spare_sb_work_cb(uv_work_t *w)
 	uv_mutex_unlock(&m->spare_sb_mu);
 }
 
+/* spare_sb_take: see manager_int.h. */
 void spare_sb_take(struct manager *m)
 {
 	if (!m->spare_sb_busy || m->spare_sb_taken)
@@ -224,6 +227,7 @@ static void spare_sb_launch(struct manager *m)
 		m->spare_sb_busy = true;
 }
 
+/* spare_claim: see manager_int.h. */
 bool spare_claim(struct manager *m, const char *dir, struct ns_sandbox *sb)
 {
 	struct pollfd pf;
@@ -267,6 +271,7 @@ bool spare_claim(struct manager *m, const char *dir, struct ns_sandbox *sb)
 	return true;
 }
 
+/* spare_init: see manager_int.h. */
 void spare_init(struct manager *m)
 {
 	snprintf(m->spare_dir, sizeof(m->spare_dir), "%s/sandboxes/.spare", m->state_dir);

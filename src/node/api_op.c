@@ -17,11 +17,13 @@
 #include "metrics.h"
 #include "node/api_int.h"
 
+/* api_now_us: see api_int.h. */
 uint64_t api_now_us(void)
 {
 	return uv_hrtime() / 1000u;
 }
 
+/* buf_append: see api_int.h. */
 int buf_append(struct api_buf *b, const void *data, size_t len,
                size_t cap)
 {
@@ -97,6 +99,7 @@ static json_t *utf8_json_string(const uint8_t *s, size_t n)
 	return json_stringn(o, w);
 }
 
+/* api_count: see api_int.h. */
 void api_count(enum api_route r, unsigned status, uint64_t t0_us)
 {
 	char labels[96];
@@ -125,6 +128,7 @@ static unsigned guest_error_status(const char *code)
 	return 500;
 }
 
+/* op_free: see api_int.h. */
 void op_free(struct api_op *op)
 {
 	struct api_chunk *c, *next;
@@ -193,6 +197,7 @@ static void op_reply_json(struct api_op *op, unsigned status, json_t *obj)
 	op_reply(op, status, s);
 }
 
+/* op_reply_error: see api_int.h. */
 void op_reply_error(struct api_op *op, unsigned status,
                     const char *code, const char *msg)
 {
@@ -200,6 +205,7 @@ void op_reply_error(struct api_op *op, unsigned status,
 	                                    "message", msg));
 }
 
+/* deny_malformed_json: see api_int.h. */
 char *deny_malformed_json(const char *sbx)
 {
 	json_t *o = json_pack("{s:s,s:s,s:s}", "decision", "deny", "reason",
@@ -210,6 +216,7 @@ char *deny_malformed_json(const char *sbx)
 	return s;
 }
 
+/* op_send: see api_int.h. */
 bool op_send(struct api_op *op, uint8_t type, const void *data,
              size_t len)
 {
@@ -224,6 +231,7 @@ bool op_send(struct api_op *op, uint8_t type, const void *data,
 	return false;
 }
 
+/* put_flush: see api_int.h. */
 void put_flush(struct api_op *op)
 {
 	if (op->pending.len > 0) {
@@ -455,6 +463,7 @@ static void op_on_drain(void *arg)
 		put_flush(op);
 }
 
+/* op_start: see api_int.h. */
 void op_start(struct api_op *op)
 {
 	static const struct mgrconn_cbs cbs = {

@@ -12,6 +12,7 @@
 #include "log.h"
 #include "node/api_int.h"
 
+/* stream_fail: see api_int.h. */
 void stream_fail(struct api_op *op, unsigned status, const char *code,
                  const char *msg)
 {
@@ -28,6 +29,7 @@ void stream_fail(struct api_op *op, unsigned status, const char *code,
 		lws_callback_on_writable(op->wsi);
 }
 
+/* stream_on_meta: see api_int.h. */
 void stream_on_meta(struct api_op *op, const struct wire_frame *f)
 {
 	json_error_t jerr;
@@ -52,6 +54,7 @@ void stream_on_meta(struct api_op *op, const struct wire_frame *f)
 		lws_callback_on_writable(op->wsi);
 }
 
+/* stream_push: see api_int.h. */
 void stream_push(struct api_op *op, const uint8_t *data, size_t len)
 {
 	struct api_chunk *c;
@@ -84,6 +87,7 @@ void stream_push(struct api_op *op, const uint8_t *data, size_t len)
 	}
 }
 
+/* list_feed: see api_int.h. */
 void list_feed(struct api_op *op, const uint8_t *data, size_t len)
 {
 	for (size_t i = 0; i < len; i++)
@@ -101,6 +105,7 @@ void list_feed(struct api_op *op, const uint8_t *data, size_t len)
 		op_reply_error(op, 413, "too_large", "the listing is over 4 MiB");
 }
 
+/* list_build: see api_int.h. */
 json_t *list_build(struct api_op *op, json_t *total)
 {
 	json_t *arr = json_array();
@@ -191,6 +196,7 @@ static int stream_write_whole(struct lws *wsi, struct api_pss *pss, struct api_o
 	return stream_done(wsi, pss, op);
 }
 
+/* stream_write: see api_int.h. */
 int stream_write(struct lws *wsi, struct api_pss *pss, struct api_op *op)
 {
 	if (op->stream_abort) {

@@ -22,6 +22,7 @@ LDFLAGS += $(SAN)
 LIB_SRC    := $(wildcard lib/*.c)
 CLIENT_SRC := $(wildcard src/client/*.c)
 ROLE_SRC   := $(wildcard src/tetherd/*.c src/cp/*.c src/edge/*.c src/node/*.c \
+                         src/manager/*.c src/substrate/ns/*.c \
                          src/gateway/*.c)
 BRIDGE_SRC := $(wildcard src/bridge/*.c)
 CLI_SRC    := $(wildcard src/cli/*.c)

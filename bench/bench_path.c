@@ -40,7 +40,7 @@
 
 #include "bench_util.h"
 #include "client/tether.h"
-#include "node/ns.h"
+#include "substrate/ns/ns.h"
 
 #define EXTRA_HOPS 4 /* edge, node-api, sbx-manager, bridge */
 #define CREATES 100

@@ -1,5 +1,5 @@
 /* libuv plumbing shared by the two wire-protocol servers on a node: the
- * sbx-manager (src/node/manager.c) and the host bridge (src/bridge/). Both
+ * sbx-manager (src/manager/) and the host bridge (src/bridge/). Both
  * listen on a private Unix socket and serve operations in sequence on each
  * connection, each starting with a REQUEST frame; a small pool of idle
  * connections each keeps towards the next hop is here too.

@@ -1,6 +1,6 @@
 /* tether-bridge's options: its command line, and a spare's assignment
  * (the activation secret, then the execution's options as NUL-terminated
- * words; src/node/bridgectl.c writes it). Parsing only: no I/O but the
+ * words; src/manager/bridgectl.c writes it). Parsing only: no I/O but the
  * assignment's read, so the parser is fuzzed (fuzz/fuzz_assign.c). */
 #ifndef TETHER_BRIDGE_ARGS_H
 #define TETHER_BRIDGE_ARGS_H

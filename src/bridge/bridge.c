@@ -25,7 +25,7 @@
  * fails the operation (ERROR transport); the next operation takes another
  * idle one or opens a new connection, verified again.
  * Started with its execution on the command line, or (what the manager
- * does, src/node/bridgectl.c) as a spare: --assign-fd only, so its exec,
+ * does, src/manager/bridgectl.c) as a spare: --assign-fd only, so its exec,
  * library loading and libsodium are done ahead of the create; it waits
  * (named "bridge-spare") for the activation secret and the execution's
  * options on that pipe, and exits quietly at EOF without them (the

@@ -1,6 +1,6 @@
 /* Refusal reasons of the bridge checks (SPEC §5), shared, header-only, by
  * the host bridge (src/bridge, its own binary) and the sbx-manager's check
- * of its bridges (src/node/manager.c): one metric label per kind of
+ * of its bridges (src/manager/admit.c): one metric label per kind of
  * evidence that failed, for tether_bridge_refusals_total{reason}. The
  * evidence library (lib/procid, lib/sockdiag) says what failed in its
  * TT_ERR_VERIFY message; this maps the message to the label. */

@@ -24,10 +24,10 @@
 #include "cli/cli.h"
 #include "cli/up.h"
 #include "cli/verbs.h"
-#include "node/uids.h"
+#include "manager/uids.h"
 #include "client/tether.h"
 #include "http.h"
-#include "node/paths.h"
+#include "manager/paths.h"
 
 #define UP_READY_SECONDS 30
 
@@ -127,7 +127,7 @@ static int up_parse(struct up *u, int argc, char **argv)
 		char *end = NULL;
 		if (strcmp(argv[i], "--workers") == 0 && v) {
 			long n = strtol(v, &end, 10);
-			/* Each worker has a host uid range of its own (node/uids.h):
+			/* Each worker has a host uid range of its own (manager/uids.h):
 			 * the 32-bit id space bounds how many fit. */
 			long fit = (long)((UINT32_MAX - 1ull - TT_UID_BASE_DEFAULT) /
 			                  TT_UID_PER_WORKER);
@@ -161,7 +161,7 @@ static int up_parse(struct up *u, int argc, char **argv)
 	}
 	{
 		/* Refused now rather than by the first worker: each worker's
-		 * state dir is STATE/workers/wN (node/paths.h). */
+		 * state dir is STATE/workers/wN (manager/paths.h). */
 		size_t max = TT_WORKER_STATE_MAX - strlen("/workers/w") -
 		             (size_t)snprintf(NULL, 0, "%d", u->workers);
 
@@ -298,7 +298,7 @@ static int up_start(struct up *u)
 		                      "--snapshots", snaps, "--uid-base", uid_base,
 		                      NULL, NULL, NULL };
 		/* Disjoint host uid ranges: sandboxes on different workers never
-		 * share ids, nor the kernel's per-uid limits (node/uids.h). */
+		 * share ids, nor the kernel's per-uid limits (manager/uids.h). */
 		snprintf(uid_base, sizeof(uid_base), "%llu",
 		         TT_UID_BASE_DEFAULT + (unsigned long long)(i - 1) * TT_UID_PER_WORKER);
 		if (u->disk_mb[0]) { /* each sandbox's disk cap (default 1 GiB) */

@@ -9,7 +9,7 @@
  *                     [--ready-fd FD] [--idle-timeout S]
  *
  * --assign-fd: started ahead of its execution (a spare sandbox, see
- * src/node/ns.c), the agent waits for its assignment on FD: the 32-byte
+ * src/substrate/ns/ns.c), the agent waits for its assignment on FD: the 32-byte
  * activation secret, then the sandbox id, generation and activation as
  * NUL-terminated words, then EOF (at most GUEST_ASSIGN_MAX bytes); only
  * then does it listen. EOF before any byte: the manager dropped the spare

@@ -1,6 +1,7 @@
-/* node-api: the worker's HTTP front door (src/node/api.c) and the worker
- * side of the control-plane update feed (src/node/feed.c). Shared state of
- * one node-api process; everything runs on one libuv loop. */
+/* node-api: the worker's HTTP front door (src/node/api.c and the pieces
+ * of api_int.h) and the worker side of the control-plane update feed
+ * (src/node/feed.c). Shared state of one node-api process; everything
+ * runs on one libuv loop. */
 #ifndef TT_NODE_NODE_H
 #define TT_NODE_NODE_H
 
@@ -44,7 +45,7 @@ struct node {
 	struct httpc *httpc;
 	uv_process_t manager;
 	bool manager_running;
-	/* Privilege separation (api.c): started as root, node-api spawns the
+	/* Privilege separation (node.c): started as root, node-api spawns the
 	 * manager, then runs as run_uid/run_gid (--user, default "nobody"). */
 	const char *user;          /* --user NAME; NULL = default */
 	bool drop;                 /* root at start: drop to run_uid */

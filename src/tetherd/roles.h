@@ -8,7 +8,7 @@ int cp_main(int argc, char **argv);      /* src/cp: control plane */
 int signer_main(int argc, char **argv);  /* src/cp: signer, spawned by cp */
 int edge_main(int argc, char **argv);    /* src/edge */
 int node_main(int argc, char **argv);    /* src/node: node-api */
-int manager_main(int argc, char **argv); /* src/node: sbx-manager, spawned by node */
+int manager_main(int argc, char **argv); /* src/manager: sbx-manager, spawned by node */
 int gateway_main(int argc, char **argv); /* src/gateway */
 
 #endif

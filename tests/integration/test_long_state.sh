@@ -11,7 +11,7 @@
 #   create, exec, cp both ways, pause/resume, migrate, rm all work;
 # - an unprivileged `tetherd node` (manager.sock under its ~200-byte state
 #   dir, node-api connecting as nobody) comes up and serves its status;
-# - a state dir past the limit of node/paths.h is refused at once, naming
+# - a state dir past the limit of manager/paths.h is refused at once, naming
 #   the limit, by `tether up` and by `tetherd node`;
 # - after 20 create/rm cycles, a pause and a resume, the manager has no
 #   zombie child (before, each stopped sandbox's init stayed one).
@@ -41,7 +41,7 @@ long_dir() {
 	echo "$d"
 }
 # The longest state dir tether up takes for 2 workers: each worker's,
-# STATE/workers/wN, at most 480 bytes (node/paths.h: runtime.db within
+# STATE/workers/wN, at most 480 bytes (manager/paths.h: runtime.db within
 # SQLite's pathname bound).
 STATE=$(long_dir "$WORK/st" $((480 - 11))) # 11: /workers/w2
 mkdir -p "$STATE"

@@ -43,7 +43,7 @@
 #include <cmocka.h>
 
 #include "guest/hello.h"
-#include "node/bridgectl.h"
+#include "manager/bridgectl.h"
 #include "procid.h"
 #include "wire.h"
 #include "wire_json.h"

@@ -31,7 +31,7 @@
 #include <cmocka.h>
 
 #include "guest/hello.h"
-#include "node/ns.h"
+#include "substrate/ns/ns.h"
 #include "wire.h"
 #include "wire_json.h"
 #include "testutil.h"

@@ -186,7 +186,7 @@ static void op_resume_cb(uv_timer_t *t)
 		mgrconn_resume(o->c);
 }
 
-/* op_frame: records the frame; closes the connection where api.c does. */
+/* op_frame: records the frame; closes the connection where api_op.c does. */
 static void op_frame(void *arg, const struct wire_frame *f)
 {
 	struct op *o = arg;

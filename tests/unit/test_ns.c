@@ -30,7 +30,7 @@
 
 #include "err.h"
 #include "guest/hello.h"
-#include "node/ns.h"
+#include "substrate/ns/ns.h"
 #include "wire.h"
 #include "wire_json.h"
 

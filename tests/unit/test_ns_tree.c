@@ -1,4 +1,4 @@
-/* ns_tree_remove (src/node/ns_tree.c) on real trees: one deeper than
+/* ns_tree_remove (src/substrate/ns/ns_tree.c) on real trees: one deeper than
  * PATH_MAX (3000 levels, a 6000-byte path) and wide, gone entirely;
  * symlinks inside pointing at a directory and a file outside are removed
  * themselves, their targets untouched; a tree with a mount point inside
@@ -19,7 +19,7 @@
 
 #include <cmocka.h>
 
-#include "node/ns.h"
+#include "substrate/ns/ns.h"
 
 #define DEEP 3000
 

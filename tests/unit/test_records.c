@@ -1,4 +1,4 @@
-/* src/node/records: the sbx-manager's SQLite runtime store, on real files:
+/* src/manager/records: the sbx-manager's SQLite runtime store, on real files:
  * persistence across reopen, retire/delete, key ring, applied revision, and
  * crash safety (a writer killed mid-transaction leaves the last commit). */
 #include <setjmp.h>
@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "node/records.h"
+#include "manager/records.h"
 
 #define SBX_A "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa"
 #define SBX_B "sbx_bbbbbbbbbbbbbbbbbbbbbbbbbb"

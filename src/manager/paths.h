@@ -7,8 +7,8 @@
  * (<state>/sandboxes/<sbx>/layer/...) with the sandbox's own files inside
  * it, walked by full path when a pause packs them, must stay within
  * PATH_MAX (4096) with room for their depth. */
-#ifndef TT_NODE_PATHS_H
-#define TT_NODE_PATHS_H
+#ifndef TT_MANAGER_PATHS_H
+#define TT_MANAGER_PATHS_H
 
 /* Longest worker state directory (--state of tetherd node / manager). */
 #define TT_WORKER_STATE_MAX 480

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "cleanup.h"
-#include "node/ns_int.h"
+#include "substrate/ns/ns_int.h"
 
 #define CG_ROOT "/sys/fs/cgroup"
 #define CG_PERIOD_US 100000u

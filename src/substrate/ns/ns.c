@@ -42,8 +42,8 @@
 
 #include "cleanup.h"
 #include "log.h"
-#include "node/ns.h"
-#include "node/ns_int.h"
+#include "substrate/ns/ns.h"
+#include "substrate/ns/ns_int.h"
 
 #define NS_HOSTNAME "sandbox"
 

@@ -2,16 +2,17 @@
  * src/bridge/bridge.c): spawned waiting, then assigned their execution
  * over a pipe, so one can be started ahead of the create that needs it
  * (spawn, exec and loading its libraries: ~1.5 ms off the create path).
- * Process-level only; the execution's bookkeeping stays in manager.c. */
-#ifndef TETHER_NODE_BRIDGECTL_H
-#define TETHER_NODE_BRIDGECTL_H
+ * Process-level only; the execution's bookkeeping is the manager's
+ * (exec.c). */
+#ifndef TT_MANAGER_BRIDGECTL_H
+#define TT_MANAGER_BRIDGECTL_H
 
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
 #include "err.h"
-#include "node/ns.h"
+#include "substrate/ns/ns.h"
 
 /* A spawned bridge: our child until reaped. pid 0 = none. */
 struct bridge_proc {

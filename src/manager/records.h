@@ -5,9 +5,9 @@
  * updates the in-memory mirror that admission reads, so admission never sees
  * a record that is not durable (persist, then apply, then acknowledge).
  * Mutators take a feed revision: when rev > 0 the applied revision is moved
- * to rev in the same transaction. Implementation: src/node/records.c. */
-#ifndef TT_NODE_RECORDS_H
-#define TT_NODE_RECORDS_H
+ * to rev in the same transaction. Implementation: src/manager/records.c. */
+#ifndef TT_MANAGER_RECORDS_H
+#define TT_MANAGER_RECORDS_H
 
 #include <stdbool.h>
 #include <stddef.h>

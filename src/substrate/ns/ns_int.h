@@ -8,7 +8,7 @@
 #include <sys/types.h>
 
 #include "err.h"
-#include "node/ns.h"
+#include "substrate/ns/ns.h"
 
 /* ns_cgroup_create: makes the memory/pids(/cpu) cgroups named
  * tether/<name> (v1 controllers, else a v2 hierarchy with them), applies

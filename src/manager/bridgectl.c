@@ -18,7 +18,7 @@
 
 #include <sodium.h>
 
-#include "node/bridgectl.h"
+#include "manager/bridgectl.h"
 #include "procid.h"
 
 extern char **environ;

@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "cleanup.h"
-#include "node/ns_int.h"
+#include "substrate/ns/ns_int.h"
 
 /* Calls refused outright with EPERM, grouped by reason. */
 static const char *const deny_list[] = {

@@ -24,7 +24,7 @@
 #define NS_DEFAULT_MEMORY_MAX (512ull << 20)
 #define NS_DEFAULT_PIDS_MAX   512u
 #define NS_DEFAULT_READY_MS   10000u
-/* The writable layer as its own filesystem (src/node/ns_layer.c): the
+/* The writable layer as its own filesystem (src/substrate/ns/ns_layer.c): the
  * image's name under sandbox_dir, the default and smallest sizes, and the
  * default bytes per inode (-N = size / this, when no inode cap is given). */
 #define NS_LAYER_IMG             "layer.img"

@@ -1,5 +1,5 @@
 /* sbx-manager runtime store on SQLite (see records.h). */
-#include "node/records.h"
+#include "manager/records.h"
 
 #include <fcntl.h>
 #include <sqlite3.h>

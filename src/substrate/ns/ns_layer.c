@@ -44,8 +44,8 @@
 
 #include "cleanup.h"
 #include "log.h"
-#include "node/ns.h"
-#include "node/ns_int.h"
+#include "substrate/ns/ns.h"
+#include "substrate/ns/ns_int.h"
 
 #define LAYER_MNT_OPTS "errors=remount-ro,noinit_itable,discard"
 #define LAYER_MOUNT_FLAGS (MS_NOSUID | MS_NODEV)

@@ -22,7 +22,7 @@
 
 #include "fsutil.h"
 #include "log.h"
-#include "node/ns.h"
+#include "substrate/ns/ns.h"
 
 /* Directories open at once: the walk's depth before it flattens. */
 #define NS_TREE_DEPTH 32

@@ -17,8 +17,8 @@
 
 #include "cleanup.h"
 #include "log.h"
-#include "node/ns.h"
-#include "node/ns_int.h"
+#include "substrate/ns/ns.h"
+#include "substrate/ns/ns_int.h"
 
 #ifndef TMPFS_MAGIC
 #define TMPFS_MAGIC 0x01021994

@@ -1,0 +1,215 @@
+/* sbx-manager: node-api's connections. Accepted after a peer check, each
+ * reads one REQUEST at a time and hands it to admission (data operations,
+ * admit.c) or answers it here (feed.apply via apply.c, status, watch). */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <uv.h>
+
+#include "log.h"
+#include "manager/manager_int.h"
+#include "metrics.h"
+#include "relay.h"
+#include "uvutil.h"
+#include "wire_json.h"
+
+/* waiting_add: see manager_int.h. */
+void waiting_add(struct mgr_conn *c)
+{
+	c->wnext = c->m->waiting;
+	c->m->waiting = c;
+	c->waiting = true;
+}
+
+/* waiting_del: c is no longer waiting for a REQUEST. */
+static void waiting_del(struct mgr_conn *c)
+{
+	struct mgr_conn **pp;
+
+	if (!c->waiting)
+		return;
+	for (pp = &c->m->waiting; *pp; pp = &(*pp)->wnext)
+		if (*pp == c) {
+			*pp = c->wnext;
+			break;
+		}
+	c->wnext = NULL;
+	c->waiting = false;
+}
+
+/* conn_free: see manager_int.h. */
+void conn_free(struct mgr_conn *c)
+{
+	struct mgr_conn **pp;
+
+	waiting_del(c);
+	if (c->m->watcher == c)
+		c->m->watcher = NULL;
+	for (pp = &c->m->ops; *pp; pp = &(*pp)->next)
+		if (*pp == c) {
+			*pp = c->next;
+			break;
+		}
+	if (c->conn)
+		relay_close_free((uv_stream_t *)c->conn);
+	if (c->bridge)
+		relay_close_free((uv_stream_t *)c->bridge);
+	json_decref(c->req);
+	free(c->decision);
+	free(c->pending);
+	free(c);
+}
+
+/* conn_fail: see manager_int.h. */
+void conn_fail(struct mgr_conn *c, const char *code, const char *msg)
+{
+	log_warn("operation on %s failed: %s: %s", c->sbx[0] ? c->sbx : "-", code, msg);
+	/* node-api reads the DECISION first, always. */
+	if (c->decision != NULL)
+		relay_write_frame((uv_stream_t *)c->conn, WIRE_DECISION, c->decision,
+		                  (uint32_t)strlen(c->decision), NULL);
+	relay_error_close((uv_stream_t *)c->conn, code, msg);
+	c->conn = NULL;
+	conn_free(c);
+}
+
+/* handle_status: {"op":"status"} -> the records and the applied revision. */
+static json_t *handle_status(struct manager *m)
+{
+	json_t *list = json_array();
+
+	for (size_t i = 0; i < records_count(m->db); i++) {
+		const struct rec_exec *r = records_at(m->db, i);
+
+		json_array_append_new(list, json_pack(
+			"{s:s,s:I,s:s,s:s,s:s,s:I,s:b,s:s,s:I,s:i,s:i}", "sandbox", r->id.sbx,
+			"generation", (json_int_t)r->id.gen, "worker", r->id.wrk,
+			"substrate", r->id.sst, "pod", r->id.pod, "activation",
+			(json_int_t)r->id.att, "retired", r->retired, "state",
+			rec_state_name(r->state), "epoch", (json_int_t)r->epoch,
+			"init_pid", (int)r->init_pid, "bridge_pid", (int)r->bridge_pid));
+	}
+	return json_pack("{s:I,s:o}", "applied_rev",
+	                 (json_int_t)records_applied_rev(m->db), "executions", list);
+}
+
+/* handle_control: feed.apply / status; answers RESULT and closes (a
+ * feed.apply holding a pause answers when the pause ends). */
+static void handle_control(struct mgr_conn *c, const char *op)
+{
+	struct tt_err err = { 0 };
+	json_t *res;
+
+	if (strcmp(op, "status") != 0) {
+		if (apply_feed(c) < 0)
+			conn_fail(c, "bad_request", "feed.apply needs an updates array (<= 1000)");
+		return;
+	}
+	res = handle_status(c->m);
+	if (relay_write_json((uv_stream_t *)c->conn, WIRE_RESULT, res, &err) < 0)
+		log_warn("answering %s: %s", op, err.msg);
+	json_decref(res);
+	relay_close_after_writes((uv_stream_t *)c->conn);
+	c->conn = NULL;
+	conn_free(c);
+}
+
+/* conn_alloc_cb: see manager_int.h. */
+void conn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+	struct mgr_conn *c = h->data;
+
+	(void)suggested;
+	*buf = uv_buf_init((char *)c->buf, sizeof(c->buf));
+}
+
+/* conn_read_cb: see manager_int.h. */
+void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+	struct mgr_conn *c = s->data;
+	struct wire_frame f;
+	struct tt_err err = { 0 };
+	const char *op;
+
+	(void)buf;
+	switch (uvutil_read_request(s, c->served, &c->rd, c->buf, nread, &f, &c->pending,
+	                            &c->pending_len, &err)) {
+	case UVUTIL_REQ_MORE:
+		return;
+	case UVUTIL_REQ_READY:
+		waiting_del(c);
+		break;
+	case UVUTIL_REQ_BAD:
+		log_warn("closing a connection: %s", err.msg);
+		metrics_inc("tether_manager_bad_frames_total", NULL);
+		conn_free(c);
+		return;
+	case UVUTIL_REQ_NOMEM:
+		conn_fail(c, "internal", "out of memory");
+		return;
+	case UVUTIL_REQ_CLOSED:
+		conn_free(c);
+		return;
+	}
+	c->req = wire_frame_json(&f, &err);
+	op = c->req ? json_string_value(json_object_get(c->req, "op")) : NULL;
+	if (op == NULL) {
+		conn_fail(c, "bad_request", c->req ? "request without op" : err.msg);
+		return;
+	}
+	if (strcmp(op, "feed.apply") == 0 || strcmp(op, "status") == 0)
+		handle_control(c, op);
+	else if (strcmp(op, "watch") == 0)
+		watch_start(c);
+	else
+		admit_data_op(c);
+}
+
+/* peer_allowed: only the node-api that spawned us (pid and uid). */
+static bool peer_allowed(struct manager *m, uv_pipe_t *p, struct ucred *cr)
+{
+	uv_os_fd_t fd;
+	socklen_t len = sizeof(*cr);
+
+	if (uv_fileno((uv_handle_t *)p, &fd) < 0 ||
+	    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cr, &len) < 0)
+		return false;
+	return cr->uid == m->peer_uid && cr->pid == m->peer_pid;
+}
+
+/* conn_accept_cb: see manager_int.h. */
+void conn_accept_cb(uv_stream_t *server, int status)
+{
+	struct manager *m = server->data;
+	struct mgr_conn *c;
+	uv_pipe_t *p;
+	struct ucred cr = { 0 };
+
+	if (status < 0 || (p = uvutil_accept(server, m->loop)) == NULL)
+		return;
+	if (!peer_allowed(m, p, &cr)) {
+		log_warn("peer refused: pid %d uid %u (expected pid %d uid %u)", (int)cr.pid,
+		         (unsigned)cr.uid, (int)m->peer_pid, (unsigned)m->peer_uid);
+		metrics_inc("tether_manager_peer_refused_total", NULL);
+		relay_close_free((uv_stream_t *)p);
+		return;
+	}
+	/* Not calloc: zeroing the 64 KiB buffer per operation showed in
+	 * profiles; every other field is cleared. */
+	c = malloc(sizeof(*c));
+	if (c == NULL) {
+		relay_close_free((uv_stream_t *)p);
+		return;
+	}
+	memset(c, 0, offsetof(struct mgr_conn, buf));
+	c->m = m;
+	c->conn = p;
+	p->data = c;
+	wire_reader_init(&c->rd);
+	if (uv_read_start((uv_stream_t *)p, conn_alloc_cb, conn_read_cb) < 0) {
+		conn_free(c);
+		return;
+	}
+	waiting_add(c);
+}

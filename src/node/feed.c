@@ -33,7 +33,7 @@ struct node_feed {
 	unsigned backoff_ms;
 	enum feed_state st;
 	CURL *easy;               /* in flight (owned by the httpc meanwhile) */
-	struct curl_slist *hdrs;  /* holds the node token: zeroed on stop */
+	struct curl_slist *hdrs;  /* holds the credential: zeroed on stop */
 	char *resp;               /* response body (owned) */
 	size_t resp_len;
 	bool resp_over;
@@ -538,7 +538,7 @@ int node_feed_start(struct node *n, struct tt_err *err)
 	if (f == NULL)
 		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 	f->n = n;
-	snprintf(auth, sizeof(auth), "Authorization: Node %s", n->node_token);
+	snprintf(auth, sizeof(auth), "Authorization: Worker %s", n->node_token);
 	h = curl_slist_append(NULL, auth);
 	sodium_memzero(auth, sizeof(auth));
 	if (h != NULL)

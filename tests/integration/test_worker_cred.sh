@@ -84,9 +84,10 @@ expect "w2 registering another node_url: 403 naming the provisioned one" \
 code=$(wk "$C2" POST /v1/workers/register "{\"id\":\"w2\",\"node_url\":\"$U2\"}")
 expect "w2 registering its own node_url: 200" '[ "$code" = 200 ]' "$code $(cat "$TT_BODY")"
 code=$(wk "$C2" POST /v1/feed/ack '{"worker":"w2","rev":999999999,"results":[]}')
+m=$(msg) now=$(wstate w2)
 expect "w2 acking rev 999999999: 409, nothing recorded" \
-	'[ "$code" = 409 ] && [[ "$(msg)" == *"beyond rev"*"nothing recorded"* ]] && [ "$(wstate w2)" = "$W2" ]' \
-	"$code $(cat "$TT_BODY"); $(wstate w2)"
+	'[ "$code" = 409 ] && [[ $m == *"beyond rev"*"nothing recorded"* ]] && [ "$now" = "$W2" ]' \
+	"$code $m; $now (was $W2)"
 wk "$C2" GET "/v1/feed?worker=w2&after=0&wait=0" >/dev/null
 R=$(jget 'd["rev"]' <"$TT_BODY")
 code=$(wk "$C2" POST /v1/feed/ack "{\"worker\":\"w2\",\"rev\":$((R + 1)),\"results\":[]}")

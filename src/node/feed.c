@@ -446,6 +446,18 @@ static void feed_on_http_done(CURL *easy, CURLcode rc, void *arg)
 	f->easy = NULL;
 	if (f->stopping)
 		return;
+	if (rc == CURLE_OK && status == 409 && f->st == FS_ACK) {
+		/* The cp has not sent us that rev (docs/API.md, /v1/feed/ack):
+		 * a cp restored from an older state. Polling again makes it
+		 * send what it has; the ack after the next apply covers ours. */
+		log_warn("feed: the cp refused our ack of rev %" PRIu64 " as beyond what"
+		         " it sent; polling again", f->n->applied_rev);
+		json_decref(f->results);
+		f->results = NULL;
+		f->backoff_ms = 0;
+		feed_next(f, FS_POLL, FEED_BACKOFF_MIN_MS);
+		return;
+	}
 	if (rc != CURLE_OK || status != 200) {
 		if (rc != CURLE_OK)
 			log_warn("feed: cp unreachable (%s); retrying",

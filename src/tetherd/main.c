@@ -49,7 +49,7 @@ static int usage(FILE *out)
 
 /* proxies_drop: the daemons reach only the addresses they were given.
  * libcurl and libwebsockets both honour http_proxy and friends, even for
- * 127.0.0.1, and would hand capabilities, node tokens and API keys to
+ * 127.0.0.1, and would hand capabilities, worker credentials and API keys to
  * whatever a shell that started the cluster happened to export. */
 static void proxies_drop(void)
 {

@@ -243,7 +243,7 @@ for d in cp:$CPID:$CPP:cp edge:$EPID:$EDP:edge node:$NPID:$NDP:w1; do
 	IFS=: read -r name pid port logname <<<"$d"
 	[ -n "$pid" ] || { notok "$name: found" "no pid"; continue; }
 	if ! prlimit --pid "$pid" --nofile=64:64 2>"$WORK/prlimit.err"; then
-		# node-api runs as nobody, not dumpable: prlimit(2) on it needs
+		# node-api runs unprivileged (a uid of its own), not dumpable: prlimit(2) on it needs
 		# CAP_SYS_PTRACE, which a container may not have
 		skip "$name: fds used up" "prlimit refused: $(cat "$WORK/prlimit.err")"
 		continue

@@ -159,4 +159,10 @@ expect "w1's uid past the file check (CAP_DAC_OVERRIDE): w2's manager refuses it
 out=$(T exec "$ID" -- echo still 2>&1)
 expect "w2's own node-api still reaches its manager and serves" '[ "$out" = still ]' "$out"
 T rm "$ID" >/dev/null 2>&1
+# the honest node-apis' own acks were never refused: the cp refused the
+# two above, no more
+expect "the cp refused exactly the two forged acks, none of the workers' own" \
+	'[ "$(grep -c "acked rev .* beyond rev" "$STATE/logs/cp.log")" = 2 ] &&
+	 ! grep -q "refused our ack" "$STATE/logs/w1.log" "$STATE/logs/w2.log"' \
+	"$(grep "beyond rev" "$STATE/logs/cp.log")"
 tap_done

@@ -165,4 +165,18 @@ expect "the cp refused exactly the two forged acks, none of the workers' own" \
 	'[ "$(grep -c "acked rev .* beyond rev" "$STATE/logs/cp.log")" = 2 ] &&
 	 ! grep -q "refused our ack" "$STATE/logs/w1.log" "$STATE/logs/w2.log"' \
 	"$(grep "beyond rev" "$STATE/logs/cp.log")"
+
+# ---- a cp that forgot what it sent w2 (as if restored from an older state) -----------
+# w2's node-api, restarted, acks what its manager applied: refused, it goes
+# back to polling (no retry loop), and w2 serves again.
+sqlite3 "$STATE/cp/cp.db" "UPDATE workers SET sent_rev=0, acked_rev=0 WHERE id='w2'"
+kill -KILL "$(napi w2)"
+wait_until 300 grep -q "refused our ack" "$STATE/logs/w2.log"
+ID3=$(T create --worker w2 2>"$WORK/err")
+out=$(T exec "$ID3" -- echo back 2>&1)
+sleep 2
+expect "an honest ack the cp cannot have sent is refused once; w2 polls again and serves" \
+	'[ "$out" = back ] && [ "$(grep -c "refused our ack" "$STATE/logs/w2.log")" = 1 ]' \
+	"$(cat "$WORK/err") $out; $(grep -c "refused our ack" "$STATE/logs/w2.log") refusals"
+T rm "$ID3" >/dev/null 2>&1
 tap_done

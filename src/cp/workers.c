@@ -185,7 +185,8 @@ int cp_worker_sent(struct cp *cp, const char *worker, int64_t rev,
 static const char worker_usage[] =
 	"usage: tetherd worker add --state CPDIR --id W --node-url URL [--out FILE]\n"
 	"       tetherd worker revoke --state CPDIR --id W\n"
-	"  add: a fresh credential for worker W (replacing its old one), allowed to\n"
+	"  add: a fresh credential for worker W ([a-z0-9_-], as tetherd node takes;\n"
+	"  replacing its old one, which is refused from then on), allowed to\n"
 	"  register only at URL; written once to FILE (mode 0600; default stdout).\n"
 	"  Only its SHA-256 is kept, in CPDIR/cp.db.\n";
 
@@ -273,7 +274,7 @@ int worker_main(int argc, char **argv)
 		}
 	}
 	if (optind != argc || state == NULL ||
-	    !cp_name_ok(id) ||
+	    !cp_name_ok(id) || id[strspn(id, "abcdefghijklmnopqrstuvwxyz0123456789_-")] ||
 	    (strcmp(verb, "add") == 0 && (url == NULL || strlen(url) >= CPDB_URL_MAX ||
 	     (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0))) ||
 	    (strcmp(verb, "add") != 0 && strcmp(verb, "revoke") != 0)) {

@@ -236,7 +236,7 @@ void httpc_free(struct httpc *c);
 /* http_easy_direct: the options of every transfer between the cluster's
  * own daemons: http(s) only, no signals, and never a proxy named by the
  * environment (libcurl honours http_proxy even for 127.0.0.1, and these
- * transfers carry capabilities, node tokens and API keys). */
+ * transfers carry capabilities, worker credentials and API keys). */
 void http_easy_direct(CURL *easy);
 /* httpc_start: adds easy to the multi; done runs on the loop when it
  * finishes; the caller then owns (and cleans up) easy again. */

@@ -131,6 +131,60 @@ static void diag_drain(int nl)
 			return;
 }
 
+/* sockdiag_reply_parse: see sockdiag.h. */
+int sockdiag_reply_parse(const void *buf, size_t n, uint32_t seq, bool to_end,
+                         uint32_t kdev, uint32_t vfs_ino,
+                         struct unix_listener_info *out, bool *found,
+                         struct tt_err *err)
+{
+	const char *p = buf, *end = p + n;
+
+	while (end - p >= (ptrdiff_t)sizeof(struct nlmsghdr)) {
+		const struct nlmsghdr *h = (const struct nlmsghdr *)(const void *)p;
+		uint32_t hlen = h->nlmsg_len;
+
+		if (hlen < sizeof(*h) || hlen > (size_t)(end - p))
+			return tt_err_set(err, TT_ERR_MALFORMED,
+			                  "sock_diag: bad message length %u", hlen);
+		if (h->nlmsg_seq == seq) {
+			if (h->nlmsg_type == NLMSG_DONE) {
+				if (*found)
+					return 1;
+				return tt_err_set(err, TT_ERR_NOT_FOUND,
+				                  "no listening unix socket on that file");
+			}
+			if (h->nlmsg_type == NLMSG_ERROR) {
+				const struct nlmsgerr *e = NLMSG_DATA(h);
+
+				if (hlen >= NLMSG_LENGTH(sizeof(*e)) && e->error < 0)
+					errno = -e->error;
+				else
+					errno = EPROTO;
+				return tt_err_sys(err, TT_ERR_SYS, "sock_diag");
+			}
+			if (!*found && h->nlmsg_type == SOCK_DIAG_BY_FAMILY &&
+			    hlen >= NLMSG_LENGTH(sizeof(struct unix_diag_msg))) {
+				struct unix_listener_info info;
+				bool has_vfs;
+
+				diag_parse_one(h, hlen, &info, &has_vfs);
+				if (has_vfs && info.vfs_ino == vfs_ino &&
+				    info.vfs_dev == kdev &&
+				    info.state == UNIX_STATE_LISTEN) {
+					*out = info;
+					*found = true;
+					if (!to_end)
+						return 1;
+				}
+			}
+		}
+		if (NLMSG_ALIGN(hlen) >= (size_t)(end - p))
+			break;
+		p += NLMSG_ALIGN(hlen);
+	}
+	return 0;
+}
+
 /* diag_find_on: one dump on nl (tagged seq), matching the VFS pair. With
  * to_end the dump is read up to NLMSG_DONE even after a match, so a reused
  * socket is left idle (the kernel refuses a new dump while one runs). */
@@ -150,8 +204,8 @@ static int diag_find_on(int nl, uint32_t seq, bool to_end, uint32_t kdev,
 			.msg_name = &from, .msg_namelen = sizeof(from),
 			.msg_iov = &iov, .msg_iovlen = 1,
 		};
-		const char *p = (const char *)buf, *end;
 		ssize_t n;
+		int rc;
 
 		do
 			n = recvmsg(nl, &mh, 0);
@@ -164,50 +218,10 @@ static int diag_find_on(int nl, uint32_t seq, bool to_end, uint32_t kdev,
 			return tt_err_set(err, TT_ERR_MALFORMED, "sock_diag: reply truncated");
 		if (mh.msg_namelen < sizeof(from) || from.nl_pid != 0)
 			continue; /* only the kernel answers sock_diag */
-		end = p + n;
-		while (end - p >= (ptrdiff_t)sizeof(struct nlmsghdr)) {
-			const struct nlmsghdr *h = (const struct nlmsghdr *)(const void *)p;
-			uint32_t hlen = h->nlmsg_len;
-
-			if (hlen < sizeof(*h) || hlen > (size_t)(end - p))
-				return tt_err_set(err, TT_ERR_MALFORMED,
-				                  "sock_diag: bad message length %u", hlen);
-			if (h->nlmsg_seq == seq) {
-				if (h->nlmsg_type == NLMSG_DONE) {
-					if (found)
-						return 0;
-					return tt_err_set(err, TT_ERR_NOT_FOUND,
-					                  "no listening unix socket on that file");
-				}
-				if (h->nlmsg_type == NLMSG_ERROR) {
-					const struct nlmsgerr *e = NLMSG_DATA(h);
-
-					if (hlen >= NLMSG_LENGTH(sizeof(*e)) && e->error < 0)
-						errno = -e->error;
-					else
-						errno = EPROTO;
-					return tt_err_sys(err, TT_ERR_SYS, "sock_diag");
-				}
-				if (!found && h->nlmsg_type == SOCK_DIAG_BY_FAMILY &&
-				    hlen >= NLMSG_LENGTH(sizeof(struct unix_diag_msg))) {
-					struct unix_listener_info info;
-					bool has_vfs;
-
-					diag_parse_one(h, hlen, &info, &has_vfs);
-					if (has_vfs && info.vfs_ino == vfs_ino &&
-					    info.vfs_dev == kdev &&
-					    info.state == UNIX_STATE_LISTEN) {
-						*out = info;
-						found = true;
-						if (!to_end)
-							return 0;
-					}
-				}
-			}
-			if (NLMSG_ALIGN(hlen) >= (size_t)(end - p))
-				break;
-			p += NLMSG_ALIGN(hlen);
-		}
+		rc = sockdiag_reply_parse(buf, (size_t)n, seq, to_end, kdev, vfs_ino, out,
+		                          &found, err);
+		if (rc != 0)
+			return rc < 0 ? -1 : 0;
 	}
 	return tt_err_set(err, TT_ERR_TOO_LARGE, "sock_diag: dump over %d rounds",
 	                  DIAG_MAX_ROUNDS);

@@ -7,6 +7,7 @@
 #define TT_SOCKDIAG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -29,6 +30,19 @@ struct unix_listener_info {
 /* sockdiag_kdev: st_dev (userspace encoding) as the kernel-internal dev_t
  * that sock_diag reports in udiag_vfs_dev: major << 20 | minor. */
 uint32_t sockdiag_kdev(dev_t st_dev);
+
+/* sockdiag_reply_parse: one received buffer of n bytes (nlmsghdr-aligned)
+ * of a UNIX_DIAG dump tagged seq: looks for the LISTENING socket bound to
+ * the file (kdev, vfs_ino), every length bounded by n. 1: the answer is
+ * known (a match, in *out, and *found set; with to_end only at the dump's
+ * NLMSG_DONE); 0: read the next buffer; -1 with err: malformed, the
+ * kernel's error, or the dump ended without a match (NOT_FOUND). *found
+ * starts false and carries across the buffers of one dump. Exposed for
+ * fuzz/fuzz_sockdiag.c. */
+int sockdiag_reply_parse(const void *buf, size_t n, uint32_t seq, bool to_end,
+                         uint32_t kdev, uint32_t vfs_ino,
+                         struct unix_listener_info *out, bool *found,
+                         struct tt_err *err);
 
 /* sockdiag_unix_find_vfs: the LISTENING unix socket whose bound file is
  * (kdev, vfs_ino), in the caller's network namespace. -1 with NOT_FOUND

@@ -72,8 +72,7 @@ static void adopt_judge(struct adopt *a, const struct wire_frame *f)
 	char msg[200];
 	bool good;
 
-	if (o == NULL || json_object_size(o) != 1 ||
-	    hello_b64_decode(json_string_value(json_object_get(o, "proof")), got) < 0) {
+	if (o == NULL || hello_proof_parse(o, got) < 0) {
 		json_decref(o);
 		adopt_end(a, "adopt_malformed", "adoption: expected HELLO {\"proof\": …}");
 		return;

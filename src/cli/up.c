@@ -14,6 +14,7 @@
 #include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -30,6 +31,11 @@
 #include "manager/paths.h"
 
 #define UP_READY_SECONDS 30
+/* As root, the node-api of the worker listening on port P runs as uid
+ * UP_NODE_UID_BASE + P (gid likewise): a uid of its own, since no two
+ * workers of a host share a port, and below the sandboxes' host uid
+ * ranges (from 1000000, src/manager/uids.h). */
+#define UP_NODE_UID_BASE 900000
 
 /* mkdir_p: creates dir and its parents (mode 0700: state holds keys). */
 static int mkdir_p(const char *dir)
@@ -244,6 +250,40 @@ static int up_ports_free(struct up *u)
 	return 0;
 }
 
+/* up_provision: `tetherd worker add` for worker id at url, its credential
+ * written to credf (0600): a fresh one at each start, the old one revoked
+ * by it. 0, or -1 after printing why. */
+static int up_provision(struct up *u, char *tetherd, char *id, char *url,
+                        char *credf)
+{
+	char dir[PATH_MAX + 32];
+	char *argv[] = { tetherd, "worker", "add", "--state", dir, "--id", id,
+	                 "--node-url", url, "--out", credf, NULL };
+	int status;
+	pid_t pid;
+
+	snprintf(dir, sizeof(dir), "%s/cp", u->state);
+	pid = fork();
+	if (pid < 0)
+		return cli_fail("cannot provision %s: fork: %s", id, strerror(errno)), -1;
+	if (pid == 0) {
+		int fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+
+		if (fd >= 0)
+			dup2(fd, STDERR_FILENO); /* its one line of news */
+		execv(tetherd, argv);
+		_exit(127);
+	}
+	while (waitpid(pid, &status, 0) < 0) {
+		if (errno != EINTR)
+			return cli_fail("cannot provision %s: %s", id, strerror(errno)), -1;
+	}
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+		return cli_fail("cannot provision worker %s (tetherd worker add failed)",
+		                id), -1;
+	return 0;
+}
+
 /* up_start: cp, workers, edge, each waited for. 0 ready, 1 stopped by a
  * signal, -1 failed (reported). */
 static int up_start(struct up *u)
@@ -251,8 +291,8 @@ static int up_start(struct up *u)
 	char *cp_url = u->cp_url, *edge_url = u->edge_url;
 	size_t cap = sizeof(u->cp_url);
 	char tetherd[PATH_MAX + 16], guest[PATH_MAX + 16];
-	char dir[PATH_MAX + 32], listen[64], tokf[PATH_MAX + 32], id[16];
-	char snaps[PATH_MAX + 32];
+	char dir[PATH_MAX + 32], listen[64], credf[PATH_MAX + 48], id[16];
+	char snaps[PATH_MAX + 32], node_url[96], uid[16];
 	int w;
 
 	snprintf(tetherd, sizeof(tetherd), "%s/tetherd", u->bindir);
@@ -279,7 +319,6 @@ static int up_start(struct up *u)
 			return w;
 	}
 
-	snprintf(tokf, sizeof(tokf), "%s/cp/node.token", u->state);
 	/* The snapshot store every local worker shares (lifecycle.md). */
 	snprintf(snaps, sizeof(snaps), "%s/snapshots", u->state);
 	if (mkdir_p(snaps) < 0)
@@ -290,20 +329,30 @@ static int up_start(struct up *u)
 		snprintf(id, sizeof(id), "w%d", i);
 		snprintf(dir, sizeof(dir), "%s/workers/%s", u->state, id);
 		snprintf(listen, sizeof(listen), "127.0.0.1:%d", u->base + 10 + i);
+		snprintf(node_url, sizeof(node_url), "http://%s", listen);
+		snprintf(credf, sizeof(credf), "%s/credential", dir);
+		snprintf(uid, sizeof(uid), "%d", UP_NODE_UID_BASE + u->base + 10 + i);
 		if (mkdir_p(dir) < 0)
 			return cli_fail("cannot create %s: %s", dir, strerror(errno)), -1;
+		if (up_provision(u, tetherd, id, node_url, credf) < 0)
+			return -1;
 		char *node_argv[] = { tetherd, "node", "--id", id, "--listen", listen,
-		                      "--cp", cp_url, "--node-token-file", tokf,
+		                      "--cp", cp_url, "--credential-file", credf,
 		                      "--state", dir, "--guest-bin", guest,
 		                      "--snapshots", snaps, "--uid-base", uid_base,
-		                      NULL, NULL, NULL };
+		                      NULL, NULL, NULL, NULL, NULL };
+		int na = 18;
 		/* Disjoint host uid ranges: sandboxes on different workers never
 		 * share ids, nor the kernel's per-uid limits (manager/uids.h). */
 		snprintf(uid_base, sizeof(uid_base), "%llu",
 		         TT_UID_BASE_DEFAULT + (unsigned long long)(i - 1) * TT_UID_PER_WORKER);
+		if (geteuid() == 0) { /* a node-api uid of its own */
+			node_argv[na++] = "--uid";
+			node_argv[na++] = uid;
+		}
 		if (u->disk_mb[0]) { /* each sandbox's disk cap (default 1 GiB) */
-			node_argv[18] = "--disk-mb";
-			node_argv[19] = u->disk_mb;
+			node_argv[na++] = "--disk-mb";
+			node_argv[na++] = u->disk_mb;
 		}
 		if (up_spawn(u, UP_WORKER, id, u->base + 10 + i, node_argv) != 0)
 			return -1;

@@ -237,19 +237,6 @@ static int cp_auth_bearer(struct cp *cp, struct lws *wsi, struct cp_sess *s)
 	return rc == 1;
 }
 
-/* cp_auth_node: constant-time comparison with the node token. */
-static int cp_auth_node(struct cp *cp, struct lws *wsi)
-{
-	char tok[CP_KEY_MAX];
-	size_t want = strlen(cp->node_token);
-	int n = cp_auth_value(wsi, "Node", tok, sizeof(tok));
-	int ok = n > 0 && (size_t)n == want &&
-	         sodium_memcmp(tok, cp->node_token, want) == 0;
-
-	sodium_memzero(tok, sizeof(tok));
-	return ok;
-}
-
 /* ---- handlers -------------------------------------------------------- */
 
 /* Placement scan state. */
@@ -555,26 +542,6 @@ int cp_name_ok(const char *s)
 		return 0;
 	return strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 	                 "0123456789._-") == n;
-}
-
-/* cp_register: POST /v1/workers/register (Node). */
-static int cp_register(struct cp *cp, struct lws *wsi, json_t *body)
-{
-	struct tt_err err = { 0 };
-	const char *id = json_string_value(json_object_get(body, "id"));
-	const char *url = json_string_value(json_object_get(body, "node_url"));
-	int64_t rev;
-
-	if (!cp_name_ok(id) || url == NULL || strlen(url) >= CPDB_URL_MAX ||
-	    (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0))
-		return http_reply_error(wsi, 400, "bad_request",
-		        "register needs id (name) and node_url (http URL)");
-	if (cpdb_worker_register(cp->db, id, url, tt_now(), &err) < 0 ||
-	    cpdb_feed_latest(cp->db, &rev, &err) < 0)
-		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
-	log_info("worker %s registered at %s", id, url);
-	return http_reply_json(wsi, 200, json_pack("{s:b,s:I}", "ok", 1,
-	                                           "feed_rev", (json_int_t)rev));
 }
 
 /* cp_query_int: integer query parameter in [lo, hi], def if absent; -1 on
@@ -1362,6 +1329,8 @@ static int cp_ack(struct cp *cp, struct lws *wsi, json_t *body)
 		              : http_reply_error(wsi, 404, "not_found",
 		                                 "worker %s is not registered",
 		                                 worker);
+	if (cp_ack_beyond(wsi, &w, rev, &rc))
+		return rc;
 	/* Apply the outcome of every update newly covered by this ack. */
 	ups = rev > w.acked_rev ? cpdb_feed_since(cp->db, worker, w.acked_rev,
 	                                          100000, &err) : json_array();
@@ -1427,11 +1396,8 @@ int cp_dispatch(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	}
 	if (strncmp(p, "/v1/workers/register", 21) == 0 ||
 	    strncmp(p, "/v1/feed", 8) == 0) {
-		if (!cp_auth_node(cp, wsi)) {
-			metrics_inc("tether_cp_auth_refused_total", "kind=\"node\"");
-			return http_reply_error(wsi, 401, "unauthorized",
-			                        "node token required");
-		}
+		if (!cp_worker_auth(cp, wsi, p, body, &rc))
+			return rc;
 		if (strcmp(p, "/v1/workers/register") == 0 && !strcmp(m, "POST"))
 			return cp_register(cp, wsi, body);
 		if (strcmp(p, "/v1/feed") == 0 && !strcmp(m, "GET"))
@@ -1644,29 +1610,9 @@ static int cp_write_secret(const char *path, const char *prefix, char *out,
 	return 0;
 }
 
-/* cp_read_secret: first line of a 0600 file into out. */
-static int cp_read_secret(const char *path, char *out, size_t cap,
-                          struct tt_err *err)
-{
-	_cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
-	struct stat st;
-	ssize_t n;
-
-	if (fd < 0)
-		return tt_err_sys(err, TT_ERR_IO, "cannot open %s", path);
-	if (fstat(fd, &st) < 0 || (st.st_mode & 077) != 0)
-		return tt_err_set(err, TT_ERR_IO, "%s must be mode 0600", path);
-	n = read(fd, out, cap - 1);
-	if (n <= 0)
-		return tt_err_set(err, TT_ERR_IO, "cannot read %s", path);
-	out[n] = '\0';
-	out[strcspn(out, "\r\n")] = '\0';
-	if (out[0] == '\0')
-		return tt_err_set(err, TT_ERR_IO, "%s is empty", path);
-	return 0;
-}
-
-/* cp_bootstrap: admin key (only while none exists) and node token. */
+/* cp_bootstrap: admin key (only while none exists). Workers have
+ * credentials of their own (tetherd worker add); a shared node token
+ * left by an older cp is removed. */
 static int cp_bootstrap(struct cp *cp, const char *dir, struct tt_err *err)
 {
 	char path[PATH_MAX], key[128];
@@ -1684,11 +1630,10 @@ static int cp_bootstrap(struct cp *cp, const char *dir, struct tt_err *err)
 		fprintf(stderr, "admin API key written to %s\n", path);
 	}
 	snprintf(path, sizeof(path), "%s/node.token", dir);
-	if (access(path, F_OK) != 0 &&
-	    cp_write_secret(path, "ttn_", cp->node_token,
-	                    sizeof(cp->node_token), err) < 0)
-		return -1;
-	return cp_read_secret(path, cp->node_token, sizeof(cp->node_token), err);
+	if (unlink(path) == 0)
+		log_warn("removed %s: the shared node token is gone; provision each"
+		         " worker with tetherd worker add", path);
+	return 0;
 }
 
 /* cp_publish_keys: appends a keys update when the signer's key is not the

@@ -3,6 +3,7 @@
 #define TT_CP_H
 
 #include <limits.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -71,7 +72,6 @@ struct cp {
 	struct lws_context *ctx;
 	struct cpdb *db;
 	struct cp_signer signer;
-	char node_token[128];
 	struct cp_park *parked; /* list of parked requests (feed.c) */
 	int64_t worker_timeout; /* seconds without a poll before "down" */
 	unsigned keep_snapshots; /* older complete snapshots kept per sandbox
@@ -185,6 +185,26 @@ int cp_name_ok(const char *s);
 /* cp_op_expire: the pause/install under rev of sbx was not acknowledged in
  * time: the sandbox fails (with a retire for its worker). */
 void cp_op_expire(struct cp *cp, const char *sbx, int64_t rev);
+
+/* workers.c: per-worker credentials (SPEC §7). */
+/* cp_worker_auth: the request carries `Authorization: Worker <credential>`
+ * of a provisioned worker, and names that very worker (register's "id",
+ * the feed's ?worker=, else the body's "worker"): true. Otherwise false
+ * and *rc is the refusal already answered (401 unknown, 403 another
+ * worker's, 400 names none). */
+bool cp_worker_auth(struct cp *cp, struct lws *wsi, const char *path,
+                    json_t *body, int *rc);
+/* cp_register: POST /v1/workers/register (Worker): node_url must be the
+ * one provisioned for that worker (else 403). */
+int cp_register(struct cp *cp, struct lws *wsi, json_t *body);
+/* cp_ack_beyond: an ack of rev beyond both the highest rev a feed answer
+ * gave w and its acked_rev: true, and *rc is the 409 answered. */
+bool cp_ack_beyond(struct lws *wsi, const struct cp_worker *w, int64_t rev,
+                   int *rc);
+/* cp_worker_sent: a feed answer gives worker the revs up to rev (capped
+ * at the newest rev that exists); recorded before it goes out. */
+int cp_worker_sent(struct cp *cp, const char *worker, int64_t rev,
+                   struct tt_err *err);
 
 /* What a parked request waits for. */
 enum cp_wait {

@@ -41,7 +41,12 @@ static const char cpdb_schema[] =
 	" sandbox TEXT NOT NULL, generation INTEGER NOT NULL,"
 	" key TEXT NOT NULL, size INTEGER NOT NULL CHECK (size >= 0),"
 	" checksum TEXT NOT NULL, created_at INTEGER NOT NULL,"
-	" PRIMARY KEY (sandbox, generation));";
+	" PRIMARY KEY (sandbox, generation));"
+	/* per-worker credentials (tetherd worker add): SHA-256 of the
+	 * credential, and the one node_url the worker may register */
+	"CREATE TABLE IF NOT EXISTS worker_creds("
+	" id TEXT PRIMARY KEY, hash TEXT NOT NULL UNIQUE,"
+	" node_url TEXT NOT NULL, created_at INTEGER NOT NULL);";
 
 /* Columns added to sandboxes by the lifecycle (issue 5); databases made
  * before it gain them on open. */
@@ -59,6 +64,8 @@ static const struct {
 	{ "sandboxes", "relaunches", "relaunches INTEGER NOT NULL DEFAULT 0" },
 	{ "sandboxes", "relaunch_at", "relaunch_at INTEGER NOT NULL DEFAULT 0" },
 	{ "workers", "draining", "draining INTEGER NOT NULL DEFAULT 0" },
+	/* the highest rev a feed answer gave the worker (issue 13) */
+	{ "workers", "sent_rev", "sent_rev INTEGER NOT NULL DEFAULT 0" },
 };
 
 /* cpdb_fail: err from the connection's last error; returns -1. */
@@ -398,9 +405,11 @@ static void cpdb_worker_row(sqlite3_stmt *st, void *out)
 	w->last_seen = sqlite3_column_int64(st, 3);
 	w->acked_rev = sqlite3_column_int64(st, 4);
 	w->draining = sqlite3_column_int64(st, 5);
+	w->sent_rev = sqlite3_column_int64(st, 6);
 }
 
-#define CPDB_WORKER_COLS "id,node_url,registered_at,last_seen,acked_rev,draining"
+#define CPDB_WORKER_COLS "id,node_url,registered_at,last_seen,acked_rev,draining," \
+	"sent_rev"
 
 /* cpdb_worker_drain: see db.h. */
 int cpdb_worker_drain(struct cpdb *db, const char *id, int64_t now,
@@ -1094,4 +1103,61 @@ json_t *cpdb_feed_last_body(struct cpdb *db, const char *kind,
 		cpdb_fail(db, err, "read feed");
 	sqlite3_finalize(st);
 	return body;
+}
+
+/* ---- per-worker credentials ------------------------------------------ */
+
+/* cpdb_cred_set: stores (or replaces: the old one stops working) the
+ * credential hash and node_url of worker id. */
+int cpdb_cred_set(struct cpdb *db, const char *id, const char *hash,
+                  const char *url, int64_t now, struct tt_err *err)
+{
+	return cpdb_change(db, err, "provision worker",
+	                   "INSERT INTO worker_creds(id,hash,node_url,created_at)"
+	                   " VALUES(?1,?2,?3,?4) ON CONFLICT(id) DO UPDATE SET"
+	                   " hash=?2, node_url=?3, created_at=?4", "ttti",
+	                   id, hash, url, now) < 0 ? -1 : 0;
+}
+
+/* cpdb_cred_revoke: drops the credential of id; 1 if there was one. */
+int cpdb_cred_revoke(struct cpdb *db, const char *id, struct tt_err *err)
+{
+	int rc = cpdb_change(db, err, "revoke worker",
+	                     "DELETE FROM worker_creds WHERE id=?1", "t", id);
+
+	return rc < 0 ? -1 : rc > 0;
+}
+
+/* cpdb_cred_row: (id, hash, node_url) -> struct cp_cred. */
+static void cpdb_cred_row(sqlite3_stmt *st, void *out)
+{
+	struct cp_cred *c = out;
+
+	cpdb_text(st, 0, c->id, sizeof(c->id));
+	cpdb_text(st, 1, c->hash, sizeof(c->hash));
+	cpdb_text(st, 2, c->node_url, sizeof(c->node_url));
+}
+
+/* cpdb_cred_by_hash: the worker a credential hash belongs to. */
+int cpdb_cred_by_hash(struct cpdb *db, const char *hash, struct cp_cred *out,
+                      struct tt_err *err)
+{
+	return cpdb_get1(db, "SELECT id,hash,node_url FROM worker_creds WHERE hash=?",
+	                 hash, cpdb_cred_row, out, "credential lookup", err);
+}
+
+/* cpdb_cred_get: the credential row of worker id. */
+int cpdb_cred_get(struct cpdb *db, const char *id, struct cp_cred *out,
+                  struct tt_err *err)
+{
+	return cpdb_get1(db, "SELECT id,hash,node_url FROM worker_creds WHERE id=?",
+	                 id, cpdb_cred_row, out, "credential lookup", err);
+}
+
+/* cpdb_worker_sent: sent_rev only moves forward. */
+int cpdb_worker_sent(struct cpdb *db, const char *id, int64_t rev,
+                     struct tt_err *err)
+{
+	return cpdb_update1(db, "UPDATE workers SET sent_rev=?1 WHERE id=?2"
+	                    " AND sent_rev<?1", rev, id, err);
 }

@@ -29,6 +29,16 @@ struct cp_worker {
 	int64_t registered_at, last_seen, acked_rev;
 	int64_t draining; /* stopping in order since then (0: not): nothing
 	                   * new goes there until it registers again */
+	int64_t sent_rev; /* the highest rev a feed answer gave it: an ack
+	                   * beyond it (and beyond acked_rev) is refused */
+};
+
+/* A worker's credential as provisioned (tetherd worker add): only its
+ * SHA-256 is stored, with the one node_url the worker may register. */
+struct cp_cred {
+	char id[TT_NAME_MAX + 1];
+	char hash[CPDB_HASH_HEX + 1];
+	char node_url[CPDB_URL_MAX];
 };
 
 struct cp_sandbox {
@@ -249,6 +259,21 @@ int cpdb_sandbox_progress(struct cpdb *db, const char *id, int64_t op_rev,
  * generation): 1 and *out, 0 if none. */
 int cpdb_snapshot_latest(struct cpdb *db, const char *id,
                          struct cp_snapshot *out, struct tt_err *err);
+
+/* cpdb_cred_set: provisions worker id (replacing its credential, if any:
+ * the old one is refused from then on). */
+int cpdb_cred_set(struct cpdb *db, const char *id, const char *hash,
+                  const char *url, int64_t now, struct tt_err *err);
+/* cpdb_cred_revoke: 1 when id had a credential (now gone), 0 if not. */
+int cpdb_cred_revoke(struct cpdb *db, const char *id, struct tt_err *err);
+/* cpdb_cred_by_hash / cpdb_cred_get: 1 and *out, 0 when unknown. */
+int cpdb_cred_by_hash(struct cpdb *db, const char *hash, struct cp_cred *out,
+                      struct tt_err *err);
+int cpdb_cred_get(struct cpdb *db, const char *id, struct cp_cred *out,
+                  struct tt_err *err);
+/* cpdb_worker_sent: a feed answer gave worker id revs up to rev. */
+int cpdb_worker_sent(struct cpdb *db, const char *id, int64_t rev,
+                     struct tt_err *err);
 
 /* cpdb_feed_append: appends an update (body: the kind's own fields,
  * borrowed); worker NULL = for every worker. */

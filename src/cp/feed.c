@@ -132,6 +132,11 @@ static json_t *feed_answer(struct cp *cp, const char *worker, int64_t after,
 		json_decref(ups);
 		return NULL;
 	}
+	/* what the worker may acknowledge from now on (src/cp/workers.c) */
+	if (cp_worker_sent(cp, worker, latest, err) < 0) {
+		json_decref(ups);
+		return NULL;
+	}
 	if (latest < after) /* a node ahead of us (restored cp): echo back */
 		latest = after;
 	return json_pack("{s:I,s:o}", "rev", (json_int_t)latest, "updates", ups);

@@ -19,6 +19,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <poll.h>
 #include <sodium.h>
 #include <stdint.h>
@@ -164,6 +165,56 @@ static inline int hello_read_secret(int fd, uint8_t out[HELLO_SECRET_LEN], int t
 	if (rc < 0)
 		sodium_memzero(out, HELLO_SECRET_LEN);
 	return rc;
+}
+
+/* The decoders of HELLO payloads (objects from wire_frame_json), shared so
+ * that fuzz/fuzz_hello.c runs the very code the guest and the bridge run. */
+
+/* A bridge's challenge as the guest reads it (sbx borrowed from o). */
+struct hello_challenge {
+	const char *sbx;
+	uint64_t gen;
+	uint32_t att;
+	uint8_t challenge[HELLO_CHALLENGE_LEN];
+};
+
+/* hello_u64_member: a non-negative integer member of o; 0 or -1. */
+static inline int hello_u64_member(json_t *o, const char *key, uint64_t *out)
+{
+	json_t *v = json_object_get(o, key);
+
+	if (!json_is_integer(v) || json_integer_value(v) < 0)
+		return -1;
+	*out = (uint64_t)json_integer_value(v);
+	return 0;
+}
+
+/* hello_challenge_parse: {"v":HELLO_VERSION,"challenge":b64url(32),
+ * "sbx":S,"generation":N,"activation":N (< 2^32)}; 0, or -1 (malformed). */
+static inline int hello_challenge_parse(json_t *o, struct hello_challenge *out)
+{
+	uint64_t v = 0, gen = 0, att = 0;
+
+	out->sbx = json_string_value(json_object_get(o, "sbx"));
+	if (!json_is_object(o) || hello_u64_member(o, "v", &v) < 0 ||
+	    v != HELLO_VERSION || out->sbx == NULL ||
+	    hello_u64_member(o, "generation", &gen) < 0 ||
+	    hello_u64_member(o, "activation", &att) < 0 || att > UINT32_MAX ||
+	    hello_b64_decode(json_string_value(json_object_get(o, "challenge")),
+	                     out->challenge) < 0)
+		return -1;
+	out->gen = gen;
+	out->att = (uint32_t)att;
+	return 0;
+}
+
+/* hello_proof_parse: exactly {"proof":b64url(32 bytes)} (the guest's
+ * answer, a manager's adoption proof); 0, or -1 (malformed). */
+static inline int hello_proof_parse(json_t *o, uint8_t out[HELLO_PROOF_LEN])
+{
+	if (!json_is_object(o) || json_object_size(o) != 1)
+		return -1;
+	return hello_b64_decode(json_string_value(json_object_get(o, "proof")), out);
 }
 
 #endif

@@ -110,29 +110,17 @@ static const struct {
 	{ "fs.remove", fs_remove },
 };
 
-/* hello_u64: a non-negative integer member of a HELLO; 0 or -1. */
-static int hello_u64(json_t *o, const char *key, uint64_t *out)
-{
-	json_t *v = json_object_get(o, key);
-
-	if (!json_is_integer(v) || json_integer_value(v) < 0)
-		return -1;
-	*out = (uint64_t)json_integer_value(v);
-	return 0;
-}
-
 /* guest_handshake: the first frame must be the bridge's HELLO naming this
  * very activation; answers it with the proof (hello.h). Anything else gets
  * an ERROR and -1: no operation byte is read before this succeeds. */
 static int guest_handshake(const struct guest_ctx *g, int conn, uint8_t *buf)
 {
-	uint8_t challenge[HELLO_CHALLENGE_LEN], proof[HELLO_PROOF_LEN];
+	uint8_t proof[HELLO_PROOF_LEN];
 	char proof_b64[HELLO_B64_LEN + 1];
+	struct hello_challenge hc;
 	struct tt_err err = { 0 };
 	struct wire_frame f;
 	json_t *hello, *ans;
-	uint64_t v = 0, gen = 0, att = 0;
-	const char *sbx;
 	int rc;
 
 	/* In a sandbox (the agent is its PID 1), the only legitimate peer is the
@@ -174,17 +162,12 @@ static int guest_handshake(const struct guest_ctx *g, int conn, uint8_t *buf)
 		wire_send_error(conn, "bad_request", "%s", err.msg);
 		return -1;
 	}
-	sbx = json_string_value(json_object_get(hello, "sbx"));
-	if (hello_u64(hello, "v", &v) < 0 || v != HELLO_VERSION || sbx == NULL ||
-	    hello_u64(hello, "generation", &gen) < 0 ||
-	    hello_u64(hello, "activation", &att) < 0 ||
-	    hello_b64_decode(json_string_value(json_object_get(hello, "challenge")),
-	                     challenge) < 0) {
+	if (hello_challenge_parse(hello, &hc) < 0) {
 		json_decref(hello);
 		wire_send_error(conn, "bad_request", "malformed HELLO");
 		return -1;
 	}
-	if (strcmp(sbx, g->sbx) != 0 || gen != g->gen || att != g->att) {
+	if (strcmp(hc.sbx, g->sbx) != 0 || hc.gen != g->gen || hc.att != g->att) {
 		json_decref(hello);
 		log_warn("refused a handshake for another activation");
 		wire_send_error(conn, "wrong_activation",
@@ -196,7 +179,7 @@ static int guest_handshake(const struct guest_ctx *g, int conn, uint8_t *buf)
 		wire_send_error(conn, "no_secret", "agent started without an activation secret");
 		return -1;
 	}
-	hello_proof(g->secret, g->sbx, g->gen, g->att, challenge, proof);
+	hello_proof(g->secret, g->sbx, g->gen, g->att, hc.challenge, proof);
 	/* This handler needs the secret no more. */
 	sodium_memzero(g->secret, HELLO_SECRET_LEN);
 	hello_b64_encode(proof, proof_b64);

@@ -11,8 +11,8 @@
  *   worker's pauses is pending: every sandbox here is paused (a complete
  *   snapshot) before the manager stops, to resume here when we are back.
  *
- * One POST at a time per kind; every transfer bounded. The node token is
- * in each transfer's own header list, wiped when it ends. */
+ * One POST at a time per kind; every transfer bounded. The worker's credential
+ * is in each transfer's own header list, wiped when it ends. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +34,7 @@
 #define EV_DRAIN_POLL_MS 250u
 #define EV_DRAIN_CP_MS 3000u      /* give up draining without the cp */
 
-/* One POST to the cp: its header list holds the node token. */
+/* One POST to the cp: its header list holds the worker's credential. */
 struct ev_post {
 	struct node *n;
 	struct curl_slist *hdrs;
@@ -136,7 +136,7 @@ int node_cp_post(struct node *n, const char *path, json_t *body, long timeout_ms
 	p->n = n;
 	p->done = done;
 	p->arg = arg;
-	snprintf(auth, sizeof(auth), "Authorization: Node %s", n->node_token);
+	snprintf(auth, sizeof(auth), "Authorization: Worker %s", n->node_token);
 	p->hdrs = curl_slist_append(NULL, auth);
 	sodium_memzero(auth, sizeof(auth));
 	if (p->hdrs != NULL)

@@ -33,7 +33,7 @@ struct node_feed {
 	unsigned backoff_ms;
 	enum feed_state st;
 	CURL *easy;               /* in flight (owned by the httpc meanwhile) */
-	struct curl_slist *hdrs;  /* holds the node token: zeroed on stop */
+	struct curl_slist *hdrs;  /* holds the credential: zeroed on stop */
 	char *resp;               /* response body (owned) */
 	size_t resp_len;
 	bool resp_over;
@@ -446,6 +446,18 @@ static void feed_on_http_done(CURL *easy, CURLcode rc, void *arg)
 	f->easy = NULL;
 	if (f->stopping)
 		return;
+	if (rc == CURLE_OK && status == 409 && f->st == FS_ACK) {
+		/* The cp has not sent us that rev (docs/API.md, /v1/feed/ack):
+		 * a cp restored from an older state. Polling again makes it
+		 * send what it has; the ack after the next apply covers ours. */
+		log_warn("feed: the cp refused our ack of rev %" PRIu64 " as beyond what"
+		         " it sent; polling again", f->n->applied_rev);
+		json_decref(f->results);
+		f->results = NULL;
+		f->backoff_ms = 0;
+		feed_next(f, FS_POLL, FEED_BACKOFF_MIN_MS);
+		return;
+	}
 	if (rc != CURLE_OK || status != 200) {
 		if (rc != CURLE_OK)
 			log_warn("feed: cp unreachable (%s); retrying",
@@ -538,7 +550,7 @@ int node_feed_start(struct node *n, struct tt_err *err)
 	if (f == NULL)
 		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 	f->n = n;
-	snprintf(auth, sizeof(auth), "Authorization: Node %s", n->node_token);
+	snprintf(auth, sizeof(auth), "Authorization: Worker %s", n->node_token);
 	h = curl_slist_append(NULL, auth);
 	sodium_memzero(auth, sizeof(auth));
 	if (h != NULL)

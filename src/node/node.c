@@ -1,6 +1,7 @@
 /* node-api: the process. Arguments, the privileged sbx-manager it spawns
  * (and its lifeline), the drop to an unprivileged user, readiness, the
  * orderly drain and shutdown. */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -32,23 +33,34 @@
 
 static const char *const usage_text =
 	"usage: tetherd node --id W --listen 127.0.0.1:PORT --cp URL "
-	"--node-token-file FILE --state DIR [--guest-bin PATH] [--snapshots DIR]\n"
+	"--credential-file FILE --state DIR [--guest-bin PATH] [--snapshots DIR]\n"
 	"       [--disk-mb N] [--disk-inodes N]  (each sandbox's disk and inode cap;\n"
 	"       default 1024 MiB, one inode per 16 KiB)\n"
 	"       [--uid-base N]  (this worker's host uid range; default 1000000)\n"
 	"       [--cpu-millis N]  (each sandbox's CPU cap; default 1000 = one CPU)\n"
-	"       [--user NAME]  (when started as root; default nobody)\n";
+	"       [--uid UID[:GID] | --user NAME]  (when started as root: whom node-api\n"
+	"       runs as, one of its own per worker; default nobody)\n"
+	"  FILE: this worker's credential (tetherd worker add), mode 0600\n";
 
-/* node_read_token: the node token file (first line, bounded). */
+/* node_read_token: the worker's credential file (first line, bounded):
+ * ours (our euid) and readable by no one else, since it is all it takes
+ * to act as this worker towards the cp. */
 static int node_read_token(struct node *n, const char *file, struct tt_err *err)
 {
-	_cleanup_close_ int fd = open(file, O_RDONLY | O_CLOEXEC);
+	_cleanup_close_ int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
 	char buf[NODE_TOKEN_MAX + 2];
+	struct stat st;
 	ssize_t got;
 	size_t len;
 
 	if (fd < 0)
 		return tt_err_sys(err, TT_ERR_IO, "cannot open %s", file);
+	if (fstat(fd, &st) < 0)
+		return tt_err_sys(err, TT_ERR_IO, "cannot stat %s", file);
+	if (!S_ISREG(st.st_mode) || (st.st_mode & 077) != 0 || st.st_uid != geteuid())
+		return tt_err_set(err, TT_ERR_INVALID, "%s must be a regular file of"
+		                  " uid %u, mode 0600 (it holds this worker's credential)",
+		                  file, (unsigned)geteuid());
 	got = read(fd, buf, sizeof(buf) - 1);
 	if (got < 0)
 		return tt_err_sys(err, TT_ERR_IO, "cannot read %s", file);
@@ -59,7 +71,7 @@ static int node_read_token(struct node *n, const char *file, struct tt_err *err)
 	if (len == 0 || len > NODE_TOKEN_MAX || memchr(buf, '\n', len) != NULL) {
 		sodium_memzero(buf, sizeof(buf));
 		return tt_err_set(err, TT_ERR_MALFORMED,
-		                  "%s: expected one token line of at most %d bytes",
+		                  "%s: expected one credential line of at most %d bytes",
 		                  file, NODE_TOKEN_MAX);
 	}
 	memcpy(n->node_token, buf, len);
@@ -89,14 +101,15 @@ static int node_parse(struct node *n, int argc, char **argv, struct tt_err *err)
 		{ "id", required_argument, NULL, 'i' },
 		{ "listen", required_argument, NULL, 'l' },
 		{ "cp", required_argument, NULL, 'c' },
-		{ "node-token-file", required_argument, NULL, 't' },
+		{ "credential-file", required_argument, NULL, 't' },
 		{ "state", required_argument, NULL, 's' },
 		{ "guest-bin", required_argument, NULL, 'g' },
 		{ "snapshots", required_argument, NULL, 'S' },
 		{ "user", required_argument, NULL, 'u' },
+		{ "uid", required_argument, NULL, 'U' },
 		{ "disk-mb", required_argument, NULL, 'D' },
 		{ "disk-inodes", required_argument, NULL, 'I' },
-		{ "uid-base", required_argument, NULL, 'U' },
+		{ "uid-base", required_argument, NULL, 'B' },
 		{ "cpu-millis", required_argument, NULL, 'C' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -117,9 +130,10 @@ static int node_parse(struct node *n, int argc, char **argv, struct tt_err *err)
 		case 'g': n->guest_bin = optarg; break;
 		case 'S': n->snap_dir = optarg; break;
 		case 'u': n->user = optarg; break;
+		case 'U': n->uid = optarg; break;
 		case 'D': n->disk_mb = optarg; break;
 		case 'I': n->disk_inodes = optarg; break;
-		case 'U': n->uid_base = optarg; break;
+		case 'B': n->uid_base = optarg; break;
 		case 'C': n->cpu_millis = optarg; break;
 		default:
 			return tt_err_set(err, TT_ERR_INVALID, "%s", usage_text);
@@ -407,9 +421,29 @@ static void node_on_signal(uv_signal_t *s, int signum)
 		uv_stop(n->loop);
 }
 
-/* node_user_resolve: who we run as. As root: --user (default "nobody"),
- * which must not be root; otherwise no change (and --user is refused, since
- * it could not be honoured). */
+/* node_uid_parse: --uid UID[:GID] (GID defaults to UID), neither 0. */
+static int node_uid_parse(struct node *n, struct tt_err *err)
+{
+	unsigned long u, g;
+	char *end;
+
+	errno = 0;
+	u = strtoul(n->uid, &end, 10);
+	g = u;
+	if (errno == 0 && *end == ':' && end[1] != '\0')
+		g = strtoul(end + 1, &end, 10);
+	if (errno != 0 || *end != '\0' || !isdigit((unsigned char)n->uid[0]) ||
+	    u == 0 || g == 0 || u >= UINT32_MAX || g >= UINT32_MAX)
+		return tt_err_set(err, TT_ERR_INVALID, "--uid wants UID[:GID], neither 0");
+	n->run_uid = (uid_t)u;
+	n->run_gid = (gid_t)g;
+	n->drop = true;
+	return 0;
+}
+
+/* node_user_resolve: who we run as. As root: --uid, or --user (default
+ * "nobody"), which must not be root; otherwise no change (and --user or
+ * --uid is refused, since it could not be honoured). */
 static int node_user_resolve(struct node *n, struct tt_err *err)
 {
 	const char *name = n->user != NULL ? n->user : "nobody";
@@ -418,11 +452,18 @@ static int node_user_resolve(struct node *n, struct tt_err *err)
 	n->run_uid = getuid();
 	n->run_gid = getgid();
 	if (geteuid() != 0) {
-		if (n->user != NULL)
+		if (n->user != NULL || n->uid != NULL)
 			return tt_err_set(err, TT_ERR_INVALID,
-			                  "--user needs tetherd node to start as root");
+			                  "--user and --uid need tetherd node to start as root");
 		return 0;
 	}
+	if (n->uid != NULL && n->user != NULL)
+		return tt_err_set(err, TT_ERR_INVALID, "--uid or --user, not both");
+	if (n->uid != NULL)
+		return node_uid_parse(n, err);
+	if (n->user == NULL)
+		log_warn("running as nobody, like any other worker on this host started"
+		         " without --uid/--user: give each its own uid");
 	errno = 0;
 	pw = getpwnam(name);
 	if (pw == NULL)

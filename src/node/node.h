@@ -39,15 +39,20 @@ struct node {
 	char listen_host[64];
 	int port;
 	char node_url[128];        /* what we register: http://host:port */
-	char node_token[NODE_TOKEN_MAX + 1]; /* secret: zeroed on exit */
+	/* this worker's own credential (--credential-file, provisioned by
+	 * `tetherd worker add`): secret, zeroed on exit */
+	char node_token[NODE_TOKEN_MAX + 1];
 	char sock_path[PATH_MAX];  /* manager.sock */
 	struct lws_context *lws;
 	struct httpc *httpc;
 	uv_process_t manager;
 	bool manager_running;
 	/* Privilege separation (node.c): started as root, node-api spawns the
-	 * manager, then runs as run_uid/run_gid (--user, default "nobody"). */
+	 * manager, then runs as run_uid/run_gid (--uid, or --user, default
+	 * "nobody"): one uid per worker keeps each node-api out of the
+	 * others' managers (their sockets are 0600, owned by their uid). */
 	const char *user;          /* --user NAME; NULL = default */
+	const char *uid;           /* --uid UID[:GID]; NULL = --user */
 	bool drop;                 /* root at start: drop to run_uid */
 	uid_t run_uid;             /* our uid after the drop (the manager's peer) */
 	gid_t run_gid;
@@ -68,8 +73,8 @@ int node_feed_start(struct node *n, struct tt_err *err);
 /* node_feed_stop: cancels timers and transfers (the httpc aborts them). */
 void node_feed_stop(struct node *n);
 
-/* node_cp_post: POST cp_url + path (JSON body, borrowed) with the node
- * token, bounded by timeout_ms; done(arg, status, answer) runs once on
+/* node_cp_post: POST cp_url + path (JSON body, borrowed) with the
+ * worker's credential, bounded by timeout_ms; done(arg, status, answer) runs once on
  * the loop (status 0: no answer; answer NULL unless JSON; may be NULL).
  * -1 when it could not start (done never runs). src/node/events.c. */
 typedef void (*node_cp_done_fn)(void *arg, long status, json_t *answer);

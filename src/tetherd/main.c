@@ -11,6 +11,7 @@
 #pragma weak keygen_main
 #pragma weak cp_main
 #pragma weak signer_main
+#pragma weak worker_main
 #pragma weak edge_main
 #pragma weak node_main
 #pragma weak manager_main
@@ -29,6 +30,7 @@ static const struct role roles[] = {
 	{ "node", node_main, "worker: node-api (spawns sbx-manager)", 0 },
 	{ "gateway", gateway_main, "service-port gateway", 0 },
 	{ "keygen", keygen_main, "write a k4.secret key file (mode 0600)", 0 },
+	{ "worker", worker_main, "provision a worker's credential (cp host)", 0 },
 	{ "signer", signer_main, "capability signer (spawned by cp)", 1 },
 	{ "manager", manager_main, "sbx-manager (spawned by node)", 1 },
 };
@@ -47,7 +49,7 @@ static int usage(FILE *out)
 
 /* proxies_drop: the daemons reach only the addresses they were given.
  * libcurl and libwebsockets both honour http_proxy and friends, even for
- * 127.0.0.1, and would hand capabilities, node tokens and API keys to
+ * 127.0.0.1, and would hand capabilities, worker credentials and API keys to
  * whatever a shell that started the cluster happened to export. */
 static void proxies_drop(void)
 {

@@ -193,11 +193,16 @@ cp_stop() {
 	[ -n "$CP_PID" ] && kill "$CP_PID" 2>/dev/null && wait "$CP_PID" 2>/dev/null
 	CP_PID=
 }
-# cp_secrets STATE: KEY (admin API key) and NT (node token) from the cp's
-# state dir.
+# cp_secrets STATE: KEY (admin API key) from the cp's state dir.
 cp_secrets() {
 	KEY=$(cat "$1/admin.key")
-	NT=$(cat "$1/node.token")
+}
+# provision CPSTATE ID URL [FILE]: `tetherd worker add` (credential in FILE,
+# default CPSTATE/ID.cred, mode 0600); CRED is the credential.
+provision() {
+	local f=${4:-$1/$2.cred}
+	"$TETHERD" worker add --state "$1" --id "$2" --node-url "$3" --out "$f" 2>/dev/null &&
+		CRED=$(cat "$f")
 }
 
 # ---- a `tether up` cluster ------------------------------------------------------------
@@ -237,8 +242,12 @@ W3_PID=
 # WORK/w3.log); 0 once the cp lists w3 up (10 s).
 start_w3() {
 	mkdir -p "$STATE/workers/w3"
+	[ -s "$STATE/workers/w3/credential" ] ||
+		TETHERD=$ROOT/build/tetherd provision "$STATE/cp" w3 "http://127.0.0.1:$((BASE + 13))" \
+			"$STATE/workers/w3/credential" || return 1
 	"$ROOT/build/tetherd" node --id w3 --listen 127.0.0.1:$((BASE + 13)) --cp "$CP" \
-		--node-token-file "$STATE/cp/node.token" --state "$STATE/workers/w3" \
+		--credential-file "$STATE/workers/w3/credential" --state "$STATE/workers/w3" \
+		--uid $((900000 + BASE + 13)) \
 		--guest-bin "$ROOT/build/tether-guest" --snapshots "$STATE/snapshots" \
 		"$@" >>"$WORK/w3.log" 2>&1 &
 	W3_PID=$!

@@ -16,8 +16,13 @@ status() { req_status "$1" "$U$2" "$3" "${@:4}"; }
 
 start_cp; okrc $? "cp starts and answers /healthz"
 cp_secrets "$ST"
-check "admin.key and node.token are mode 0600" \
-	test "$(stat -c %a "$ST/admin.key") $(stat -c %a "$ST/node.token") $(stat -c %a "$ST/signer.key")" = "600 600 600"
+check "admin.key and signer.key are mode 0600; no shared node token" \
+	test "$(stat -c %a "$ST/admin.key") $(stat -c %a "$ST/signer.key") $(ls "$ST/node.token" 2>&1 >/dev/null | grep -c 'No such')" = "600 600 1"
+# w1's own credential (tetherd worker add), 0600, stored only hashed
+provision "$ST" w1 "http://127.0.0.1:$((PORT + 11))" "$ST/w1.cred"; W1=$CRED
+check "the worker credential file is mode 0600" test "$(stat -c %a "$ST/w1.cred")" = 600
+check "cp.db holds the credential's SHA-256, not the credential" \
+	test "$(sqlite3 "$ST/cp.db" "SELECT hash FROM worker_creds WHERE id='w1'") $(sqlite3 "$ST/cp.db" .dump | grep -c "$W1")" = "$(printf %s "$W1" | sha256sum | cut -d' ' -f1) 0"
 check "the admin key was announced on stderr" grep -q "admin API key written to $ST/admin.key" "$ST/cp.log"
 
 # Headers past lws' buffer (32 KiB; unknown fields are bounded by it alone),
@@ -37,20 +42,20 @@ okrc "$([ "$(tcurl -o "$TT_BODY" -w '%{http_code}' -X POST "$U/v1/sandboxes" -H 
 # Authentication: refused without / with a wrong key, allowed with the key.
 okrc "$([ "$(status GET /v1/sandboxes '')" = 401 ]; echo $?)" "401 without an API key"
 okrc "$([ "$(status GET /v1/sandboxes 'Bearer ttk_wrong')" = 401 ]; echo $?)" "401 with a wrong API key"
-okrc "$([ "$(status GET /v1/sandboxes "Node $NT")" = 401 ]; echo $?)" "401 with the node token as API key"
+okrc "$([ "$(status GET /v1/sandboxes "Bearer $W1")" = 401 ]; echo $?)" "401 with a worker credential as API key"
 okrc "$([ "$(status GET /v1/sandboxes "Bearer $KEY")" = 200 ]; echo $?)" "200 with the admin key"
 okrc "$([ "$(status POST /v1/workers/register "Bearer $KEY" '{"id":"w1","node_url":"http://127.0.0.1:1"}')" = 401 ]; echo $?)" \
-	"worker register refused with an API key instead of the node token"
+	"worker register refused with an API key instead of the worker credential"
 
 # Worker registration and the feed.
-okrc "$([ "$(status POST /v1/workers/register "Node $NT" "{\"id\":\"w1\",\"node_url\":\"http://127.0.0.1:$((PORT + 11))\"}")" = 200 ]; echo $?)" \
-	"worker registers with the node token"
-okrc "$([ "$(status GET "/v1/feed?worker=w1&after=0&wait=5" "Node $NT")" = 200 ] && [ "$(jfield '["updates"][0]["kind"]')" = keys ]; echo $?)" \
+okrc "$([ "$(status POST /v1/workers/register "Worker $W1" "{\"id\":\"w1\",\"node_url\":\"http://127.0.0.1:$((PORT + 11))\"}")" = 200 ]; echo $?)" \
+	"worker registers with its own credential"
+okrc "$([ "$(status GET "/v1/feed?worker=w1&after=0&wait=5" "Worker $W1")" = 200 ] && [ "$(jfield '["updates"][0]["kind"]')" = keys ]; echo $?)" \
 	"feed returns the keys update at once"
 KID=$(jfield '["updates"][0]["keys"][0]["kid"]'); REV0=$(jfield '["rev"]')
 check "the published kid is a k4.pid" test "${KID#k4.pid.}" != "$KID"
 t0=$(date +%s%N)
-okrc "$([ "$(status GET "/v1/feed?worker=w1&after=$REV0&wait=1" "Node $NT")" = 200 ] && [ "$(jfield '["updates"]')" = "[]" ]; echo $?)" \
+okrc "$([ "$(status GET "/v1/feed?worker=w1&after=$REV0&wait=1" "Worker $W1")" = 200 ] && [ "$(jfield '["updates"]')" = "[]" ]; echo $?)" \
 	"an idle long-poll answers empty after wait"
 el=$(( ($(date +%s%N) - t0) / 1000000 ))
 check "the idle long-poll was parked ~1 s (${el} ms)" test "$el" -ge 900 -a "$el" -lt 3000
@@ -58,12 +63,12 @@ check "the idle long-poll was parked ~1 s (${el} ms)" test "$el" -ge 900 -a "$el
 # Create wakes the parked long-poll; the ack completes the create.
 status POST /v1/sandboxes "Bearer $KEY" '{"worker":"w1"}' >"$ST/create.code" &
 CR=$!
-okrc "$([ "$(status GET "/v1/feed?worker=w1&after=$REV0&wait=10" "Node $NT")" = 200 ] && [ "$(jfield '["updates"][0]["kind"]')" = install ]; echo $?)" \
+okrc "$([ "$(status GET "/v1/feed?worker=w1&after=$REV0&wait=10" "Worker $W1")" = 200 ] && [ "$(jfield '["updates"][0]["kind"]')" = install ]; echo $?)" \
 	"create wakes the long-poll with an install update"
 SBX=$(jfield '["updates"][0]["sandbox"]'); IREV=$(jfield '["updates"][0]["rev"]')
 check "install names generation 1 on w1" test "$(jfield '["updates"][0]["generation"]') $(jfield '["updates"][0]["worker"]')" = "1 w1"
 cp "$ST/out" "$ST/feed.json"
-status POST /v1/feed/ack "Node $NT" "{\"worker\":\"w1\",\"rev\":$IREV,\"results\":[{\"rev\":$IREV,\"ok\":true}]}" >/dev/null
+status POST /v1/feed/ack "Worker $W1" "{\"worker\":\"w1\",\"rev\":$IREV,\"results\":[{\"rev\":$IREV,\"ok\":true}]}" >/dev/null
 wait $CR
 check "create answers 201 once the worker acked" test "$(cat "$ST/create.code")" = 201
 okrc "$([ "$(status GET "/v1/sandboxes/$SBX" "Bearer $KEY")" = 200 ] && [ "$(jfield '["state"]')" = running ]; echo $?)" \
@@ -72,9 +77,9 @@ okrc "$([ "$(status GET "/v1/sandboxes/$SBX" "Bearer $KEY")" = 200 ] && [ "$(jfi
 # A failed install: 503 with state failed.
 status POST /v1/sandboxes "Bearer $KEY" '{}' >"$ST/create2.code" &
 CR=$!
-status GET "/v1/feed?worker=w1&after=$IREV&wait=10" "Node $NT" >/dev/null
+status GET "/v1/feed?worker=w1&after=$IREV&wait=10" "Worker $W1" >/dev/null
 FREV=$(jfield '["updates"][0]["rev"]'); FSBX=$(jfield '["updates"][0]["sandbox"]')
-status POST /v1/feed/ack "Node $NT" "{\"worker\":\"w1\",\"rev\":$FREV,\"results\":[{\"rev\":$FREV,\"ok\":false,\"error\":\"no space\"}]}" >/dev/null
+status POST /v1/feed/ack "Worker $W1" "{\"worker\":\"w1\",\"rev\":$FREV,\"results\":[{\"rev\":$FREV,\"ok\":false,\"error\":\"no space\"}]}" >/dev/null
 wait $CR
 check "a failed install answers 503" test "$(cat "$ST/create2.code")" = 503
 okrc "$([ "$(status GET "/v1/sandboxes/$FSBX" "Bearer $KEY")" = 200 ] && [ "$(jfield '["state"]')" = failed ] && [ "$(jfield '["error"]')" = "no space" ]; echo $?)" \
@@ -148,16 +153,16 @@ okrc "$([ "$(status POST /v1/sandboxes "Bearer $KEY" '{"worker":"w1","worker":"w
 head -c 1100000 /dev/zero | tr '\0' ' ' >"$ST/big"
 okrc "$([ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $KEY" --data-binary @"$ST/big" "$U/v1/sandboxes")" = 413 ]; echo $?)" \
 	"body over 1 MiB: 413"
-okrc "$([ "$(status GET "/v1/feed?worker=w1&after=-1" "Node $NT")" = 400 ]; echo $?)" "bad feed query: 400"
+okrc "$([ "$(status GET "/v1/feed?worker=w1&after=-1" "Worker $W1")" = 400 ]; echo $?)" "bad feed query: 400"
 okrc "$([ "$(status GET /v1/sandboxes "Bearer $KEY")" = 200 ]; echo $?)" "daemon still answers after bad input"
 
 # Delete waits for the destroy ack.
 status DELETE "/v1/sandboxes/$SBX" "Bearer $KEY" >"$ST/del.code" &
 DL=$!
-status GET "/v1/feed?worker=w1&after=$FREV&wait=10" "Node $NT" >/dev/null
+status GET "/v1/feed?worker=w1&after=$FREV&wait=10" "Worker $W1" >/dev/null
 DREV=$(jfield '["updates"][0]["rev"]')
 check "delete publishes a destroy update" test "$(jfield '["updates"][0]["kind"]')" = destroy
-status POST /v1/feed/ack "Node $NT" "{\"worker\":\"w1\",\"rev\":$DREV,\"results\":[]}" >/dev/null
+status POST /v1/feed/ack "Worker $W1" "{\"worker\":\"w1\",\"rev\":$DREV,\"results\":[]}" >/dev/null
 wait $DL
 check "delete answers 200 after the ack" test "$(cat "$ST/del.code")" = 200
 okrc "$([ "$(status GET "/v1/sandboxes/$SBX" "Bearer $KEY")" = 404 ]; echo $?)" "deleted sandbox: 404"
@@ -174,15 +179,15 @@ okrc "$([ "$(status GET "/v1/sandboxes/$FSBX" "Bearer $KEY")" = 200 ] && [ "$(jf
 	"sandbox state survived the restart"
 okrc "$([ "$(status GET /v1/workers "Bearer $KEY")" = 200 ] && [ "$(jfield '["workers"][0]["id"]')" = w1 ] && [ "$(jfield '["workers"][0]["acked_rev"]')" = "$DREV" ]; echo $?)" \
 	"workers and their acked rev survived"
-okrc "$([ "$(status GET "/v1/feed?worker=w1&after=$DREV&wait=0" "Node $NT")" = 200 ] && [ "$(jfield '["updates"]')" = "[]" ]; echo $?)" \
+okrc "$([ "$(status GET "/v1/feed?worker=w1&after=$DREV&wait=0" "Worker $W1")" = 200 ] && [ "$(jfield '["updates"]')" = "[]" ]; echo $?)" \
 	"same signing key: no new keys update after restart"
 status POST /v1/sandboxes "Bearer $KEY" '{}' >/dev/null &
 CR=$!
-status GET "/v1/feed?worker=w1&after=$DREV&wait=10" "Node $NT" >/dev/null
+status GET "/v1/feed?worker=w1&after=$DREV&wait=10" "Worker $W1" >/dev/null
 NREV=$(jfield '["updates"][0]["rev"]')
 check "feed revs continue after restart ($NREV > $DREV)" test "$NREV" -gt "$DREV"
 NS=$(jfield '["updates"][0]["sandbox"]')
-status POST /v1/feed/ack "Node $NT" "{\"worker\":\"w1\",\"rev\":$NREV,\"results\":[{\"rev\":$NREV,\"ok\":true}]}" >/dev/null
+status POST /v1/feed/ack "Worker $W1" "{\"worker\":\"w1\",\"rev\":$NREV,\"results\":[{\"rev\":$NREV,\"ok\":true}]}" >/dev/null
 wait $CR
 okrc "$([ "$(status POST "/v1/sandboxes/$NS/capabilities" "Bearer $KEY" '{"purpose":"control","ops":["exec"]}')" = 201 ]; echo $?)" \
 	"capabilities still minted after restart (signer respawned)"

@@ -10,14 +10,14 @@ workdir tt-cplc-test
 ST=$WORK
 PORT=$(free_port)
 U=http://127.0.0.1:$PORT
-declare -A AFTER=([w1]=0 [w2]=0 [w3]=0) ALIVE=()
+declare -A AFTER=([w1]=0 [w2]=0 [w3]=0) ALIVE=() CR=()
 
 start_cp() { cp_start "$ST" "$PORT" --worker-timeout 2; }
 stop_cp() { cp_stop; }
 # alive W: a background loop polls as W (wait=0, past the end) so the cp
 # sees W up; dead W stops it.
 alive() {
-	( while :; do tcurl -o /dev/null -H "Authorization: Node $NT" \
+	( while :; do tcurl -o /dev/null -H "Authorization: Worker ${CR[$1]}" \
 		"$U/v1/feed?worker=$1&after=999999999&wait=0"; sleep 0.4; done ) &
 	ALIVE[$1]=$!
 }
@@ -42,7 +42,7 @@ go() { bg "$@" & BGP+=($!); }
 waitgo() { for p in "${BGP[@]}"; do wait "$p"; done; BGP=(); }
 # feed W [WAIT]: W's next updates into $ST/feed.W (AFTER[W] advances).
 feed() {
-	tcurl -o "$ST/feed.$1" -H "Authorization: Node $NT" \
+	tcurl -o "$ST/feed.$1" -H "Authorization: Worker ${CR[$1]}" \
 		"$U/v1/feed?worker=$1&after=${AFTER[$1]}&wait=${2:-5}"
 	AFTER[$1]=$(jfield '["rev"]' "$ST/feed.$1")
 }
@@ -81,7 +81,7 @@ print(len([u for u in d['updates'] if u['kind']==sys.argv[2] and u.get('sandbox'
 }
 # ack W REV RESULT: acknowledges REV with one result object.
 ack() {
-	tcurl -o /dev/null -w '%{http_code}' -H "Authorization: Node $NT" --data-binary \
+	tcurl -o /dev/null -w '%{http_code}' -H "Authorization: Worker ${CR[$1]}" --data-binary \
 		"{\"worker\":\"$1\",\"rev\":$2,\"results\":[$3]}" "$U/v1/feed/ack"
 }
 # snapok SBX GEN: a pause result with a complete snapshot.
@@ -97,7 +97,8 @@ sbx() {
 start_cp; okrc $? "cp starts with --worker-timeout 2"
 cp_secrets "$ST"
 for w in w1 w2 w3; do
-	status POST /v1/workers/register "Node $NT" "{\"id\":\"$w\",\"node_url\":\"http://127.0.0.1:1\"}" >/dev/null
+	provision "$ST" "$w" http://127.0.0.1:1 && CR[$w]=$CRED
+	status POST /v1/workers/register "Worker ${CR[$w]}" "{\"id\":\"$w\",\"node_url\":\"http://127.0.0.1:1\"}" >/dev/null
 	feed "$w" 0
 done
 alive w1; alive w2
@@ -119,18 +120,18 @@ okrc "$([ "$(status POST "/v1/sandboxes/$S/pause?wait=0" "Bearer $KEY")" = 202 ]
 feedfor w1 pause "$S"
 PREV=$(upd w1 pause "$S" rev)
 check "w1 sees a pause update for gen 1, snapshot key $S/1" test "$(upd w1 pause "$S" generation) $(upd w1 pause "$S" snapshot)" = "1 $S/1"
-okrc "$([ "$(status POST /v1/feed/progress "Node $NT" "{\"worker\":\"w1\",\"rev\":$PREV,\"sandbox\":\"$S\",\"bytes\":4096,\"total\":10485760}")" = 200 ]; echo $?)" \
+okrc "$([ "$(status POST /v1/feed/progress "Worker ${CR[w1]}" "{\"worker\":\"w1\",\"rev\":$PREV,\"sandbox\":\"$S\",\"bytes\":4096,\"total\":10485760}")" = 200 ]; echo $?)" \
 	"progress report accepted"
 sbx "$S" >/dev/null
 check "progress shows in the sandbox object" test "$(jfield '["progress"]["bytes"]') $(jfield '["progress"]["total"]')" = "4096 10485760"
-okrc "$([ "$(status POST /v1/feed/progress "Node $NT" "{\"worker\":\"w1\",\"rev\":$((PREV - 1)),\"sandbox\":\"$S\",\"bytes\":9,\"total\":null}")" = 409 ]; echo $?)" \
+okrc "$([ "$(status POST /v1/feed/progress "Worker ${CR[w1]}" "{\"worker\":\"w1\",\"rev\":$((PREV - 1)),\"sandbox\":\"$S\",\"bytes\":9,\"total\":null}")" = 409 ]; echo $?)" \
 	"progress for another rev: 409"
-okrc "$([ "$(status POST /v1/feed/progress "Node $NT" "{\"worker\":\"w2\",\"rev\":$PREV,\"sandbox\":\"$S\",\"bytes\":9}")" = 409 ]; echo $?)" \
+okrc "$([ "$(status POST /v1/feed/progress "Worker ${CR[w2]}" "{\"worker\":\"w2\",\"rev\":$PREV,\"sandbox\":\"$S\",\"bytes\":9}")" = 409 ]; echo $?)" \
 	"progress from a worker that does not hold the sandbox: 409"
-okrc "$([ "$(status POST /v1/feed/progress "Node $NT" "{\"worker\":\"w1\",\"rev\":$PREV,\"sandbox\":\"$S\",\"bytes\":-1}")" = 400 ]; echo $?)" \
+okrc "$([ "$(status POST /v1/feed/progress "Worker ${CR[w1]}" "{\"worker\":\"w1\",\"rev\":$PREV,\"sandbox\":\"$S\",\"bytes\":-1}")" = 400 ]; echo $?)" \
 	"negative progress: 400"
 okrc "$([ "$(status POST /v1/feed/progress "Bearer $KEY" "{\"worker\":\"w1\",\"rev\":$PREV,\"sandbox\":\"$S\",\"bytes\":1}")" = 401 ]; echo $?)" \
-	"progress with an API key instead of the node token: 401"
+	"progress with an API key instead of the worker credential: 401"
 check "the refused reports did not change the progress" test "$(sbx "$S" >/dev/null; jfield '["progress"]["bytes"]')" = 4096
 okrc "$([ "$(tcurl -o "$ST/out" -w '%{http_code}' -X POST -H "Authorization: Bearer $KEY" -H 'X-Tether-Wait: 0' "$U/v1/sandboxes/$S/pause")" = 409 ] && grep -q "is pausing" "$ST/out"; echo $?)" \
 	"a second pause while pausing, X-Tether-Wait: 0: 409 is pausing at once"

@@ -34,7 +34,7 @@ EDP=$((BASE + 1))
 NDP=$((BASE + 11))
 EDGE=http://127.0.0.1:$EDP
 NODE=http://127.0.0.1:$NDP
-NT=$(cat "$STATE/cp/node.token")
+provision "$STATE/cp" w9 http://127.0.0.1:9 "$WORK/w9.cred"; NT=$CRED
 ID=$("$T" create --worker w1 2>"$WORK/err")
 expect "create a sandbox" '[ -n "$ID" ]' "$(cat "$WORK/err")"
 TOK=$("$T" cap "$ID" 2>/dev/null | jget 'd["token"]' 2>/dev/null)
@@ -56,10 +56,10 @@ $P idle "$EDP" wsnostart 30 "$WSP" "Bearer $KEY" >"$B/edge.wsnostart" 2>&1 &
 $P idle "$NDP" wsnostart 30 "$WSP" "Capability $TOK" >"$B/node.wsnostart" 2>&1 &
 # honest long operations, started together
 # (a fake worker w9 long-polls; the sandbox is on w1 already)
-tcurl -o /dev/null -H "Authorization: Node $NT" -H 'Content-Type: application/json' \
+tcurl -o /dev/null -H "Authorization: Worker $NT" -H 'Content-Type: application/json' \
 	-d '{"id":"w9","node_url":"http://127.0.0.1:9"}' "http://127.0.0.1:$CPP/v1/workers/register"
-REV=$(curl -s -m 10 -H "Authorization: Node $NT" "http://127.0.0.1:$CPP/v1/feed?worker=w9&after=0&wait=0" | jget 'd["rev"]')
-(s=$(date +%s); c=$(curl -s -m 60 -o "$B/lp.body" -w '%{http_code}' -H "Authorization: Node $NT" \
+REV=$(curl -s -m 10 -H "Authorization: Worker $NT" "http://127.0.0.1:$CPP/v1/feed?worker=w9&after=0&wait=0" | jget 'd["rev"]')
+(s=$(date +%s); c=$(curl -s -m 60 -o "$B/lp.body" -w '%{http_code}' -H "Authorization: Worker $NT" \
 	"http://127.0.0.1:$CPP/v1/feed?worker=w9&after=$REV&wait=30"); echo "$c $(( $(date +%s) - s ))") >"$B/longpoll" 2>&1 &
 curl -s -m 60 -o "$B/nexec" -w '%{http_code}' -H "Authorization: Capability $TOK" -H 'Content-Type: application/json' \
 	-d '{"cmd":["sh","-c","sleep 35; echo slept"]}' "$NODE/v1/sandboxes/$ID/exec" >"$B/nexec.code" 2>&1 &
@@ -243,7 +243,7 @@ for d in cp:$CPID:$CPP:cp edge:$EPID:$EDP:edge node:$NPID:$NDP:w1; do
 	IFS=: read -r name pid port logname <<<"$d"
 	[ -n "$pid" ] || { notok "$name: found" "no pid"; continue; }
 	if ! prlimit --pid "$pid" --nofile=64:64 2>"$WORK/prlimit.err"; then
-		# node-api runs as nobody, not dumpable: prlimit(2) on it needs
+		# node-api runs unprivileged (a uid of its own), not dumpable: prlimit(2) on it needs
 		# CAP_SYS_PTRACE, which a container may not have
 		skip "$name: fds used up" "prlimit refused: $(cat "$WORK/prlimit.err")"
 		continue

@@ -2,7 +2,7 @@
 # Proxy settings in the environment never carry the cluster's own traffic.
 # libcurl honours http_proxy even for 127.0.0.1, so a `tether up` started
 # in a shell that exports one (common behind a corporate proxy) would send
-# the edge's capabilities, the workers' node token and the admin API key
+# the edge's capabilities, the workers' credentials and the admin API key
 # to whatever the variable names. A trap listening where the variables
 # point records every connection: curl itself (which honours them) is
 # caught, showing the trap works; the cluster's daemons and the CLI talking
@@ -65,7 +65,7 @@ check "cp out" T cp "$S:/tmp/in.bin" "$WORK/back.bin"
 check "cp round trip is byte-exact" cmp "$WORK/in.bin" "$WORK/back.bin"
 check "workers" T workers
 check "rm" T rm "$S"
-expect "nothing reached the proxy: no capability, node token or API key left the cluster" \
+expect "nothing reached the proxy: no capability, worker credential or API key left the cluster" \
 	'[ "$(trapped)" = 0 ]' "trap log: $(sort "$WORK/trap.log" | uniq -c | head)"
 
 # A remote edge still goes through the configured proxy (the client keeps

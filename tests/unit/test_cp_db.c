@@ -193,6 +193,43 @@ static void test_apikey_hashing(void **state)
 	                                    &err), 1);
 }
 
+/* Worker credentials: bound to one id and URL, replaced by a new one,
+ * revoked; sent_rev only moves forward and survives a restart. */
+static void test_worker_creds(void **state)
+{
+	struct dbfix *f = *state;
+	struct tt_err err = { 0 };
+	char h1[CPDB_HASH_HEX + 1], h2[CPDB_HASH_HEX + 1];
+	struct cp_cred c;
+	struct cp_worker w;
+
+	cpdb_key_hash("ttw_one", h1);
+	cpdb_key_hash("ttw_two", h2);
+	assert_int_equal(cpdb_cred_set(f->db, "w1", h1, "http://a:1", 5, &err), 0);
+	assert_int_equal(cpdb_cred_by_hash(f->db, h1, &c, &err), 1);
+	assert_string_equal(c.id, "w1");
+	assert_string_equal(c.node_url, "http://a:1");
+	assert_int_equal(cpdb_cred_by_hash(f->db, h2, &c, &err), 0);
+	/* a second worker cannot take the same credential */
+	assert_int_equal(cpdb_cred_set(f->db, "w2", h1, "http://b:1", 5, &err), -1);
+	/* re-provisioning w1 replaces its credential and URL */
+	assert_int_equal(cpdb_cred_set(f->db, "w1", h2, "http://a:2", 6, &err), 0);
+	assert_int_equal(cpdb_cred_by_hash(f->db, h1, &c, &err), 0);
+	assert_int_equal(cpdb_cred_get(f->db, "w1", &c, &err), 1);
+	assert_string_equal(c.hash, h2);
+	assert_string_equal(c.node_url, "http://a:2");
+	/* the feed position */
+	assert_int_equal(cpdb_worker_register(f->db, "w1", "http://a:2", 7, &err), 0);
+	assert_int_equal(cpdb_worker_sent(f->db, "w1", 9, &err), 1);
+	assert_int_equal(cpdb_worker_sent(f->db, "w1", 4, &err), 0);
+	reopen(f);
+	assert_int_equal(cpdb_worker_get(f->db, "w1", &w, &err), 1);
+	assert_int_equal(w.sent_rev, 9);
+	assert_int_equal(cpdb_cred_revoke(f->db, "w1", &err), 1);
+	assert_int_equal(cpdb_cred_revoke(f->db, "w1", &err), 0);
+	assert_int_equal(cpdb_cred_by_hash(f->db, h2, &c, &err), 0);
+}
+
 /* A worker sees its own updates and broadcast ones, in rev order. */
 static void test_feed_per_worker(void **state)
 {
@@ -629,6 +666,7 @@ int main(void)
 		                                teardown),
 		cmocka_unit_test_setup_teardown(test_feed_per_worker, setup,
 		                                teardown),
+		cmocka_unit_test_setup_teardown(test_worker_creds, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_pause_cas, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_snapshot_retention, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_late_snapshot, setup, teardown),

@@ -12,6 +12,10 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <linux/sock_diag.h>
+#include <linux/unix_diag.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -412,10 +416,104 @@ static void test_persistent_socket(void **state)
 }
 
 /* main: runs the suite. */
+/* A reply buffer as the kernel writes it: nlmsghdr-aligned messages. */
+struct nlbuf {
+	uint32_t w[256];
+	size_t len;
+};
+
+/* nl_add: appends one message of type (seq) with payload, 4-aligned. */
+static void nl_add(struct nlbuf *b, uint16_t type, uint32_t seq, const void *pl,
+                   size_t n)
+{
+	struct nlmsghdr h = { .nlmsg_len = (uint32_t)(sizeof(h) + n),
+	                      .nlmsg_type = type, .nlmsg_seq = seq };
+	char *p = (char *)b->w + b->len;
+
+	memcpy(p, &h, sizeof(h));
+	memcpy(p + sizeof(h), pl, n);
+	b->len += NLMSG_ALIGN(sizeof(h) + n);
+}
+
+/* diag_listener: a unix_diag_msg in state with a VFS attribute. */
+static size_t diag_listener(uint8_t *out, uint8_t state, uint32_t kdev, uint32_t ino)
+{
+	struct unix_diag_msg d = { .udiag_family = AF_UNIX, .udiag_state = state,
+	                           .udiag_ino = 77 };
+	struct rtattr a = { .rta_len = RTA_LENGTH(sizeof(struct unix_diag_vfs)),
+	                    .rta_type = UNIX_DIAG_VFS };
+	struct unix_diag_vfs v = { .udiag_vfs_ino = ino, .udiag_vfs_dev = kdev };
+
+	memcpy(out, &d, sizeof(d));
+	memcpy(out + NLMSG_ALIGN(sizeof(d)), &a, sizeof(a));
+	memcpy(out + NLMSG_ALIGN(sizeof(d)) + RTA_LENGTH(0), &v, sizeof(v));
+	return NLMSG_ALIGN(sizeof(d)) + RTA_LENGTH(sizeof(v));
+}
+
+/* The reply parser (the fuzzer's target): a match, a dump without one,
+ * the kernel's error, a length past the buffer, another query's seq. */
+static void test_reply_parse(void **state)
+{
+	struct unix_listener_info info;
+	struct tt_err err = { 0 };
+	struct nlbuf b = { 0 };
+	uint8_t pl[64];
+	int32_t zero = 0, eacces[5] = { -EACCES };
+	bool found = false;
+
+	(void)state;
+	nl_add(&b, SOCK_DIAG_BY_FAMILY, 9, pl, diag_listener(pl, 10, 5, 6));
+	/* not to the end: the match answers at once */
+	assert_int_equal(sockdiag_reply_parse(b.w, b.len, 9, false, 5, 6, &info, &found,
+	                                      &err), 1);
+	assert_true(found);
+	assert_int_equal(info.ino, 77);
+	/* to the end: only at NLMSG_DONE */
+	found = false;
+	assert_int_equal(sockdiag_reply_parse(b.w, b.len, 9, true, 5, 6, &info, &found,
+	                                      &err), 0);
+	assert_true(found);
+	nl_add(&b, NLMSG_DONE, 9, &zero, sizeof(zero));
+	found = false;
+	assert_int_equal(sockdiag_reply_parse(b.w, b.len, 9, true, 5, 6, &info, &found,
+	                                      &err), 1);
+	/* another file, or not listening: not found at the end */
+	found = false;
+	assert_int_equal(sockdiag_reply_parse(b.w, b.len, 9, true, 5, 7, &info, &found,
+	                                      &err), -1);
+	assert_int_equal(err.code, TT_ERR_NOT_FOUND);
+	b.len = 0;
+	nl_add(&b, SOCK_DIAG_BY_FAMILY, 9, pl, diag_listener(pl, 1, 5, 6));
+	nl_add(&b, NLMSG_DONE, 9, &zero, sizeof(zero));
+	found = false;
+	assert_int_equal(sockdiag_reply_parse(b.w, b.len, 9, false, 5, 6, &info, &found,
+	                                      &err), -1);
+	/* another query's messages are skipped */
+	b.len = 0;
+	nl_add(&b, SOCK_DIAG_BY_FAMILY, 8, pl, diag_listener(pl, 10, 5, 6));
+	found = false;
+	assert_int_equal(sockdiag_reply_parse(b.w, b.len, 9, false, 5, 6, &info, &found,
+	                                      &err), 0);
+	assert_false(found);
+	/* the kernel's error */
+	b.len = 0;
+	nl_add(&b, NLMSG_ERROR, 9, eacces, sizeof(eacces));
+	assert_int_equal(sockdiag_reply_parse(b.w, b.len, 9, false, 5, 6, &info, &found,
+	                                      &err), -1);
+	assert_int_equal(err.sys_errno, EACCES);
+	/* a length past the buffer */
+	b.len = 0;
+	nl_add(&b, SOCK_DIAG_BY_FAMILY, 9, pl, diag_listener(pl, 10, 5, 6));
+	assert_int_equal(sockdiag_reply_parse(b.w, b.len - 4, 9, false, 5, 6, &info,
+	                                      &found, &err), -1);
+	assert_int_equal(err.code, TT_ERR_MALFORMED);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_kdev),
+		cmocka_unit_test(test_reply_parse),
 		cmocka_unit_test(test_listener_found_and_owned),
 		cmocka_unit_test(test_listener_replaced),
 		cmocka_unit_test(test_netns_scope),

@@ -23,6 +23,11 @@ const char *cli_str(json_t *obj, const char *key, const char *dflt);
 json_int_t cli_int(json_t *obj, const char *key);
 /* cli_print_json: pretty, key-sorted JSON and a newline on stdout. */
 void cli_print_json(json_t *j);
+/* cli_resolve: the whole sandbox id for arg, a whole id or a unique
+ * prefix of one (with or without "sbx_"), via the list; into out. 0, or
+ * -1 after printing why (unknown, ambiguous, the list failed). */
+#define CLI_ID_MAX 64
+int cli_resolve(struct tether *t, const char *arg, char *out, size_t cap);
 /* cli_size: bytes for people ("512 B", "3.4 KiB", "10.0 MiB") into buf. */
 const char *cli_size(uint64_t bytes, char *buf, size_t cap);
 

@@ -3,6 +3,9 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
+
+#include "claims.h"
 
 /* cli_fail: see cli.h. The message may carry a server's text: any line
  * break in it is flattened so the error stays one line. */
@@ -71,4 +74,52 @@ const char *cli_size(uint64_t bytes, char *buf, size_t cap)
 	else
 		snprintf(buf, cap, "%.1f GiB", (double)bytes / (1024.0 * 1024.0 * 1024.0));
 	return buf;
+}
+
+/* resolve_match: whether the sandbox id matches what the user typed: a
+ * prefix of the id, or of the id without its "sbx_". */
+static int resolve_match(const char *id, const char *arg, size_t alen)
+{
+	return strncmp(id, arg, alen) == 0 ||
+	       (strncmp(id, "sbx_", 4) == 0 && strncmp(id + 4, arg, alen) == 0);
+}
+
+/* cli_resolve: see cli.h. A whole id is taken as it is (the edge says
+ * whether it exists); anything shorter is looked up in the list. */
+int cli_resolve(struct tether *t, const char *arg, char *out, size_t cap)
+{
+	struct tt_err err = { 0 };
+	size_t alen = strlen(arg), i, hits = 0;
+	const char *first = NULL, *second = NULL;
+	json_t *ans, *s;
+
+	if (sbx_id_valid(arg)) {
+		snprintf(out, cap, "%s", arg);
+		return 0;
+	}
+	if (alen == 0 || alen >= cap || strspn(arg, "abcdefghijklmnopqrstuvwxyz"
+	                                           "0123456789_") != alen)
+		return cli_fail("'%s' is not a sandbox id or the start of one", arg), -1;
+	if ((ans = tether_list(t, &err)) == NULL)
+		return cli_fail("cannot resolve '%s': %s", arg, err.msg), -1;
+	json_array_foreach(json_object_get(ans, "sandboxes"), i, s) {
+		const char *id = cli_str(s, "id", "");
+
+		if (!resolve_match(id, arg, alen))
+			continue;
+		if (hits == 0)
+			first = id;
+		else if (hits == 1)
+			second = id;
+		hits++;
+	}
+	if (hits == 1)
+		snprintf(out, cap, "%s", first);
+	else if (hits == 0)
+		cli_fail("no sandbox matches '%s'", arg);
+	else
+		cli_fail("'%s' is ambiguous: it matches %s, %s%s", arg, first, second,
+		         hits > 2 ? " and more" : "");
+	json_decref(ans);
+	return hits == 1 ? 0 : -1;
 }

@@ -83,6 +83,20 @@ static int lc_args(int argc, char **argv, const char **id, const char **worker,
 	return *id ? 0 : -1;
 }
 
+/* lc_open: a client, and *id resolved (a unique prefix) into full. NULL
+ * after printing why. */
+static struct tether *lc_open(const char **id, char full[CLI_ID_MAX])
+{
+	struct tether *t = cli_open();
+
+	if (t != NULL && cli_resolve(t, *id, full, CLI_ID_MAX) < 0) {
+		tether_free(t);
+		return NULL;
+	}
+	*id = full;
+	return t;
+}
+
 /* lc_progress_line: "snapshot 12.0 MiB / 40.0 MiB" on stderr (rewritten in
  * place on a terminal). */
 static void lc_progress_line(json_t *s, int tty)
@@ -137,6 +151,7 @@ static int lc_pause_wait(struct tether *t, const char *id, json_t **s)
 int cli_pause(int argc, char **argv)
 {
 	struct tt_err err = { 0 };
+	char full[CLI_ID_MAX];
 	const char *id;
 	struct tether *t;
 	json_t *s;
@@ -144,7 +159,7 @@ int cli_pause(int argc, char **argv)
 
 	if (lc_args(argc, argv, &id, NULL, NULL, &json) < 0)
 		return cli_fail("usage: tether pause ID [--json]");
-	if ((t = cli_open()) == NULL)
+	if ((t = lc_open(&id, full)) == NULL)
 		return 1;
 	s = tether_pause(t, id, 0, &err);
 	rc = s ? lc_pause_wait(t, id, &s) : cli_fail("pause %s: %s", id, err.msg);
@@ -164,6 +179,7 @@ int cli_pause(int argc, char **argv)
 int cli_resume(int argc, char **argv)
 {
 	struct tt_err err = { 0 };
+	char full[CLI_ID_MAX];
 	const char *id, *worker;
 	int force, json;
 	struct tether *t;
@@ -171,7 +187,7 @@ int cli_resume(int argc, char **argv)
 
 	if (lc_args(argc, argv, &id, &worker, &force, &json) < 0)
 		return cli_fail("usage: tether resume ID [--worker W] [--force] [--json]");
-	if ((t = cli_open()) == NULL)
+	if ((t = lc_open(&id, full)) == NULL)
 		return 1;
 	s = tether_resume(t, id, worker, force, &err);
 	tether_free(t);
@@ -186,6 +202,7 @@ int cli_resume(int argc, char **argv)
 int cli_migrate(int argc, char **argv)
 {
 	struct tt_err err = { 0 };
+	char full[CLI_ID_MAX];
 	const char *id, *worker;
 	struct tether *t;
 	int json;
@@ -193,7 +210,7 @@ int cli_migrate(int argc, char **argv)
 
 	if (lc_args(argc, argv, &id, &worker, NULL, &json) < 0 || worker == NULL)
 		return cli_fail("usage: tether migrate ID --worker W [--json]");
-	if ((t = cli_open()) == NULL)
+	if ((t = lc_open(&id, full)) == NULL)
 		return 1;
 	s = tether_migrate(t, id, worker, &err);
 	tether_free(t);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/verbs.h"
+#include "version.h"
 
 #pragma weak cli_cap
 #pragma weak cli_up
@@ -30,12 +31,12 @@ struct verb {
 static const struct verb verbs[] = {
 	{ "up", cli_up, "up [--workers N] [--state DIR] [--port BASE] [--disk-mb N]\tstart a local cluster in the foreground (N: each sandbox's disk cap, MiB)" },
 	{ "create", cli_create, "create [--worker W]\tstart a sandbox; prints its id" },
-	{ "ls", cli_ls, "ls [--json]\tlist sandboxes: state, generation, worker" },
+	{ "ls", cli_ls, "ls [--state S] [-q|--json]\tlist sandboxes: state, generation, worker (-q: ids only)" },
 	{ "info", cli_info, "info ID [--json]\tone sandbox in detail, with its latest snapshot" },
 	{ "workers", cli_workers, "workers [--json]\tregistered workers and their addresses" },
-	{ "exec", cli_exec, "exec [--stdin] ID -- CMD [ARG...]\trun a command, streaming its output; exits with its status" },
+	{ "exec", cli_exec, "exec [-i|--stdin] ID -- CMD [ARG...]\trun a command, streaming its output; exits with its status (125: tether failed)" },
 	{ "cp", cli_cp, "cp SRC DST\tcopy a file between here and ID:/path" },
-	{ "rm", cli_rm, "rm ID\tdelete a sandbox and its data" },
+	{ "rm", cli_rm, "rm ID...\tdelete sandboxes and their data; prints each id removed" },
 	{ "pause", cli_pause, "pause ID [--json]\tsnapshot a sandbox and stop it" },
 	{ "resume", cli_resume, "resume ID [--worker W] [--force]\tstart a paused sandbox from its snapshot" },
 	{ "migrate", cli_migrate, "migrate ID --worker W\tmove a sandbox to another worker (pause + resume)" },
@@ -83,7 +84,7 @@ static void verb_usage(FILE *out, const struct verb *v)
 /* usage: prints the verbs this build has. */
 static int usage(FILE *out)
 {
-	fprintf(out, "usage: tether VERB [ARGS]   (tether VERB --help: that verb)\n\n");
+	fprintf(out, "usage: tether VERB [ARGS]   (tether VERB --help: that verb; tether --version)\n\n");
 	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
 		if (verbs[i].fn != NULL)
 			verb_usage(out, &verbs[i]);
@@ -97,6 +98,10 @@ int main(int argc, char **argv)
 {
 	if (argc < 2)
 		return usage(stderr);
+	if (strcmp(argv[1], "--version") == 0) {
+		printf("tether %s\n", TETHER_VERSION);
+		return 0;
+	}
 	if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
 	    strcmp(argv[1], "help") == 0)
 		return usage(stdout);

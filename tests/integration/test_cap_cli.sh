@@ -150,8 +150,11 @@ expect "inspect of a wrong prefix: exit 1, one line" \
 
 OLD=$("$WORK/mint" "$WORK/a.key" 1000)
 run "$O" "$E" "$T" cap inspect "$OLD" --key "$PUB"
-expect "inspect flags an expired token" \
-	'[ $rc -eq 0 ] && grep -q "EXPIRED" "$E"' "rc=$rc $(cat "$E")"
+expect "inspect of an expired token: exit 1, the claims printed, EXPIRED" \
+	'[ $rc -eq 1 ] && grep -q "EXPIRED" "$E" && grep -q "\"gen\": 7" "$O"' "rc=$rc $(cat "$E")"
+run "$O" "$E" "$T" cap inspect "$OLD"
+expect "inspect of an expired token without a key: exit 1 too" \
+	'[ $rc -eq 1 ] && grep -q "NOT VERIFIED.*EXPIRED" "$E" && [ -s "$O" ]' "rc=$rc $(cat "$E")"
 
 run "$O" "$E" "$T" cap inspect "$TOK" --implicit x
 expect "--implicit without --key is a usage error" \

@@ -21,6 +21,7 @@
 #pragma weak cli_shell
 #pragma weak cli_watch
 #pragma weak cli_expose
+#pragma weak cli_keys
 
 struct verb {
 	const char *name;
@@ -43,6 +44,7 @@ static const struct verb verbs[] = {
 	{ "shell", cli_shell, "shell ID\tinteractive shell in a sandbox" },
 	{ "watch", cli_watch, "watch ID PATH\tfile events under PATH" },
 	{ "expose", cli_expose, "expose ID PORT [--proto http|tcp]\tthe gateway address for a sandbox port" },
+	{ "keys", cli_keys, "keys [--json]\tthe cluster's public keys (k4.public), for cap inspect --key" },
 	{ "cap", cli_cap, "cap ID [--purpose control|port] [--ops a,b] [--port P --proto tcp|http]\t"
 	                  "issue a capability token (JSON)\n"
 	                  "cap inspect TOKEN|- [--key PUBKEY] [--implicit STR]\t"

@@ -245,6 +245,33 @@ int cli_workers(int argc, char **argv)
 	return 0;
 }
 
+/* cli_keys: keys [--json]; the cluster's public keys (PASERK k4.public),
+ * one a line, newest first, as cap inspect --key takes them. */
+int cli_keys(int argc, char **argv)
+{
+	struct tt_err err = { 0 };
+	struct tether *t;
+	json_t *ans, *k;
+	int json = has_flag(argc, argv, "--json");
+	size_t i;
+
+	if (argc > 2 || (argc == 2 && !json))
+		return cli_fail("usage: tether keys [--json]");
+	if ((t = cli_open()) == NULL)
+		return 1;
+	ans = tether_keys(t, &err);
+	tether_free(t);
+	if (ans == NULL)
+		return cli_fail("keys: %s", err.msg);
+	if (json)
+		cli_print_json(ans);
+	else
+		json_array_foreach(json_object_get(ans, "keys"), i, k)
+			printf("%s\n", cli_str(k, "public", "?"));
+	json_decref(ans);
+	return 0;
+}
+
 /* cli_rm: rm ID...; prints each id removed and goes on past one that
  * fails (exit 1 if any did). */
 int cli_rm(int argc, char **argv)

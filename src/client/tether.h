@@ -63,6 +63,9 @@ json_t *tether_resume(struct tether *t, const char *id, const char *worker,
                       int force, struct tt_err *err);
 json_t *tether_migrate(struct tether *t, const char *id, const char *worker,
                        struct tt_err *err);
+/* tether_keys: the cluster's public verification keys, {"keys":[{"kid",
+ * "public" (k4.public…), "not_before", "not_after"}]} (caller decrefs). */
+json_t *tether_keys(struct tether *t, struct tt_err *err);
 /* tether_cap_issue: POST …/capabilities with req (borrowed). */
 json_t *tether_cap_issue(struct tether *t, const char *id, json_t *req,
                          struct tt_err *err);

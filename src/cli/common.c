@@ -1,9 +1,12 @@
 /* Helpers the CLI verbs share; see cli.h. */
 #include "cli/cli.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "claims.h"
 
@@ -122,4 +125,79 @@ int cli_resolve(struct tether *t, const char *arg, char *out, size_t cap)
 		         hits > 2 ? " and more" : "");
 	json_decref(ans);
 	return hits == 1 ? 0 : -1;
+}
+
+/* cli_write_all: see cli.h. */
+int cli_write_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+
+	while (len > 0) {
+		ssize_t n = write(fd, p, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return -1;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+#define METER_AFTER_MS 300 /* nothing for what is over at once */
+#define METER_EVERY_MS 200
+
+/* cli_now_ms: see cli.h. */
+int64_t cli_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* cli_meter_start: see cli.h. */
+void cli_meter_start(struct cli_meter *m, const char *what, int quiet)
+{
+	m->what = what;
+	m->on = !quiet && isatty(STDERR_FILENO);
+	m->shown = 0;
+	m->t0_ms = m->last_ms = cli_now_ms();
+}
+
+/* cli_meter_show: see cli.h. */
+void cli_meter_show(struct cli_meter *m, uint64_t done, uint64_t total,
+                    const char *note)
+{
+	int64_t now = cli_now_ms(), el = now - m->t0_ms;
+	char d[32], tot[32], rate[32], eta[32] = "";
+	double bps;
+
+	if (!m->on || el < METER_AFTER_MS || (m->shown && now - m->last_ms < METER_EVERY_MS))
+		return;
+	m->last_ms = now;
+	bps = (double)done * 1000.0 / (double)el;
+	cli_size(done, d, sizeof(d));
+	cli_size((uint64_t)bps, rate, sizeof(rate));
+	if (total > 0 && done <= total && bps > 0)
+		snprintf(eta, sizeof(eta), ", ETA %.0f s", (double)(total - done) / bps);
+	if (total > 0)
+		fprintf(stderr, "\r\033[K%s %s / %s, %s/s%s%s%s", m->what, d,
+		        cli_size(total, tot, sizeof(tot)), rate, eta,
+		        note ? ", " : "", note ? note : "");
+	else
+		fprintf(stderr, "\r\033[K%s %s, %s/s%s%s", m->what, d, rate,
+		        note ? ", " : "", note ? note : "");
+	fflush(stderr);
+	m->shown = 1;
+}
+
+/* cli_meter_end: see cli.h. */
+void cli_meter_end(struct cli_meter *m)
+{
+	if (m->shown)
+		fprintf(stderr, "\r\033[K");
+	fflush(stderr);
+	m->shown = 0;
 }

@@ -36,7 +36,7 @@ static const struct verb verbs[] = {
 	{ "info", cli_info, "info ID [--json]\tone sandbox in detail, with its latest snapshot" },
 	{ "workers", cli_workers, "workers [--json]\tregistered workers and their addresses" },
 	{ "exec", cli_exec, "exec [-i|--stdin] ID -- CMD [ARG...]\trun a command, streaming its output; exits with its status (125: tether failed)" },
-	{ "cp", cli_cp, "cp SRC DST\tcopy a file between here and ID:/path" },
+	{ "cp", cli_cp, "cp [-r] [-q] SRC DST\tcopy files (-r: trees) between here (or - for stdin/stdout) and ID:/path" },
 	{ "rm", cli_rm, "rm ID...\tdelete sandboxes and their data; prints each id removed" },
 	{ "pause", cli_pause, "pause ID [--json]\tsnapshot a sandbox and stop it" },
 	{ "resume", cli_resume, "resume ID [--worker W] [--force]\tstart a paused sandbox from its snapshot" },

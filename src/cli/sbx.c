@@ -1,5 +1,5 @@
 /* CLI verbs that talk to the edge through libtether: create, ls, info,
- * workers, rm, exec, cp and cap (issue). Each prints one "tether: …" line
+ * workers, keys, rm, exec and cap (issue); cp is in cp.c. Each prints one "tether: …" line
  * on failure and returns 1. */
 #include <errno.h>
 #include <fcntl.h>
@@ -303,25 +303,11 @@ int cli_rm(int argc, char **argv)
 	return rc;
 }
 
-/* write_all: writes a buffer to a stdio descriptor. */
-static void write_all(int fd, const char *buf, size_t len)
-{
-	while (len > 0) {
-		ssize_t n = write(fd, buf, len);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return; /* closed pipe: nothing more to do */
-		buf += n;
-		len -= (size_t)n;
-	}
-}
-
 /* exec_output: streamed output goes straight to our stdout / stderr. */
 static int exec_output(void *arg, int fd, const void *data, size_t len)
 {
 	(void)arg;
-	write_all(fd == 2 ? STDERR_FILENO : STDOUT_FILENO, data, len);
+	cli_write_all(fd == 2 ? STDERR_FILENO : STDOUT_FILENO, data, len);
 	return 0;
 }
 
@@ -389,126 +375,6 @@ int cli_exec(int argc, char **argv)
 	if (code < 0 || code > 255)
 		return 255;
 	return code;
-}
-
-/* remote_split: "sbx_…:/path" -> id + path; 0 when spec is local. */
-static int remote_split(const char *spec, char *id, size_t cap,
-                        const char **path)
-{
-	const char *colon = strchr(spec, ':');
-	size_t len;
-
-	if (strncmp(spec, "sbx_", 4) != 0 || colon == NULL)
-		return 0;
-	len = (size_t)(colon - spec);
-	if (memchr(spec, '/', len) != NULL || len >= cap)
-		return 0;
-	memcpy(id, spec, len);
-	id[len] = '\0';
-	*path = colon + 1;
-	return 1;
-}
-
-/* base_name: the last path component (no allocation). */
-static const char *base_name(const char *p)
-{
-	const char *s = strrchr(p, '/');
-	return s ? s + 1 : p;
-}
-
-/* cp_upload: local file -> sandbox path, streamed. */
-static int cp_upload(struct tether *t, const char *src, const char *id,
-                     const char *rpath)
-{
-	_cleanup_close_ int fd = open(src, O_RDONLY | O_CLOEXEC);
-	_cleanup_free_ char *dst = NULL;
-	struct tt_err err = { 0 };
-	struct stat st;
-	uint64_t written = 0;
-
-	if (fd < 0)
-		return cli_fail("cp: cannot open %s: %s", src, strerror(errno));
-	if (fstat(fd, &st) < 0)
-		return cli_fail("cp: cannot stat %s: %s", src, strerror(errno));
-	if (!S_ISREG(st.st_mode))
-		return cli_fail("cp: %s is not a regular file", src);
-	if (rpath[0] == '\0' || rpath[strlen(rpath) - 1] == '/') {
-		if (asprintf(&dst, "%s%s", rpath[0] ? rpath : "/", base_name(src)) < 0)
-			return cli_fail("cp: out of memory");
-	} else if ((dst = strdup(rpath)) == NULL) {
-		return cli_fail("cp: out of memory");
-	}
-	if (tether_file_put(t, id, dst, fd, (uint64_t)st.st_size, &written, &err) < 0)
-		return cli_fail("cp %s -> %s:%s: %s", src, id, dst, err.msg);
-	return 0;
-}
-
-/* cp_download: sandbox path -> local file, via a temp file in the target
- * directory renamed into place only once complete. */
-static int cp_download(struct tether *t, const char *id, const char *rpath,
-                       const char *dst)
-{
-	_cleanup_free_ char *target = NULL;
-	_cleanup_free_ char *dircopy = NULL;
-	_cleanup_free_ char *tmp = NULL;
-	_cleanup_close_ int fd = -1;
-	struct tt_err err = { 0 };
-	struct stat st;
-	mode_t mask;
-
-	if (stat(dst, &st) == 0 && S_ISDIR(st.st_mode)) {
-		if (asprintf(&target, "%s/%s", dst, base_name(rpath)) < 0)
-			return cli_fail("cp: out of memory");
-	} else if ((target = strdup(dst)) == NULL) {
-		return cli_fail("cp: out of memory");
-	}
-	if (base_name(target)[0] == '\0')
-		return cli_fail("cp: %s names no file", dst);
-	if ((dircopy = strdup(target)) == NULL ||
-	    asprintf(&tmp, "%s/.%s.tether-XXXXXX", dirname(dircopy),
-	             base_name(target)) < 0)
-		return cli_fail("cp: out of memory");
-	fd = mkostemp(tmp, O_CLOEXEC);
-	if (fd < 0)
-		return cli_fail("cp: cannot create a file next to %s: %s", target,
-		            strerror(errno));
-	if (tether_file_get(t, id, rpath, fd, NULL, &err) < 0) {
-		unlink(tmp);
-		return cli_fail("cp %s:%s -> %s: %s", id, rpath, target, err.msg);
-	}
-	mask = umask(0);
-	umask(mask);
-	if (fchmod(fd, 0666 & ~mask) < 0 || fsync(fd) < 0 ||
-	    rename(tmp, target) < 0) {
-		int e = errno;
-		unlink(tmp);
-		return cli_fail("cp: cannot store %s: %s", target, strerror(e));
-	}
-	return 0;
-}
-
-/* cli_cp: cp SRC DST, one side local, the other ID:/path. */
-int cli_cp(int argc, char **argv)
-{
-	char sid[128], did[128];
-	const char *spath = NULL, *dpath = NULL;
-	struct tether *t;
-	int srem, drem, rc;
-
-	if (argc != 3)
-		return cli_fail("usage: tether cp SRC DST   (one of them ID:/path)");
-	srem = remote_split(argv[1], sid, sizeof(sid), &spath);
-	drem = remote_split(argv[2], did, sizeof(did), &dpath);
-	if (srem == drem)
-		return cli_fail("cp: exactly one of SRC and DST must be ID:/path");
-	if ((t = cli_open()) == NULL)
-		return 1;
-	if (drem)
-		rc = cp_upload(t, argv[1], did, dpath);
-	else
-		rc = cp_download(t, sid, spath, argv[2]);
-	tether_free(t);
-	return rc;
 }
 
 /* ops_array: "a,b" -> ["a","b"]. */

@@ -17,56 +17,8 @@ for b in "$TD" "$T"; do
 	[ -x "$b" ] || { echo "not ok 1 - $b is not built (run make)"; exit 1; }
 done
 
-# The minting helper: FILE [AGE_SECONDS] -> a token on stdout.
-cat >"$WORK/mint.c" <<'EOF'
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sodium.h>
-#include "capcache.h"
-#include "paserk.h"
-#include "timefmt.h"
-int main(int argc, char **argv)
-{
-	uint8_t sk[PASETO_SK_BYTES];
-	struct tt_err err = { 0 };
-	struct tt_claims c;
-	char *tok;
-
-	if (argc < 2 || sodium_init() < 0 ||
-	    paserk_secret_file_read(argv[1], sk, &err) < 0) {
-		fprintf(stderr, "mint: %s\n", err.msg);
-		return 1;
-	}
-	memset(&c, 0, sizeof(c));
-	strcpy(c.iss, "tether-cp");
-	strcpy(c.sub, "tenant-1");
-	strcpy(c.jti, "j1");
-	c.iat = tt_now() - (argc > 2 ? atoi(argv[2]) : 0);
-	c.exp = c.iat + TT_CAP_LIFETIME;
-	c.aud = TT_AUD_NODE;
-	strcpy(c.id.sbx, "sbx_abcdefghijklmnopqrstuvwxyz");
-	c.id.gen = 7;
-	strcpy(c.id.wrk, "w1");
-	strcpy(c.id.sst, "ns");
-	c.id.att = 1;
-	c.pur = TT_PUR_CONTROL;
-	c.ops = TT_OP_EXEC | TT_OP_FS_READ;
-	if (cap_mint(sk, &c, &tok, &err) < 0) {
-		fprintf(stderr, "mint: %s\n", err.msg);
-		return 1;
-	}
-	sodium_memzero(sk, sizeof(sk));
-	puts(tok);
-	free(tok);
-	return 0;
-}
-EOF
-# shellcheck disable=SC2046
-if ! cc -std=c17 -D_GNU_SOURCE -I"$ROOT/lib" -o "$WORK/mint" "$WORK/mint.c" \
-	"$ROOT/build/libtethercore.a" $(pkg-config --libs libsodium jansson) \
-	2>"$WORK/cc.err"; then
-	echo "not ok 1 - minting helper builds"; sed 's/^/#   /' "$WORK/cc.err"; exit 1
+if ! build_mint "$WORK/mint"; then
+	echo "not ok 1 - minting helper builds"; sed 's/^/#   /' "$WORK/mint.err"; exit 1
 fi
 O=$WORK/out E=$WORK/err
 

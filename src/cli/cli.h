@@ -49,7 +49,8 @@ int64_t cli_now_ms(void);
 /* cli_meter_start: a meter for what, off when quiet or stderr is no tty. */
 void cli_meter_start(struct cli_meter *m, const char *what, int quiet);
 /* cli_meter_show: done of total bytes (total 0: unknown), at most 5 times
- * a second; note (may be NULL) follows the figures. */
+ * a second; note (may be NULL) follows the figures. With nothing counted
+ * (both 0), the note and the time so far. */
 void cli_meter_show(struct cli_meter *m, uint64_t done, uint64_t total,
                     const char *note);
 /* cli_meter_end: clears the line if one was shown. */

@@ -177,6 +177,13 @@ void cli_meter_show(struct cli_meter *m, uint64_t done, uint64_t total,
 	if (!m->on || el < METER_AFTER_MS || (m->shown && now - m->last_ms < METER_EVERY_MS))
 		return;
 	m->last_ms = now;
+	if (done == 0 && total == 0 && note != NULL) { /* nothing counted */
+		fprintf(stderr, "\r\033[K%s: %s, %.0f s", m->what, note,
+		        (double)el / 1000.0);
+		fflush(stderr);
+		m->shown = 1;
+		return;
+	}
 	bps = (double)done * 1000.0 / (double)el;
 	cli_size(done, d, sizeof(d));
 	cli_size((uint64_t)bps, rate, sizeof(rate));

@@ -38,9 +38,9 @@ static const struct verb verbs[] = {
 	{ "exec", cli_exec, "exec [-i|--stdin] ID -- CMD [ARG...]\trun a command, streaming its output; exits with its status (125: tether failed)" },
 	{ "cp", cli_cp, "cp [-r] [-q] SRC DST\tcopy files (-r: trees) between here (or - for stdin/stdout) and ID:/path" },
 	{ "rm", cli_rm, "rm ID...\tdelete sandboxes and their data; prints each id removed" },
-	{ "pause", cli_pause, "pause ID [--json]\tsnapshot a sandbox and stop it" },
-	{ "resume", cli_resume, "resume ID [--worker W] [--force]\tstart a paused sandbox from its snapshot" },
-	{ "migrate", cli_migrate, "migrate ID --worker W\tmove a sandbox to another worker (pause + resume)" },
+	{ "pause", cli_pause, "pause ID [-q] [--json]\tsnapshot a sandbox and stop it" },
+	{ "resume", cli_resume, "resume ID [--worker W] [--force] [-q]\tstart a paused sandbox from its snapshot" },
+	{ "migrate", cli_migrate, "migrate ID --worker W [-q]\tmove a sandbox to another worker (pause + resume)" },
 	{ "shell", cli_shell, "shell ID\tinteractive shell in a sandbox" },
 	{ "watch", cli_watch, "watch ID PATH\tfile events under PATH" },
 	{ "expose", cli_expose, "expose ID PORT [--proto http|tcp]\tthe gateway address for a sandbox port" },
@@ -90,6 +90,9 @@ static int usage(FILE *out)
 	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
 		if (verbs[i].fn != NULL)
 			verb_usage(out, &verbs[i]);
+	fprintf(out, "\nID: a sandbox id or a unique start of one (sbx_ may be left out).\n"
+	             "exec exits with the command's status, 125 when tether failed;\n"
+	             "other verbs 0, or 1 with one line on stderr. docs/CLI.md has it all.\n");
 	fprintf(out, "\nThe cluster's URL and API key come from TETHER_URL and "
 	             "TETHER_API_KEY,\nor from ~/.config/tether/config, which "
 	             "'tether up' writes.\n");

@@ -16,7 +16,7 @@ O=$WORK/out E=$WORK/err
 run() { rc=0; "$@" >"$O" 2>"$E" </dev/null || rc=$?; }
 lines() { grep -c '' "$1"; }
 
-cluster_up_or_bail "tether up: cluster ready" 1
+cluster_up_or_bail "tether up: cluster ready" 2
 EDGE=http://127.0.0.1:$((BASE + 1))
 A=$("$T" create 2>"$E") && B=$("$T" create 2>>"$E") && C=$("$T" create 2>>"$E") ||
 	tap_bail "three sandboxes" "$(cat "$E")"
@@ -159,6 +159,79 @@ run "$T" cp -r "$A:/no/such/dir" "$WORK/back2"
 expect "cp -r of a missing directory: exit 1" '[ $rc = 1 ] && grep -q "tar in the sandbox" "$E"' "rc=$rc $(cat "$E")"
 run "$T" cp "$D" "$A:/tmp/x"
 expect "cp of a directory without -r: exit 1, says to use -r" '[ $rc = 1 ] && grep -q -- "-r" "$E"' "$(cat "$E")"
+
+# ---- progress on a terminal (script(1) gives the CLI one) ----------------------------
+head -c $((96 << 20)) /dev/urandom >"$WORK/big"
+# tty CMD: CMD on a pseudo-terminal; its output (stdout and stderr) in $O,
+# each rewrite of the progress line on a line of its own
+tty() {
+	rc=0
+	script -qec "$*" /dev/null >"$O.raw" 2>&1 </dev/null || rc=$?
+	tr '\r' '\n' <"$O.raw" | sed 's/\x1b\[K//g' >"$O"
+}
+tty "$T" cp "$WORK/big" "$A:/tmp/big"
+expect "cp on a terminal: a progress line with bytes, rate and ETA" \
+	'[ $rc = 0 ] && grep -aqE "upload [0-9.]+ [KMG]?i?B / 96.0 MiB, [0-9.]+ [KMG]?i?B/s, ETA [0-9]+ s" "$O"' \
+	"rc=$rc $(tail -3 "$O")"
+run "$T" cp "$WORK/big" "$A:/tmp/big2"
+expect "cp not on a terminal: quiet" '[ $rc = 0 ] && [ ! -s "$E" ]' "$(cat "$E")"
+tty "$T" cp -q "$WORK/big" "$A:/tmp/big3"
+expect "cp -q on a terminal: quiet" '[ $rc = 0 ] && [ ! -s "$O" ]' "$(tr '\r' '\n' <"$O" | tail -3)"
+W=$("$T" info "$A" --json | jget 'd["worker"]')
+[ "$W" = w1 ] && TO=w2 || TO=w1
+tty "$T" migrate "$A" --worker "$TO"
+expect "migrate on a terminal: a progress line, then the result" \
+	'[ $rc = 0 ] && grep -aqE "migrate[: ]" "$O" && grep -aq "^migrated $A" "$O"' \
+	"rc=$rc $(tail -3 "$O")"
+rm -f "$WORK/big"
+
+# ---- the edge's access log ----------------------------------------------------------
+ELOG=$STATE/logs/edge.log
+# access RID: the edge's access-log records with that request id, one
+# JSON object a line (python's repr), after checking each is a whole line
+access() {
+	python3 - "$ELOG" "$1" <<'PY'
+import json, re, sys
+for line in open(sys.argv[1], errors="replace"):
+    if line.startswith("{"):
+        d = json.loads(line)
+        if d.get("rid") == sys.argv[2]:
+            print(json.dumps(d, sort_keys=True))
+PY
+}
+code=$(tcurl -o "$TT_BODY" -D "$TT_HDRS" -w '%{http_code}' -X POST "$EDGE/v1/sandboxes/$A/exec?x=secret" \
+	-H "Authorization: Bearer $(cluster_key)" -H 'X-Request-Id: conv-test.rid:1' \
+	-H 'Content-Type: application/json' --data-binary '{"cmd":["echo","logged"]}')
+wait_until 30 sh -c "grep -q 'conv-test.rid:1' '$ELOG'"
+rec=$(access conv-test.rid:1)
+expect "the edge answers with the caller's X-Request-Id" \
+	'[ "$code" = 200 ] && grep -qi "^x-request-id: conv-test.rid:1" "$TT_HDRS"' "$code $(cat "$TT_HDRS")"
+expect "one access line for it: method, path without the query, sandbox, status, generation, duration, bytes" \
+	'[ "$(echo "$rec" | grep -c .)" = 1 ] && echo "$rec" | jget "d[\"method\"], d[\"path\"], d[\"sandbox\"], d[\"status\"], d[\"role\"]" |
+	 grep -qx "(.POST., ./v1/sandboxes/$A/exec., .$A., 200, .edge.)" &&
+	 echo "$rec" | jget "d[\"duration_ms\"] > 0 and d[\"bytes_in\"] == 25 and d[\"bytes_out\"] > 20 and d[\"generation\"] >= 1" | grep -qx True &&
+	 ! echo "$rec" | grep -q secret' "$rec"
+expect "its ts is RFC 3339 with a date" \
+	'echo "$rec" | jget "d[\"ts\"]" | grep -qE "^20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-5][0-9]\.[0-9]{3}Z$"' "$rec"
+code=$(tcurl -o "$TT_BODY" -D "$TT_HDRS" -w '%{http_code}' "$EDGE/v1/sandboxes/$A" \
+	-H "Authorization: Bearer $(cluster_key)" -H 'X-Request-Id: bad id with spaces')
+GEN_RID=$(sed -n 's/^[Xx]-[Rr]equest-[Ii]d: *\([^\r]*\).*/\1/p' "$TT_HDRS")
+wait_until 30 sh -c "grep -q '$GEN_RID' '$ELOG'"
+expect "a malformed X-Request-Id is replaced by a generated one, logged with the lifecycle call" \
+	'[[ $GEN_RID =~ ^req_[a-z2-7]{26}$ ]] && access "$GEN_RID" | jget "d[\"path\"], d[\"status\"]" | grep -qx "(./v1/sandboxes/$A., 200)"' \
+	"$GEN_RID $(cat "$TT_HDRS")"
+code=$(tcurl -o "$TT_BODY" -w '%{http_code}' "$EDGE/v1/sandboxes/$A/files?path=/tmp/x" -H 'X-Request-Id: conv-unauth')
+wait_until 30 sh -c "grep -q 'conv-unauth' '$ELOG'"
+expect "a request refused at the edge is logged too (401)" \
+	'[ "$code" = 401 ] && access conv-unauth | jget "d[\"status\"]" | grep -qx 401' "$code $(access conv-unauth)"
+"$T" exec "$A" -- true >/dev/null 2>&1
+wait_until 30 sh -c "grep -q '/exec/ws' '$ELOG'"
+rec=$(grep '/exec/ws' "$ELOG" | tail -n 1)
+expect "an exec stream is logged when it ends: result exit, generation" \
+	'echo "$rec" | jget "d[\"result\"], d[\"status\"], d[\"generation\"] >= 1, d[\"rid\"][:4]" | grep -qx "(.exit., 101, True, .req_.)"' "$rec"
+expect "every other edge log line starts with an RFC 3339 time with a date" \
+	'! grep -v "^{" "$ELOG" | grep -qvE "^20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-9:.]{12}Z edge\[[0-9]+\] "' \
+	"$(grep -v "^{" "$ELOG" | head -3)"
 
 # ---- rm of several ids --------------------------------------------------------------
 run "$T" rm sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa "$B" "$NONE" "$C"

@@ -233,6 +233,27 @@ expect "every other edge log line starts with an RFC 3339 time with a date" \
 	'! grep -v "^{" "$ELOG" | grep -qvE "^20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-9:.]{12}Z edge\[[0-9]+\] "' \
 	"$(grep -v "^{" "$ELOG" | head -3)"
 
+# ---- metrics: every name in the one table and in docs/METRICS.md, HELP + TYPE ----
+used=$(grep -rhoE 'metrics_(inc|add|observe_us)\("tether_[a-z_]+"|"tether_[a-z_]+_total"' "$ROOT/src" "$ROOT/lib" |
+	grep -oE 'tether_[a-z_]+' | sort -u)
+table=$(sed -n '/^} metrics_docs\[\] = {/,/^};/p' "$ROOT/lib/metrics.c" | grep -oE '"tether_[a-z_]+"' | tr -d '"' | sort -u)
+missing=$(comm -23 <(echo "$used") <(echo "$table"))
+expect "every metric name the code uses is in lib/metrics.c's table" '[ -n "$used" ] && [ -z "$missing" ]' "$missing"
+undoc=$(for m in $table; do grep -q "\`$m\`" "$ROOT/docs/METRICS.md" || echo "$m"; done)
+expect "and in docs/METRICS.md" '[ -z "$undoc" ]' "$undoc"
+expect "no metric name holds another unit than its suffix says (no _us)" '! echo "$used" | grep -q "_us$"' "$used"
+for port in 0 1 11; do
+	curl -s -m 10 "http://127.0.0.1:$((BASE + port))/metrics" >"$WORK/m.$port"
+done
+bad=$(for port in 0 1 11; do
+	awk -v p="$port" '/^# HELP /{h[$3]=1} /^# TYPE /{t[$3]=1} /^[a-z]/{n=$1; sub(/[{ ].*/,"",n);
+		b=n; sub(/_(bucket|sum|count)$/,"",b); if (!(n in t) && !(b in t)) print p": "n" has no TYPE"; if (!(n in h) && !(b in h)) print p": "n" has no HELP"}
+		/^# TYPE /{if ($4 != "counter" && $4 != "histogram" && $4 != "gauge") print p": "$3" bad type "$4}' "$WORK/m.$port"
+done | sort -u)
+expect "cp, edge and node serve HELP and TYPE for every metric" \
+	'[ -z "$bad" ] && grep -q "^# HELP tether_edge_requests_total " "$WORK/m.1" && grep -q "^# TYPE tether_node_request_duration_seconds histogram" "$WORK/m.11"' \
+	"$bad $(head -5 "$WORK/m.11")"
+
 # ---- rm of several ids --------------------------------------------------------------
 run "$T" rm sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa "$B" "$NONE" "$C"
 expect "rm of several ids: each removed id printed, going on past failures, exit 1" \

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -316,22 +317,28 @@ static int exec_output(void *arg, int fd, const void *data, size_t len)
 #define EXEC_FAILED 125
 #define exec_fail(...) (cli_fail(__VA_ARGS__), EXEC_FAILED)
 
-/* exec_stdin_unread: whether our stdin is a pipe or a non-empty file that
- * the command will not see (no --stdin): the one case worth a warning. */
+/* exec_stdin_unread: whether our stdin holds input the command will not
+ * see (no --stdin): a file with bytes left, or a pipe with bytes waiting
+ * (an idle or empty pipe, /dev/null, a terminal: nothing to warn about). */
 static int exec_stdin_unread(void)
 {
 	struct stat st;
+	off_t at;
+	int avail = 0;
 
 	if (isatty(STDIN_FILENO) || fstat(STDIN_FILENO, &st) < 0)
 		return 0;
-	return S_ISFIFO(st.st_mode) || (S_ISREG(st.st_mode) && st.st_size > 0);
+	if (S_ISREG(st.st_mode))
+		return (at = lseek(STDIN_FILENO, 0, SEEK_CUR)) >= 0 && at < st.st_size;
+	return (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)) &&
+	       ioctl(STDIN_FILENO, FIONREAD, &avail) == 0 && avail > 0;
 }
 
 /* cli_exec: exec [-i|--stdin] ID [--] CMD [ARG...]; streams output as it
  * comes (docs/API.md "Streamed exec") and exits with the command's status,
  * or 125 when tether itself failed (docs/CLI.md). --stdin forwards our
- * stdin when it is not a terminal; without it, piped input is not read
- * (a script's loop keeps its input) and one line says so. */
+ * stdin when it is not a terminal; without it, input waiting on stdin is
+ * not read (a script's loop keeps its input) and one line says so. */
 int cli_exec(int argc, char **argv)
 {
 	static const char usage[] = "usage: tether exec [-i|--stdin] ID -- CMD [ARG...]";

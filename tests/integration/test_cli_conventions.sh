@@ -44,10 +44,18 @@ expect "exec: an edge that cannot be reached exits 125" \
 	'[ $rc = 125 ] && [ "$(lines "$E")" = 1 ] && grep -q "^tether: " "$E"' "rc=$rc $(cat "$E")"
 
 # ---- stdin ------------------------------------------------------------------------
-rc=0; out=$(echo piped | "$T" exec "$A" -- sh -c 'cat; echo end' 2>"$E") || rc=$?
+# (the sleep: the bytes are in the pipe before tether looks)
+rc=0; out=$(echo piped | { sleep 0.3; "$T" exec "$A" -- sh -c 'cat; echo end'; } 2>"$E") || rc=$?
 expect "exec without --stdin: piped input is not read, one warning line" \
 	'[ $rc = 0 ] && [ "$out" = end ] && [ "$(lines "$E")" = 1 ] && grep -q "stdin is not forwarded" "$E"' \
 	"rc=$rc out=$out $(cat "$E")"
+echo data >"$WORK/in"
+rc=0; out=$("$T" exec "$A" -- sh -c 'cat; echo end' <"$WORK/in" 2>"$E") || rc=$?
+expect "exec without --stdin: a file on stdin, the same warning" \
+	'[ $rc = 0 ] && [ "$out" = end ] && grep -q "stdin is not forwarded" "$E"' "rc=$rc out=$out $(cat "$E")"
+rc=0; out=$( (sleep 2 | "$T" exec "$A" -- echo quiet) 2>"$E") || rc=$?
+expect "exec without --stdin: an idle pipe (nothing waiting) gets no warning" \
+	'[ $rc = 0 ] && [ "$out" = quiet ] && [ ! -s "$E" ]' "rc=$rc out=$out $(cat "$E")"
 rc=0; out=$(echo piped | "$T" exec -i "$A" -- cat 2>"$E") || rc=$?
 expect "exec -i forwards it, no warning" '[ $rc = 0 ] && [ "$out" = piped ] && [ ! -s "$E" ]' "rc=$rc out=$out $(cat "$E")"
 run "$T" exec "$A" -- true

@@ -66,11 +66,13 @@ static int cp_progress(void *arg, uint64_t done, uint64_t total)
 }
 
 /* stdin_spool: stdin as a descriptor of known size: itself when it is a
- * regular file, else copied into an unlinked temporary file (an upload
+ * regular file, else copied into an unlinked temporary file in $TMPDIR
+ * (an upload
  * needs its length before the first byte, docs/API.md). -1 after
  * printing why. */
 static int stdin_spool(uint64_t *size)
 {
+	const char *tmpdir = getenv("TMPDIR");
 	char buf[65536];
 	struct stat st;
 	off_t at;
@@ -81,10 +83,12 @@ static int stdin_spool(uint64_t *size)
 		*size = (uint64_t)(st.st_size - at);
 		return dup(STDIN_FILENO);
 	}
-	fd = open(P_tmpdir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+	if (tmpdir == NULL || tmpdir[0] == '\0')
+		tmpdir = P_tmpdir;
+	fd = open(tmpdir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return cli_fail("cp: cannot make a temporary file in %s: %s",
-		                P_tmpdir, strerror(errno)), -1;
+		                tmpdir, strerror(errno)), -1;
 	*size = 0;
 	for (;;) {
 		ssize_t n = read(STDIN_FILENO, buf, sizeof(buf));

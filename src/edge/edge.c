@@ -811,6 +811,11 @@ static void node_done(CURL *easy, CURLcode rc, void *arg)
 	}
 	if (rc == CURLE_OK && x->capture && x->status == 409) {
 		captured_field(x, "decision", v, sizeof(v));
+		if (strcmp(v, "refresh_route") == 0) /* for the access log */
+			edge_refusal_note(x->out.buf ? x->out.buf + x->out.off : NULL,
+			                  bytes_pending(&x->out), x->decision,
+			                  sizeof(x->decision), x->reason,
+			                  sizeof(x->reason));
 		if (strcmp(v, "refresh_route") == 0 && retry_eligible(x)) {
 			node_retry(x, easy, "refresh_route");
 			return;

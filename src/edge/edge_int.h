@@ -66,7 +66,8 @@ struct edge_access {
 	const char *sbx;
 	long status;           /* 0: the client went away before an answer */
 	const char *result;    /* an exec stream's end (exit, deny, …) */
-	const char *decision;  /* a receiver's refusal: refresh_route | deny */
+	const char *decision;  /* the last refusal a receiver answered for it:
+	                        * refresh_route | deny */
 	const char *reason;
 	int rebuilt;           /* the one rebuilt attempt after RefreshRoute */
 	uint64_t generation;   /* the execution that served it, 0 none */

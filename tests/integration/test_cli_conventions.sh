@@ -241,6 +241,22 @@ expect "every other edge log line starts with an RFC 3339 time with a date" \
 	'! grep -v "^{" "$ELOG" | grep -qvE "^20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-9:.]{12}Z edge\[[0-9]+\] "' \
 	"$(grep -v "^{" "$ELOG" | head -3)"
 
+# a RefreshRoute the edge repairs: its cached capability names A's
+# execution, which a pause + resume at the cp (past the edge) retires
+"$T" exec "$A" -- true >/dev/null 2>&1
+for step in pause resume; do
+	curl -s -m 60 -o /dev/null -X POST -H "Authorization: Bearer $(cluster_key)" \
+		-H 'Content-Type: application/json' -d '{}' "$CP/v1/sandboxes/$A/$step"
+done
+code=$(tcurl -o "$TT_BODY" -w '%{http_code}' -X POST "$EDGE/v1/sandboxes/$A/exec" \
+	-H "Authorization: Bearer $(cluster_key)" -H 'X-Request-Id: conv-refresh' \
+	-H 'Content-Type: application/json' --data-binary '{"cmd":["true"]}')
+wait_until 30 sh -c "grep -q 'conv-refresh' '$ELOG'"
+rec=$(access conv-refresh)
+expect "a repaired RefreshRoute: logged with the node's decision and reason, rebuilt, status 200" \
+	'[ "$code" = 200 ] && echo "$rec" | jget "d[\"status\"], d[\"decision\"], d[\"rebuilt\"], len(d[\"reason\"]) > 0" | grep -qx "(200, .refresh_route., True, True)"' \
+	"$code $rec $(cat "$TT_BODY")"
+
 # ---- metrics: every name in the one table and in docs/METRICS.md, HELP + TYPE ----
 used=$(grep -rhoE 'metrics_(inc|add|observe_us)\("tether_[a-z_]+"|"tether_[a-z_]+_total"' "$ROOT/src" "$ROOT/lib" |
 	grep -oE 'tether_[a-z_]+' | sort -u)

@@ -67,9 +67,8 @@ static int cp_progress(void *arg, uint64_t done, uint64_t total)
 
 /* stdin_spool: stdin as a descriptor of known size: itself when it is a
  * regular file, else copied into an unlinked temporary file in $TMPDIR
- * (an upload
- * needs its length before the first byte, docs/API.md). -1 after
- * printing why. */
+ * (an upload needs its length before the first byte, docs/API.md). -1
+ * after printing why. */
 static int stdin_spool(uint64_t *size)
 {
 	const char *tmpdir = getenv("TMPDIR");

@@ -1,6 +1,6 @@
 /* CLI verbs that talk to the edge through libtether: create, ls, info,
- * workers, keys, rm, exec and cap (issue); cp is in cp.c. Each prints one "tether: …" line
- * on failure and returns 1. */
+ * workers, keys, rm, exec and cap (issue); cp is in cp.c. Each prints one
+ * "tether: …" line on failure and returns 1 (exec: 125). */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -247,7 +247,7 @@ int cli_workers(int argc, char **argv)
 }
 
 /* cli_keys: keys [--json]; the cluster's public keys (PASERK k4.public),
- * one a line, newest first, as cap inspect --key takes them. */
+ * one a line in the bundle's order, as cap inspect --key takes them. */
 int cli_keys(int argc, char **argv)
 {
 	struct tt_err err = { 0 };

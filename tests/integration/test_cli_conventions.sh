@@ -278,6 +278,19 @@ expect "cp, edge and node serve HELP and TYPE for every metric" \
 	'[ -z "$bad" ] && grep -q "^# HELP tether_edge_requests_total " "$WORK/m.1" && grep -q "^# TYPE tether_node_request_duration_seconds histogram" "$WORK/m.11"' \
 	"$bad $(head -5 "$WORK/m.11")"
 
+# ---- bash completion (contrib/bash-completion/tether) ---------------------------------
+# complete WORD...: COMPREPLY for the command line WORD... (the last one
+# being completed), sorted, one a line; $T stands for tether
+complete_line() {
+	bash -c '. "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _tether; printf "%s\n" "${COMPREPLY[@]}" | sort' \
+		_ "$ROOT/contrib/bash-completion/tether" "$T" "$@"
+}
+expect "completion: verbs" '[ "$(complete_line mi)" = migrate ] && [ "$(complete_line p)" = pause ]' "$(complete_line p)"
+expect "completion: a sandbox id from its start" '[ "$(complete_line info "sbx_$PA")" = "$A" ]' "$(complete_line info "sbx_$PA")"
+expect "completion: ls --state" '[ "$(complete_line ls --state pa | tr "\n" " ")" = "paused pausing " ]' "$(complete_line ls --state pa)"
+expect "completion: workers after --worker" '[ "$(complete_line migrate "$A" --worker w | tr "\n" " ")" = "w1 w2 " ]' "$(complete_line migrate "$A" --worker w)"
+expect "completion: nothing of ours after exec's --" '[ -z "$(complete_line exec "$A" -- s)" ]' "$(complete_line exec "$A" -- s)"
+
 # ---- rm of several ids --------------------------------------------------------------
 run "$T" rm sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa "$B" "$NONE" "$C"
 expect "rm of several ids: each removed id printed, going on past failures, exit 1" \

@@ -977,6 +977,32 @@ int http_wait_seconds(struct lws *wsi)
 	return n <= HTTP_WAIT_MAX_S ? (int)n : -1;
 }
 
+/* http_request_id: see http.h. */
+int http_request_id(struct lws *wsi, char out[HTTP_RID_MAX + 1])
+{
+	static const char name[] = HTTP_RID_HEADER ":";
+	static const char b32[] = "abcdefghijklmnopqrstuvwxyz234567";
+	unsigned char rnd[17];
+	int len = lws_hdr_custom_length(wsi, name, (int)sizeof(name) - 1);
+
+	if (len > 0 && len <= HTTP_RID_MAX &&
+	    lws_hdr_custom_copy(wsi, out, HTTP_RID_MAX + 1, name,
+	                        (int)sizeof(name) - 1) == len &&
+	    strspn(out, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+	                "0123456789._:-") == (size_t)len)
+		return 1;
+	randombytes_buf(rnd, 16);
+	rnd[16] = 0;
+	memcpy(out, "req_", 4);
+	for (unsigned i = 0; i < 26; i++) { /* 5 bits each, 128 in all */
+		unsigned bit = i * 5, v = rnd[bit / 8] | (unsigned)rnd[bit / 8 + 1] << 8;
+
+		out[4 + i] = b32[(v >> (bit % 8)) & 31];
+	}
+	out[30] = '\0';
+	return 0;
+}
+
 /* http_content_length: the one Content-Length: decimal digits (at most
  * 18, optional trailing blanks); -1 when repeated (two fields, or a list
  * in one) or malformed, 0 when absent. */

@@ -23,6 +23,10 @@
  * migrate, re-activation) to end before it is answered as things are:
  * the caller's "X-Tether-Wait: S" header (seconds), this by default. */
 #define HTTP_WAIT_HEADER "x-tether-wait"
+/* The id that follows one operation across hops (edge -> cp, node): the
+ * caller's X-Request-Id when well formed, else one made at the edge. */
+#define HTTP_RID_HEADER "x-request-id"
+#define HTTP_RID_MAX 64
 #define HTTP_WAIT_DEFAULT_S 30
 #define HTTP_WAIT_MAX_S 300
 /* Front-door bounds of every daemon's HTTP server (docs/API.md "Limits").
@@ -184,6 +188,10 @@ bool http_expects_continue(struct lws *wsi);
  * 0, or -1 when it could not be written (close the connection). */
 int http_continue(struct lws *wsi);
 
+/* http_request_id: the request's X-Request-Id into out when it is 1..64
+ * characters of [A-Za-z0-9._:-] (returns 1), else a new one, "req_" + 26
+ * base32 characters of randomness (returns 0). */
+int http_request_id(struct lws *wsi, char out[HTTP_RID_MAX + 1]);
 /* http_header: copies header tok into buf (NUL-terminated); returns its
  * length, or -1 when absent or longer than cap - 1. */
 int http_header(struct lws *wsi, enum lws_token_indexes tok, char *buf,

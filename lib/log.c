@@ -11,6 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <sys/uio.h>
+
 static char log_role[32] = "tether";
 static enum tt_log_level log_min = TT_LOG_INFO;
 
@@ -80,21 +82,33 @@ static uint64_t log_hash(const char *s, size_t n)
 	return h;
 }
 
+/* log_stamp: the wall-clock time as RFC 3339 UTC with milliseconds
+ * ("2026-12-02T00:50:56.123Z") into buf; its length, or -1. */
+static int log_stamp(char *buf, size_t cap)
+{
+	struct timespec ts;
+	struct tm tm;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	gmtime_r(&ts.tv_sec, &tm);
+	return snprintf(buf, cap, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ",
+	                tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+	                tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+}
+
 /* log_write: one whole line, "time role[pid] level: message"; a single
  * write(2) keeps lines from several processes on one terminal whole. */
 static void log_write(enum tt_log_level level, const char *msg, size_t mlen)
 {
 	static const char *names[] = { "debug", "info", "warn", "error" };
 	char line[LOG_LINE_MAX + 96];
-	struct timespec ts;
-	struct tm tm;
 	int n;
 
-	clock_gettime(CLOCK_REALTIME, &ts);
-	gmtime_r(&ts.tv_sec, &tm);
-	n = snprintf(line, sizeof(line), "%02d:%02d:%02d.%03ld %s[%d] %s: ",
-	             tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
-	             log_role, (int)getpid(), names[level]);
+	n = log_stamp(line, sizeof(line));
+	if (n < 0)
+		return;
+	n += snprintf(line + n, sizeof(line) - (size_t)n, " %s[%d] %s: ",
+	              log_role, (int)getpid(), names[level]);
 	if (n < 0)
 		return;
 	if (mlen > sizeof(line) - (size_t)n - 1)
@@ -243,4 +257,46 @@ void tt_log_flush(void)
 	if (log_pending > 0)
 		log_flush_expired(log_now_ms());
 	atomic_flag_clear(&log_busy);
+}
+
+static uint64_t access_window_ms;
+static unsigned access_emitted;
+static uint64_t access_dropped;
+
+/* tt_log_access: see log.h. */
+void tt_log_access(const char *fields, size_t len)
+{
+	char head[160], stamp[40];
+	struct iovec iov[3];
+	uint64_t now = log_now_ms();
+	int n;
+
+	if (len < 2 || fields[0] != '{')
+		return;
+	if (now - access_window_ms >= TT_LOG_WINDOW_MS) {
+		access_window_ms = now;
+		access_emitted = 0;
+	}
+	if (access_emitted >= TT_LOG_ACCESS_BURST) {
+		access_dropped++;
+		return;
+	}
+	access_emitted++;
+	if (log_stamp(stamp, sizeof(stamp)) < 0)
+		return;
+	n = snprintf(head, sizeof(head), "{\"ts\":\"%s\",\"role\":\"%s\",", stamp,
+	             log_role);
+	if (access_dropped > 0 && n > 0 && (size_t)n < sizeof(head))
+		n += snprintf(head + n, sizeof(head) - (size_t)n,
+		              "\"dropped_before\":%llu,",
+		              (unsigned long long)access_dropped);
+	if (n < 0 || (size_t)n >= sizeof(head))
+		return;
+	access_dropped = 0;
+	if (len == 2) /* "{}": no fields */
+		n--;
+	iov[0] = (struct iovec){ head, (size_t)n };
+	iov[1] = (struct iovec){ (void *)(fields + 1), len - 1 };
+	iov[2] = (struct iovec){ "\n", 1 };
+	(void)!writev(STDERR_FILENO, iov, 3);
 }

@@ -32,6 +32,114 @@ struct metric {
 	uint64_t buckets[METRICS_BUCKETS]; /* non-cumulative */
 };
 
+/* The one list of metric names: what each counts and its type. A name not
+ * here is still served, with a HELP line that says so (docs/METRICS.md
+ * lists the same names; tests/integration/test_cli_conventions.sh checks
+ * that every name the code uses is in both). */
+static const struct metric_doc {
+	const char *name;
+	const char *type;
+	const char *help;
+} metrics_docs[] = {
+	{ "tether_admission_total", "counter",
+	  "Admission decisions of the sandbox manager, by decision and reason (SPEC 4)." },
+	{ "tether_bridge_refusals_total", "counter",
+	  "Host bridge refusals, by reason." },
+	{ "tether_bridge_verify_failed_total", "counter",
+	  "Bridges the manager spawned that failed its process checks." },
+	{ "tether_cp_auth_refused_total", "counter",
+	  "Control-plane requests refused for their credentials, by kind (bearer, node)." },
+	{ "tether_cp_bad_requests_total", "counter",
+	  "Control-plane requests refused as malformed." },
+	{ "tether_cp_capabilities_total", "counter",
+	  "Capabilities the control plane issued." },
+	{ "tether_cp_feed_parked_total", "counter",
+	  "Feed long polls parked until an update or their timeout." },
+	{ "tether_cp_forced_resumes_total", "counter",
+	  "Forced resumes (failover from the last complete snapshot)." },
+	{ "tether_cp_late_snapshots_total", "counter",
+	  "Pause answers recorded after their pause had failed." },
+	{ "tether_cp_lifecycle_failed_total", "counter",
+	  "Creates, pauses and resumes that failed." },
+	{ "tether_cp_pauses_total", "counter",
+	  "Pauses the control plane began." },
+	{ "tether_cp_relaunches_total", "counter",
+	  "Executions relaunched after a worker reported them lost, by kind." },
+	{ "tether_cp_request_seconds", "histogram",
+	  "Control-plane request latency." },
+	{ "tether_cp_requests_total", "counter",
+	  "Control-plane requests answered." },
+	{ "tether_cp_resumes_total", "counter",
+	  "Resumes the control plane began." },
+	{ "tether_cp_sandboxes_created_total", "counter",
+	  "Sandboxes created." },
+	{ "tether_cp_sign_seconds", "histogram",
+	  "Time to sign one capability in the signer." },
+	{ "tether_cp_transition_wait_seconds", "histogram",
+	  "Time calls waited for a sandbox transition to end." },
+	{ "tether_cp_transition_waits_total", "counter",
+	  "Calls that waited for a sandbox transition." },
+	{ "tether_edge_cap_fetch_total", "counter",
+	  "Capability fetches from the control plane at the edge, by why." },
+	{ "tether_edge_capcache_total", "counter",
+	  "Edge route-cache lookups, by result." },
+	{ "tether_edge_connect_retries_total", "counter",
+	  "Edge retries of a next hop that refused the connection, by target." },
+	{ "tether_edge_exec_streams_total", "counter",
+	  "Streamed execs at the edge, by how they ended." },
+	{ "tether_edge_not_repeated_total", "counter",
+	  "Operations that broke off mid-request and were not repeated." },
+	{ "tether_edge_read_retries_total", "counter",
+	  "Reads retried once after a transport failure." },
+	{ "tether_edge_rebuilt_attempts_total", "counter",
+	  "Rebuilt attempts made by the edge, by why (SPEC 8)." },
+	{ "tether_edge_refresh_exhausted_total", "counter",
+	  "RefreshRoute answers passed on after the one rebuilt attempt." },
+	{ "tether_edge_refresh_total", "counter",
+	  "RefreshRoute answers the edge repaired with a rebuilt attempt." },
+	{ "tether_edge_request_duration_seconds", "histogram",
+	  "Edge request latency, by kind (op, lifecycle)." },
+	{ "tether_edge_requests_total", "counter",
+	  "Edge requests answered, by kind and status." },
+	{ "tether_edge_route_repair_duration_seconds", "histogram",
+	  "Time from a RefreshRoute to the rebuilt attempt's answer." },
+	{ "tether_edge_upstream_failures_total", "counter",
+	  "Edge requests whose next hop failed, by upstream." },
+	{ "tether_http_accept_pauses_total", "counter",
+	  "Pauses of accepting connections after accept(2) failed." },
+	{ "tether_http_refused_total", "counter",
+	  "Connections closed by the HTTP front door's bounds, by reason." },
+	{ "tether_manager_bad_frames_total", "counter",
+	  "Malformed frames the sandbox manager refused." },
+	{ "tether_manager_peer_refused_total", "counter",
+	  "Manager socket peers refused by their credentials." },
+	{ "tether_metrics_dropped_total", "counter",
+	  "Metric samples dropped because the registry was full." },
+	{ "tether_node_admission_total", "counter",
+	  "Admission decisions seen at node-api, by decision and reason." },
+	{ "tether_node_exec_stream_duration_seconds", "histogram",
+	  "Streamed exec duration at node-api." },
+	{ "tether_node_exec_streams_total", "counter",
+	  "Streamed execs at node-api, by how they ended." },
+	{ "tether_node_manager_connections_total", "counter",
+	  "Connections node-api opened to its sandbox manager." },
+	{ "tether_node_request_duration_seconds", "histogram",
+	  "Node-api request latency, by route." },
+	{ "tether_node_requests_total", "counter",
+	  "Node-api requests answered, by route and status." },
+	{ "tether_streams_cancelled_total", "counter",
+	  "Streams cancelled because their identity epoch changed (SPEC 6)." },
+};
+
+/* metrics_doc: the entry of name, or NULL. */
+static const struct metric_doc *metrics_doc(const char *name)
+{
+	for (size_t i = 0; i < sizeof(metrics_docs) / sizeof(metrics_docs[0]); i++)
+		if (strcmp(metrics_docs[i].name, name) == 0)
+			return &metrics_docs[i];
+	return NULL;
+}
+
 static struct metric metrics_tab[METRICS_MAX];
 static size_t metrics_used;
 static uint64_t metrics_dropped;
@@ -122,13 +230,17 @@ static void metrics_series(FILE *f, const char *name, const char *suffix,
 	fprintf(f, " %s\n", value);
 }
 
-/* metrics_render_one: every series sharing m's name, after its TYPE line. */
+/* metrics_render_one: every series sharing m's name, after its HELP and
+ * TYPE lines. */
 static void metrics_render_one(FILE *f, size_t first)
 {
 	const struct metric *m0 = &metrics_tab[first];
 	char v[48], le[32];
 
-	fprintf(f, "# TYPE %s %s\n", m0->name,
+	const struct metric_doc *d = metrics_doc(m0->name);
+
+	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", m0->name,
+	        d ? d->help : "(not in the list of lib/metrics.c)", m0->name,
 	        m0->kind == METRIC_COUNTER ? "counter" : "histogram");
 	for (size_t i = first; i < metrics_used; i++) {
 		const struct metric *m = &metrics_tab[i];
@@ -170,9 +282,10 @@ char *metrics_render(void)
 	for (size_t i = 0; i < metrics_used; i++)
 		if (!metrics_typed(i, &metrics_tab[i]))
 			metrics_render_one(f, i);
-	fprintf(f, "# TYPE tether_metrics_dropped_total counter\n"
+	fprintf(f, "# HELP tether_metrics_dropped_total %s\n"
+	           "# TYPE tether_metrics_dropped_total counter\n"
 	           "tether_metrics_dropped_total %" PRIu64 "\n",
-	        metrics_dropped);
+	        metrics_doc("tether_metrics_dropped_total")->help, metrics_dropped);
 	if (fclose(f) != 0) {
 		free(out);
 		return NULL;

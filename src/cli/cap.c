@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "capcache.h"
+#include "claims.h"
 #include "cli/verbs.h"
 #include "keyring.h"
 #include "paserk.h"
@@ -55,8 +56,9 @@ static int print_payload(const struct paseto_msg *m)
 }
 
 /* validity_note: how the token's lifetime looks from this clock, by the
- * receivers' rule (accepted until exp + skew, iat at most skew ahead). */
-static void validity_note(const struct tt_claims *c, char *out, size_t cap)
+ * receivers' rule (accepted until exp + skew, iat at most skew ahead).
+ * Returns 1 when receivers would refuse it now, else 0. */
+static int validity_note(const struct tt_claims *c, char *out, size_t cap)
 {
 	int64_t now = tt_now();
 
@@ -71,10 +73,13 @@ static void validity_note(const struct tt_claims *c, char *out, size_t cap)
 		         (long long)(now - c->exp), TT_CAP_SKEW);
 	else
 		snprintf(out, cap, "expires in %lld s", (long long)(c->exp - now));
+	return now > c->exp + TT_CAP_SKEW || c->iat > now + TT_CAP_SKEW;
 }
 
 /* inspect_verified: kid check, cap_verify (signature + claims, the same
- * check 1 receivers run), print. */
+ * check 1 receivers run), print. Exit 1 when a check fails (nothing on
+ * stdout: --key asked for verified claims, and a payload that fails is
+ * anyone's text) or when the token is expired (its claims printed). */
 static int inspect_verified(const char *token, size_t len, const char *key,
                             const char *implicit)
 {
@@ -86,7 +91,7 @@ static int inspect_verified(const char *token, size_t len, const char *key,
 	struct tt_err err = { 0 };
 	size_t ilen = implicit != NULL ? strlen(implicit) : 0;
 	char line[PASERK_K4_PID_LEN * 2 + 64], note[96];
-	int rc;
+	int rc, bad;
 
 	if (paserk_k4_public_decode(key, pk, &err) < 0 ||
 	    paserk_k4_pid(pk, kid) < 0)
@@ -107,26 +112,37 @@ static int inspect_verified(const char *token, size_t len, const char *key,
 		return inspect_fail(err.code, err.msg);
 	rc = print_payload(&m);
 	paseto_msg_free(&m);
-	validity_note(&claims, note, sizeof(note));
+	bad = validity_note(&claims, note, sizeof(note));
 	if (rc == 0)
 		fprintf(stderr, "signature: valid (kid %s); %s\n", kid, note);
-	return rc;
+	return rc != 0 || bad;
 }
 
-/* inspect_unverified: decode only, and say loudly that nothing was checked. */
+/* inspect_unverified: decode only, and say loudly that nothing was
+ * checked; exit 1 all the same when the claims are malformed or the
+ * token is expired (no key makes it valid). */
 static int inspect_unverified(const char *token, size_t len)
 {
+	struct tt_claims claims;
 	struct paseto_msg m;
 	struct tt_err err = { 0 };
-	int rc;
+	char note[96];
+	int rc, bad;
 
 	if (paseto_v4_decode_unverified(token, len, &m, &err) < 0)
 		return inspect_fail(err.code, err.msg);
 	rc = print_payload(&m);
-	paseto_msg_free(&m);
-	if (rc == 0)
+	if (rc == 0 && claims_parse(m.payload, m.payload_len, &claims, &err) < 0) {
+		paseto_msg_free(&m);
 		fprintf(stderr, "signature: NOT VERIFIED (no --key given)\n");
-	return rc;
+		return inspect_fail(err.code, err.msg);
+	}
+	paseto_msg_free(&m);
+	if (rc != 0)
+		return rc;
+	bad = validity_note(&claims, note, sizeof(note));
+	fprintf(stderr, "signature: NOT VERIFIED (no --key given); %s\n", note);
+	return bad;
 }
 
 /* token_from_stdin: TOKEN "-" reads it from stdin (a bearer token in argv

@@ -1,6 +1,8 @@
-/* CLI verbs pause, resume and migrate (SPEC §7, §11; notes/lifecycle.md).
+/* CLI verbs pause, resume and migrate (SPEC §7, §11; docs/CLI.md).
  * pause asks with wait=0 and polls the sandbox, showing snapshot progress
- * on stderr once it takes more than half a second. Each prints one line on
+ * on stderr once it takes more than half a second (-q: none). resume and
+ * migrate wait in one call, meanwhile polling the sandbox on a second
+ * handle for a progress line on a terminal. Each prints one line on
  * success (--json: the sandbox object). */
 #include <inttypes.h>
 #include <stdio.h>
@@ -18,15 +20,6 @@
 #define LC_POLL_MS 100
 #define LC_PROGRESS_AFTER_MS 500
 #define LC_PAUSE_MAX_MS (10 * 60 * 1000) /* the cp fails a pause long before */
-
-/* lc_now_ms: monotonic milliseconds. */
-static int64_t lc_now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* lc_mib: bytes as MiB for progress lines. */
 static double lc_mib(json_int_t b)
@@ -58,7 +51,10 @@ static void lc_print(json_t *s, const char *what, int json)
 		       cli_int(s, "resumed_from"));
 }
 
-/* lc_args: ID plus --worker W / --force / --json. -1 on a usage error. */
+static int lc_quiet; /* -q: no progress */
+
+/* lc_args: ID plus --worker W / --force / --json / -q. -1 on a usage
+ * error. */
 static int lc_args(int argc, char **argv, const char **id, const char **worker,
                    int *force, int *json)
 {
@@ -75,12 +71,28 @@ static int lc_args(int argc, char **argv, const char **id, const char **worker,
 			*force = 1;
 		else if (strcmp(argv[i], "--json") == 0)
 			*json = 1;
+		else if (strcmp(argv[i], "-q") == 0)
+			lc_quiet = 1;
 		else if (*id == NULL && argv[i][0] != '-')
 			*id = argv[i];
 		else
 			return -1;
 	}
 	return *id ? 0 : -1;
+}
+
+/* lc_open: a client, and *id resolved (a unique prefix) into full. NULL
+ * after printing why. */
+static struct tether *lc_open(const char **id, char full[CLI_ID_MAX])
+{
+	struct tether *t = cli_open();
+
+	if (t != NULL && cli_resolve(t, *id, full, CLI_ID_MAX) < 0) {
+		tether_free(t);
+		return NULL;
+	}
+	*id = full;
+	return t;
 }
 
 /* lc_progress_line: "snapshot 12.0 MiB / 40.0 MiB" on stderr (rewritten in
@@ -108,16 +120,17 @@ static int lc_pause_wait(struct tether *t, const char *id, json_t **s)
 {
 	struct tt_err err = { 0 };
 	int tty = isatty(2), shown = 0;
-	int64_t t0 = lc_now_ms(), last_line = 0;
+	int64_t t0 = cli_now_ms(), last_line = 0;
 
 	while (strcmp(cli_str(*s, "state", ""), "pausing") == 0) {
-		int64_t now = lc_now_ms();
+		int64_t now = cli_now_ms();
 
 		if (now - t0 > LC_PAUSE_MAX_MS)
 			return cli_fail("pause %s: still pausing after %d s", id,
 			                LC_PAUSE_MAX_MS / 1000);
 		/* Progress only for long snapshots; a pipe gets a line a second. */
-		if (now - t0 > LC_PROGRESS_AFTER_MS && (tty || now - last_line >= 1000)) {
+		if (!lc_quiet && now - t0 > LC_PROGRESS_AFTER_MS &&
+		    (tty || now - last_line >= 1000)) {
 			lc_progress_line(*s, tty);
 			shown |= json_is_object(json_object_get(*s, "progress"));
 			last_line = now;
@@ -133,18 +146,80 @@ static int lc_pause_wait(struct tether *t, const char *id, json_t **s)
 	return 0;
 }
 
+/* A resume or migrate in progress, watched on a second handle. */
+struct lc_watch {
+	struct tether *t2;
+	const char *id;
+	struct cli_meter m;
+	int64_t last_poll;
+};
+
+/* lc_tick: libtether's progress hook during the waited call: polls the
+ * sandbox (at most every 300 ms) and shows its snapshot progress while it
+ * pauses, else its state. */
+static int lc_tick(void *arg, uint64_t done, uint64_t total)
+{
+	struct lc_watch *w = arg;
+	struct tt_err err = { 0 };
+	int64_t now = cli_now_ms();
+	json_t *s, *p;
+	char note[64];
+
+	(void)done;
+	(void)total;
+	if (!w->m.on || now - w->last_poll < 300 || now - w->m.t0_ms < 300)
+		return 0;
+	w->last_poll = now;
+	if ((s = tether_info(w->t2, w->id, &err)) == NULL)
+		return 0; /* the call itself will say what went wrong */
+	p = json_object_get(s, "progress");
+	if (strcmp(cli_str(s, "state", ""), "pausing") == 0 && json_is_object(p)) {
+		cli_meter_show(&w->m, (uint64_t)cli_int(p, "bytes"),
+		               (uint64_t)cli_int(p, "total"), "snapshot");
+	} else {
+		snprintf(note, sizeof(note), "%s on %s", cli_str(s, "state", "?"),
+		         cli_str(s, "worker", "?"));
+		cli_meter_show(&w->m, 0, 0, note);
+	}
+	json_decref(s);
+	return 0;
+}
+
+/* lc_watch_start: the watch of a waited call on t (off when quiet or not
+ * on a terminal). */
+static void lc_watch_start(struct lc_watch *w, struct tether *t,
+                           const char *id, const char *what)
+{
+	w->id = id;
+	w->last_poll = 0;
+	cli_meter_start(&w->m, what, lc_quiet);
+	w->t2 = w->m.on ? cli_open() : NULL;
+	w->m.on = w->t2 != NULL;
+	if (w->m.on)
+		tether_set_progress(t, lc_tick, w);
+}
+
+/* lc_watch_end: clears the line and frees the second handle. */
+static void lc_watch_end(struct lc_watch *w)
+{
+	cli_meter_end(&w->m);
+	tether_free(w->t2);
+	w->t2 = NULL;
+}
+
 /* cli_pause: pause ID [--json]. */
 int cli_pause(int argc, char **argv)
 {
 	struct tt_err err = { 0 };
+	char full[CLI_ID_MAX];
 	const char *id;
 	struct tether *t;
 	json_t *s;
 	int json, rc;
 
 	if (lc_args(argc, argv, &id, NULL, NULL, &json) < 0)
-		return cli_fail("usage: tether pause ID [--json]");
-	if ((t = cli_open()) == NULL)
+		return cli_fail("usage: tether pause ID [-q] [--json]");
+	if ((t = lc_open(&id, full)) == NULL)
 		return 1;
 	s = tether_pause(t, id, 0, &err);
 	rc = s ? lc_pause_wait(t, id, &s) : cli_fail("pause %s: %s", id, err.msg);
@@ -164,16 +239,20 @@ int cli_pause(int argc, char **argv)
 int cli_resume(int argc, char **argv)
 {
 	struct tt_err err = { 0 };
+	char full[CLI_ID_MAX];
 	const char *id, *worker;
 	int force, json;
+	struct lc_watch w;
 	struct tether *t;
 	json_t *s;
 
 	if (lc_args(argc, argv, &id, &worker, &force, &json) < 0)
-		return cli_fail("usage: tether resume ID [--worker W] [--force] [--json]");
-	if ((t = cli_open()) == NULL)
+		return cli_fail("usage: tether resume ID [--worker W] [--force] [-q] [--json]");
+	if ((t = lc_open(&id, full)) == NULL)
 		return 1;
+	lc_watch_start(&w, t, id, "resume");
 	s = tether_resume(t, id, worker, force, &err);
+	lc_watch_end(&w);
 	tether_free(t);
 	if (s == NULL)
 		return cli_fail("resume %s: %s", id, err.msg);
@@ -186,16 +265,20 @@ int cli_resume(int argc, char **argv)
 int cli_migrate(int argc, char **argv)
 {
 	struct tt_err err = { 0 };
+	char full[CLI_ID_MAX];
 	const char *id, *worker;
+	struct lc_watch w;
 	struct tether *t;
 	int json;
 	json_t *s;
 
 	if (lc_args(argc, argv, &id, &worker, NULL, &json) < 0 || worker == NULL)
-		return cli_fail("usage: tether migrate ID --worker W [--json]");
-	if ((t = cli_open()) == NULL)
+		return cli_fail("usage: tether migrate ID --worker W [-q] [--json]");
+	if ((t = lc_open(&id, full)) == NULL)
 		return 1;
+	lc_watch_start(&w, t, id, "migrate");
 	s = tether_migrate(t, id, worker, &err);
+	lc_watch_end(&w);
 	tether_free(t);
 	if (s == NULL)
 		return cli_fail("migrate %s: %s", id, err.msg);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/verbs.h"
+#include "version.h"
 
 #pragma weak cli_cap
 #pragma weak cli_up
@@ -20,6 +21,7 @@
 #pragma weak cli_shell
 #pragma weak cli_watch
 #pragma weak cli_expose
+#pragma weak cli_keys
 
 struct verb {
 	const char *name;
@@ -30,18 +32,19 @@ struct verb {
 static const struct verb verbs[] = {
 	{ "up", cli_up, "up [--workers N] [--state DIR] [--port BASE] [--disk-mb N]\tstart a local cluster in the foreground (N: each sandbox's disk cap, MiB)" },
 	{ "create", cli_create, "create [--worker W]\tstart a sandbox; prints its id" },
-	{ "ls", cli_ls, "ls [--json]\tlist sandboxes: state, generation, worker" },
+	{ "ls", cli_ls, "ls [--state S] [-q|--json]\tlist sandboxes: state, generation, worker (-q: ids only)" },
 	{ "info", cli_info, "info ID [--json]\tone sandbox in detail, with its latest snapshot" },
 	{ "workers", cli_workers, "workers [--json]\tregistered workers and their addresses" },
-	{ "exec", cli_exec, "exec [--stdin] ID -- CMD [ARG...]\trun a command, streaming its output; exits with its status" },
-	{ "cp", cli_cp, "cp SRC DST\tcopy a file between here and ID:/path" },
-	{ "rm", cli_rm, "rm ID\tdelete a sandbox and its data" },
-	{ "pause", cli_pause, "pause ID [--json]\tsnapshot a sandbox and stop it" },
-	{ "resume", cli_resume, "resume ID [--worker W] [--force]\tstart a paused sandbox from its snapshot" },
-	{ "migrate", cli_migrate, "migrate ID --worker W\tmove a sandbox to another worker (pause + resume)" },
+	{ "exec", cli_exec, "exec [-i|--stdin] ID -- CMD [ARG...]\trun a command, streaming its output; exits with its status (125: tether failed)" },
+	{ "cp", cli_cp, "cp [-r] [-q] SRC DST\tcopy files (-r: trees) between here (or - for stdin/stdout) and ID:/path" },
+	{ "rm", cli_rm, "rm ID...\tdelete sandboxes and their data; prints each id removed" },
+	{ "pause", cli_pause, "pause ID [-q] [--json]\tsnapshot a sandbox and stop it" },
+	{ "resume", cli_resume, "resume ID [--worker W] [--force] [-q]\tstart a paused sandbox from its snapshot" },
+	{ "migrate", cli_migrate, "migrate ID --worker W [-q]\tmove a sandbox to another worker (pause + resume)" },
 	{ "shell", cli_shell, "shell ID\tinteractive shell in a sandbox" },
 	{ "watch", cli_watch, "watch ID PATH\tfile events under PATH" },
 	{ "expose", cli_expose, "expose ID PORT [--proto http|tcp]\tthe gateway address for a sandbox port" },
+	{ "keys", cli_keys, "keys [--json]\tthe cluster's public keys (k4.public), for cap inspect --key" },
 	{ "cap", cli_cap, "cap ID [--purpose control|port] [--ops a,b] [--port P --proto tcp|http]\t"
 	                  "issue a capability token (JSON)\n"
 	                  "cap inspect TOKEN|- [--key PUBKEY] [--implicit STR]\t"
@@ -83,10 +86,13 @@ static void verb_usage(FILE *out, const struct verb *v)
 /* usage: prints the verbs this build has. */
 static int usage(FILE *out)
 {
-	fprintf(out, "usage: tether VERB [ARGS]   (tether VERB --help: that verb)\n\n");
+	fprintf(out, "usage: tether VERB [ARGS]   (tether VERB --help: that verb; tether --version)\n\n");
 	for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
 		if (verbs[i].fn != NULL)
 			verb_usage(out, &verbs[i]);
+	fprintf(out, "\nID: a sandbox id or a unique start of one (sbx_ may be left out).\n"
+	             "exec exits with the command's status, 125 when tether failed;\n"
+	             "other verbs 0, or 1 with one line on stderr. docs/CLI.md has it all.\n");
 	fprintf(out, "\nThe cluster's URL and API key come from TETHER_URL and "
 	             "TETHER_API_KEY,\nor from ~/.config/tether/config, which "
 	             "'tether up' writes.\n");
@@ -97,6 +103,10 @@ int main(int argc, char **argv)
 {
 	if (argc < 2)
 		return usage(stderr);
+	if (strcmp(argv[1], "--version") == 0) {
+		printf("tether %s\n", TETHER_VERSION);
+		return 0;
+	}
 	if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 ||
 	    strcmp(argv[1], "help") == 0)
 		return usage(stdout);

@@ -1,6 +1,6 @@
 /* CLI verbs that talk to the edge through libtether: create, ls, info,
- * workers, rm, exec, cp and cap (issue). Each prints one "tether: …" line
- * on failure and returns 1. */
+ * workers, keys, rm, exec and cap (issue); cp is in cp.c. Each prints one
+ * "tether: …" line on failure and returns 1 (exec: 125). */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -52,30 +53,21 @@ int cli_create(int argc, char **argv)
 	return 0;
 }
 
-/* cli_ls: ls [--json]; an aligned table of sandboxes. */
-int cli_ls(int argc, char **argv)
+/* ls_keep: drops from list the sandboxes not in state (NULL: all). */
+static void ls_keep(json_t *list, const char *state)
 {
-	struct tt_err err = { 0 };
-	struct tether *t;
-	json_t *ans, *list, *s;
-	int json = has_flag(argc, argv, "--json");
+	for (size_t i = json_array_size(list); state != NULL && i-- > 0;)
+		if (strcmp(cli_str(json_array_get(list, i), "state", ""), state) != 0)
+			json_array_remove(list, i);
+}
+
+/* ls_table: an aligned table of sandboxes. */
+static void ls_table(json_t *list)
+{
 	int wid = 2, wst = 5, wgen = 3;
 	size_t i;
+	json_t *s;
 
-	if (argc > 2 || (argc == 2 && !json))
-		return cli_fail("usage: tether ls [--json]");
-	if ((t = cli_open()) == NULL)
-		return 1;
-	ans = tether_list(t, &err);
-	tether_free(t);
-	if (ans == NULL)
-		return cli_fail("ls: %s", err.msg);
-	if (json) {
-		cli_print_json(ans);
-		json_decref(ans);
-		return 0;
-	}
-	list = json_object_get(ans, "sandboxes");
 	json_array_foreach(list, i, s) {
 		char gen[24];
 		int l;
@@ -93,6 +85,55 @@ int cli_ls(int argc, char **argv)
 		       cli_str(s, "id", "?"), wst, cli_str(s, "state", "?"), wgen,
 		       cli_int(s, "generation"),
 		       cli_str(s, "worker", "-"));
+}
+
+/* cli_ls: ls [--state S] [-q|--json]; a table, the ids only (-q), or the
+ * list's JSON, of every sandbox or those in state S. */
+int cli_ls(int argc, char **argv)
+{
+	static const char usage[] = "usage: tether ls [--state S] [-q|--json]";
+	static const char *const states[] = { "starting", "running", "pausing",
+	                                      "paused", "resuming", "failed",
+	                                      "deleting" };
+	struct tt_err err = { 0 };
+	const char *state = NULL;
+	struct tether *t;
+	json_t *ans, *list, *s;
+	int json = 0, quiet = 0, known = 0;
+	size_t i;
+
+	for (int a = 1; a < argc; a++) {
+		if (strcmp(argv[a], "--json") == 0)
+			json = 1;
+		else if (strcmp(argv[a], "-q") == 0 || strcmp(argv[a], "--quiet") == 0)
+			quiet = 1;
+		else if (strcmp(argv[a], "--state") == 0 && a + 1 < argc)
+			state = argv[++a];
+		else
+			return cli_fail("%s", usage);
+	}
+	if (json && quiet)
+		return cli_fail("%s", usage);
+	for (i = 0; state != NULL && i < sizeof(states) / sizeof(states[0]); i++)
+		known |= strcmp(state, states[i]) == 0;
+	if (state != NULL && !known)
+		return cli_fail("ls: unknown state '%s' (starting, running, pausing, "
+		                "paused, resuming, failed or deleting)", state);
+	if ((t = cli_open()) == NULL)
+		return 1;
+	ans = tether_list(t, &err);
+	tether_free(t);
+	if (ans == NULL)
+		return cli_fail("ls: %s", err.msg);
+	list = json_object_get(ans, "sandboxes");
+	ls_keep(list, state);
+	if (json)
+		cli_print_json(ans);
+	else if (quiet)
+		json_array_foreach(list, i, s)
+			printf("%s\n", cli_str(s, "id", "?"));
+	else
+		ls_table(list);
 	json_decref(ans);
 	return 0;
 }
@@ -142,6 +183,7 @@ int cli_info(int argc, char **argv)
 {
 	struct tt_err err = { 0 };
 	const char *id = NULL;
+	char full[CLI_ID_MAX];
 	struct tether *t;
 	json_t *s;
 	int json = 0;
@@ -158,10 +200,14 @@ int cli_info(int argc, char **argv)
 		return cli_fail("usage: tether info ID [--json]");
 	if ((t = cli_open()) == NULL)
 		return 1;
-	s = tether_info(t, id, &err);
+	if (cli_resolve(t, id, full, sizeof(full)) < 0) {
+		tether_free(t);
+		return 1;
+	}
+	s = tether_info(t, full, &err);
 	tether_free(t);
 	if (s == NULL)
-		return cli_fail("info %s: %s", id, err.msg);
+		return cli_fail("info %s: %s", full, err.msg);
 	if (json)
 		cli_print_json(s);
 	else
@@ -200,204 +246,142 @@ int cli_workers(int argc, char **argv)
 	return 0;
 }
 
-/* cli_rm: rm ID. */
-int cli_rm(int argc, char **argv)
+/* cli_keys: keys [--json]; the cluster's public keys (PASERK k4.public),
+ * one a line in the bundle's order, as cap inspect --key takes them. */
+int cli_keys(int argc, char **argv)
 {
 	struct tt_err err = { 0 };
 	struct tether *t;
-	int rc;
+	json_t *ans, *k;
+	int json = has_flag(argc, argv, "--json");
+	size_t i;
 
-	if (argc != 2 || argv[1][0] == '-')
-		return cli_fail("usage: tether rm ID");
+	if (argc > 2 || (argc == 2 && !json))
+		return cli_fail("usage: tether keys [--json]");
 	if ((t = cli_open()) == NULL)
 		return 1;
-	rc = tether_rm(t, argv[1], &err);
+	ans = tether_keys(t, &err);
 	tether_free(t);
-	if (rc < 0)
-		return cli_fail("rm %s: %s", argv[1], err.msg);
+	if (ans == NULL)
+		return cli_fail("keys: %s", err.msg);
+	if (json)
+		cli_print_json(ans);
+	else
+		json_array_foreach(json_object_get(ans, "keys"), i, k)
+			printf("%s\n", cli_str(k, "public", "?"));
+	json_decref(ans);
 	return 0;
 }
 
-/* write_all: writes a buffer to a stdio descriptor. */
-static void write_all(int fd, const char *buf, size_t len)
+/* cli_rm: rm ID...; prints each id removed and goes on past one that
+ * fails (exit 1 if any did). */
+int cli_rm(int argc, char **argv)
 {
-	while (len > 0) {
-		ssize_t n = write(fd, buf, len);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return; /* closed pipe: nothing more to do */
-		buf += n;
-		len -= (size_t)n;
+	struct tether *t;
+	int rc = 0;
+
+	if (argc < 2)
+		return cli_fail("usage: tether rm ID...");
+	for (int i = 1; i < argc; i++)
+		if (argv[i][0] == '-')
+			return cli_fail("usage: tether rm ID...");
+	if ((t = cli_open()) == NULL)
+		return 1;
+	for (int i = 1; i < argc; i++) {
+		struct tt_err err = { 0 };
+		char id[CLI_ID_MAX];
+
+		if (cli_resolve(t, argv[i], id, sizeof(id)) < 0) {
+			rc = 1;
+		} else if (tether_rm(t, id, &err) < 0) {
+			rc = cli_fail("rm %s: %s", id, err.msg);
+		} else {
+			printf("%s\n", id);
+			fflush(stdout);
+		}
 	}
+	tether_free(t);
+	return rc;
 }
 
 /* exec_output: streamed output goes straight to our stdout / stderr. */
 static int exec_output(void *arg, int fd, const void *data, size_t len)
 {
 	(void)arg;
-	write_all(fd == 2 ? STDERR_FILENO : STDOUT_FILENO, data, len);
+	cli_write_all(fd == 2 ? STDERR_FILENO : STDOUT_FILENO, data, len);
 	return 0;
 }
 
-/* cli_exec: exec [--stdin] ID [--stdin] -- CMD [ARG...]; streams output as it
- * comes (docs/API.md "Streamed exec") and exits with the command's status.
- * --stdin forwards our stdin when it is not a terminal. */
+/* exec_fail: cli_fail's one line, with the exit status that tells
+ * tether's own failure from the command's (125, as docker does). */
+#define EXEC_FAILED 125
+#define exec_fail(...) (cli_fail(__VA_ARGS__), EXEC_FAILED)
+
+/* exec_stdin_unread: whether our stdin holds input the command will not
+ * see (no --stdin): a file with bytes left, or a pipe with bytes waiting
+ * (an idle or empty pipe, /dev/null, a terminal: nothing to warn about). */
+static int exec_stdin_unread(void)
+{
+	struct stat st;
+	off_t at;
+	int avail = 0;
+
+	if (isatty(STDIN_FILENO) || fstat(STDIN_FILENO, &st) < 0)
+		return 0;
+	if (S_ISREG(st.st_mode))
+		return (at = lseek(STDIN_FILENO, 0, SEEK_CUR)) >= 0 && at < st.st_size;
+	return (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)) &&
+	       ioctl(STDIN_FILENO, FIONREAD, &avail) == 0 && avail > 0;
+}
+
+/* cli_exec: exec [-i|--stdin] ID [--] CMD [ARG...]; streams output as it
+ * comes (docs/API.md "Streamed exec") and exits with the command's status,
+ * or 125 when tether itself failed (docs/CLI.md). --stdin forwards our
+ * stdin when it is not a terminal; without it, input waiting on stdin is
+ * not read (a script's loop keeps its input) and one line says so. */
 int cli_exec(int argc, char **argv)
 {
-	static const char usage[] = "usage: tether exec [--stdin] ID -- CMD [ARG...]";
+	static const char usage[] = "usage: tether exec [-i|--stdin] ID -- CMD [ARG...]";
 	struct tether_exec_stream s = { .on_output = exec_output, .stdin_fd = -1 };
 	struct tt_err err = { 0 };
 	struct tether *t;
 	const char *id = NULL;
+	char full[CLI_ID_MAX];
 	int first = -1, code = 0, want_stdin = 0;
 
 	for (int i = 1; i < argc && first < 0; i++) {
-		if (strcmp(argv[i], "--stdin") == 0)
+		if (strcmp(argv[i], "--stdin") == 0 || strcmp(argv[i], "-i") == 0)
 			want_stdin = 1;
 		else if (strcmp(argv[i], "--") == 0)
 			first = i + 1;
 		else if (argv[i][0] == '-')
-			return cli_fail("%s", usage);
+			return exec_fail("%s", usage);
 		else if (id == NULL)
 			id = argv[i];
 		else
 			first = i; /* "exec ID CMD…" without "--" */
 	}
 	if (id == NULL || first < 0 || first >= argc)
-		return cli_fail("%s", usage);
+		return exec_fail("%s", usage);
 	if (want_stdin && !isatty(STDIN_FILENO))
 		s.stdin_fd = STDIN_FILENO;
+	else if (!want_stdin && exec_stdin_unread())
+		fprintf(stderr, "tether: exec: stdin is not forwarded without "
+		                "--stdin (ignored)\n");
 	if ((t = cli_open()) == NULL)
-		return 1;
-	if (tether_exec_stream(t, id, argv + first, &s, &code, NULL, &err) < 0) {
+		return EXEC_FAILED;
+	if (cli_resolve(t, id, full, sizeof(full)) < 0) {
 		tether_free(t);
-		return cli_fail("exec %s: %s", id, err.msg);
+		return EXEC_FAILED;
+	}
+	if (tether_exec_stream(t, full, argv + first, &s, &code, NULL, &err) < 0) {
+		tether_free(t);
+		return exec_fail("exec %s: %s", full, err.msg);
 	}
 	tether_free(t);
 	if (code < 0 || code > 255)
 		return 255;
 	return code;
-}
-
-/* remote_split: "sbx_…:/path" -> id + path; 0 when spec is local. */
-static int remote_split(const char *spec, char *id, size_t cap,
-                        const char **path)
-{
-	const char *colon = strchr(spec, ':');
-	size_t len;
-
-	if (strncmp(spec, "sbx_", 4) != 0 || colon == NULL)
-		return 0;
-	len = (size_t)(colon - spec);
-	if (memchr(spec, '/', len) != NULL || len >= cap)
-		return 0;
-	memcpy(id, spec, len);
-	id[len] = '\0';
-	*path = colon + 1;
-	return 1;
-}
-
-/* base_name: the last path component (no allocation). */
-static const char *base_name(const char *p)
-{
-	const char *s = strrchr(p, '/');
-	return s ? s + 1 : p;
-}
-
-/* cp_upload: local file -> sandbox path, streamed. */
-static int cp_upload(struct tether *t, const char *src, const char *id,
-                     const char *rpath)
-{
-	_cleanup_close_ int fd = open(src, O_RDONLY | O_CLOEXEC);
-	_cleanup_free_ char *dst = NULL;
-	struct tt_err err = { 0 };
-	struct stat st;
-	uint64_t written = 0;
-
-	if (fd < 0)
-		return cli_fail("cp: cannot open %s: %s", src, strerror(errno));
-	if (fstat(fd, &st) < 0)
-		return cli_fail("cp: cannot stat %s: %s", src, strerror(errno));
-	if (!S_ISREG(st.st_mode))
-		return cli_fail("cp: %s is not a regular file", src);
-	if (rpath[0] == '\0' || rpath[strlen(rpath) - 1] == '/') {
-		if (asprintf(&dst, "%s%s", rpath[0] ? rpath : "/", base_name(src)) < 0)
-			return cli_fail("cp: out of memory");
-	} else if ((dst = strdup(rpath)) == NULL) {
-		return cli_fail("cp: out of memory");
-	}
-	if (tether_file_put(t, id, dst, fd, (uint64_t)st.st_size, &written, &err) < 0)
-		return cli_fail("cp %s -> %s:%s: %s", src, id, dst, err.msg);
-	return 0;
-}
-
-/* cp_download: sandbox path -> local file, via a temp file in the target
- * directory renamed into place only once complete. */
-static int cp_download(struct tether *t, const char *id, const char *rpath,
-                       const char *dst)
-{
-	_cleanup_free_ char *target = NULL;
-	_cleanup_free_ char *dircopy = NULL;
-	_cleanup_free_ char *tmp = NULL;
-	_cleanup_close_ int fd = -1;
-	struct tt_err err = { 0 };
-	struct stat st;
-	mode_t mask;
-
-	if (stat(dst, &st) == 0 && S_ISDIR(st.st_mode)) {
-		if (asprintf(&target, "%s/%s", dst, base_name(rpath)) < 0)
-			return cli_fail("cp: out of memory");
-	} else if ((target = strdup(dst)) == NULL) {
-		return cli_fail("cp: out of memory");
-	}
-	if (base_name(target)[0] == '\0')
-		return cli_fail("cp: %s names no file", dst);
-	if ((dircopy = strdup(target)) == NULL ||
-	    asprintf(&tmp, "%s/.%s.tether-XXXXXX", dirname(dircopy),
-	             base_name(target)) < 0)
-		return cli_fail("cp: out of memory");
-	fd = mkostemp(tmp, O_CLOEXEC);
-	if (fd < 0)
-		return cli_fail("cp: cannot create a file next to %s: %s", target,
-		            strerror(errno));
-	if (tether_file_get(t, id, rpath, fd, NULL, &err) < 0) {
-		unlink(tmp);
-		return cli_fail("cp %s:%s -> %s: %s", id, rpath, target, err.msg);
-	}
-	mask = umask(0);
-	umask(mask);
-	if (fchmod(fd, 0666 & ~mask) < 0 || fsync(fd) < 0 ||
-	    rename(tmp, target) < 0) {
-		int e = errno;
-		unlink(tmp);
-		return cli_fail("cp: cannot store %s: %s", target, strerror(e));
-	}
-	return 0;
-}
-
-/* cli_cp: cp SRC DST, one side local, the other ID:/path. */
-int cli_cp(int argc, char **argv)
-{
-	char sid[128], did[128];
-	const char *spath = NULL, *dpath = NULL;
-	struct tether *t;
-	int srem, drem, rc;
-
-	if (argc != 3)
-		return cli_fail("usage: tether cp SRC DST   (one of them ID:/path)");
-	srem = remote_split(argv[1], sid, sizeof(sid), &spath);
-	drem = remote_split(argv[2], did, sizeof(did), &dpath);
-	if (srem == drem)
-		return cli_fail("cp: exactly one of SRC and DST must be ID:/path");
-	if ((t = cli_open()) == NULL)
-		return 1;
-	if (drem)
-		rc = cp_upload(t, argv[1], did, dpath);
-	else
-		rc = cp_download(t, sid, spath, argv[2]);
-	tether_free(t);
-	return rc;
 }
 
 /* ops_array: "a,b" -> ["a","b"]. */
@@ -423,6 +407,7 @@ int cli_cap_issue(int argc, char **argv)
 {
 	const char *purpose = "control", *ops = "exec,fs.read,fs.write";
 	const char *proto = "tcp", *id = NULL;
+	char full[CLI_ID_MAX];
 	long port = -1;
 	struct tt_err err = { 0 };
 	struct tether *t;
@@ -474,11 +459,16 @@ int cli_cap_issue(int argc, char **argv)
 		json_decref(req);
 		return 1;
 	}
-	ans = tether_cap_issue(t, id, req, &err);
+	if (cli_resolve(t, id, full, sizeof(full)) < 0) {
+		tether_free(t);
+		json_decref(req);
+		return 1;
+	}
+	ans = tether_cap_issue(t, full, req, &err);
 	tether_free(t);
 	json_decref(req);
 	if (ans == NULL)
-		return cli_fail("cap %s: %s", id, err.msg);
+		return cli_fail("cap %s: %s", full, err.msg);
 	cli_print_json(ans);
 	json_decref(ans);
 	return 0;

@@ -37,6 +37,8 @@ struct tether {
 	char wait_hdr[32];                       /* "X-Tether-Wait: S" or "" */
 	uint64_t generation;                     /* X-Tether-Generation of the last answer */
 	bool direct;                             /* loopback edge: no proxy */
+	tether_progress_fn progress;             /* see tether_set_progress */
+	void *progress_arg;
 };
 
 /* url_is_loopback: the URL names localhost, 127.0.0.0/8 or ::1. A local
@@ -194,6 +196,25 @@ static size_t header_cb(char *data, size_t size, size_t nitems, void *arg)
 	return n;
 }
 
+/* tether_set_progress: see tether.h. */
+void tether_set_progress(struct tether *t, tether_progress_fn fn, void *arg)
+{
+	t->progress = fn;
+	t->progress_arg = arg;
+}
+
+/* xfer_progress: curl's progress callback: the body going the way this
+ * call streams (up for an upload, down otherwise) to the caller's hook. */
+static int xfer_progress(void *arg, curl_off_t dltotal, curl_off_t dlnow,
+                         curl_off_t ultotal, curl_off_t ulnow)
+{
+	struct tether *t = arg;
+	int up = ultotal > 0;
+
+	return t->progress(t->progress_arg, (uint64_t)(up ? ulnow : dlnow),
+	                   (uint64_t)(up ? ultotal : dltotal));
+}
+
 /* tether_last_generation: see tether.h. */
 uint64_t tether_last_generation(const struct tether *t)
 {
@@ -332,6 +353,11 @@ static long tether_request_once(struct tether *t, const struct tether_call *c,
 	curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
 	curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, header_cb);
 	curl_easy_setopt(e, CURLOPT_HEADERDATA, t);
+	if (t->progress != NULL) {
+		curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, xfer_progress);
+		curl_easy_setopt(e, CURLOPT_XFERINFODATA, t);
+		curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
+	}
 	/* curl silently resends a request whose reused connection died before
 	 * any answer: a body it cannot rewind (lib/curlonce.h) stops that; a
 	 * call that changes state without a body gets a new connection */

@@ -1,5 +1,5 @@
-/* libtether lifecycle calls (notes/lifecycle.md, docs/API.md): pause,
- * resume and migrate. Each is one POST to the edge (which proxies it to the
+/* libtether lifecycle calls (docs/API.md): pause, resume and migrate,
+ * and the cluster's public keys (GET /v1/keys). Each is one POST to the edge (which proxies it to the
  * control plane) answering the sandbox object, made through client.c's
  * request layer: the server's one-line message as the error, bounded
  * answers, and never repeated (they change state). */
@@ -66,4 +66,13 @@ json_t *tether_migrate(struct tether *t, const char *id, const char *worker,
 
 	json_decref(body);
 	return j;
+}
+
+/* tether_keys: GET /v1/keys, the cluster's verification bundle. */
+json_t *tether_keys(struct tether *t, struct tt_err *err)
+{
+	struct tether_call c = { .method = "GET", .path = "/v1/keys",
+	                         .timeout_s = LC_TIMEOUT_S };
+
+	return tether_json_call(t, &c, TETHER_JSON_MAX, err);
 }

@@ -63,6 +63,9 @@ json_t *tether_resume(struct tether *t, const char *id, const char *worker,
                       int force, struct tt_err *err);
 json_t *tether_migrate(struct tether *t, const char *id, const char *worker,
                        struct tt_err *err);
+/* tether_keys: the cluster's public verification keys, {"keys":[{"kid",
+ * "public" (k4.public…), "not_before", "not_after"}]} (caller decrefs). */
+json_t *tether_keys(struct tether *t, struct tt_err *err);
 /* tether_cap_issue: POST …/capabilities with req (borrowed). */
 json_t *tether_cap_issue(struct tether *t, const char *id, json_t *req,
                          struct tt_err *err);
@@ -109,6 +112,13 @@ int tether_file_put(struct tether *t, const char *id, const char *path,
  * error, fd may hold a partial body: write to a temp file and rename. */
 int tether_file_get(struct tether *t, const char *id, const char *path,
                     int fd, uint64_t *got, struct tt_err *err);
+/* tether_set_progress: fn (NULL: none) is called during every later call
+ * of t, often (libcurl's progress pace, ~1/s when idle, more while bytes
+ * move), with the bytes of the streamed body so far and its size (0 while
+ * unknown): the upload's for a PUT, the answer's otherwise. fn may make
+ * calls on another handle; a non-zero return aborts the call. */
+typedef int (*tether_progress_fn)(void *arg, uint64_t done, uint64_t total);
+void tether_set_progress(struct tether *t, tether_progress_fn fn, void *arg);
 /* tether_last_generation: the execution generation that served the last
  * operation answer (the edge's X-Tether-Generation header), 0 if none.
  * Recovery rules of every call: see src/client/client.c. */

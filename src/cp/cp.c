@@ -533,6 +533,20 @@ static int cp_workers(struct cp *cp, struct lws *wsi)
 	return http_reply_json(wsi, 200, json_pack("{s:o}", "workers", l.arr));
 }
 
+/* cp_keys: GET /v1/keys: the public verification bundle receivers get in
+ * the feed's newest "keys" update (docs/API.md), for tether keys. */
+static int cp_keys(struct cp *cp, struct lws *wsi)
+{
+	struct tt_err err = { 0 };
+	json_t *last = cpdb_feed_last_body(cp->db, "keys", &err);
+
+	if (last == NULL && err.code != TT_OK)
+		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
+	if (last == NULL)
+		last = json_pack("{s:[]}", "keys");
+	return http_reply_json(wsi, 200, last);
+}
+
 /* cp_name_ok: worker ids are short [A-Za-z0-9._-] names. */
 int cp_name_ok(const char *s)
 {
@@ -1426,6 +1440,8 @@ int cp_dispatch(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	}
 	if (strcmp(p, "/v1/workers") == 0 && !strcmp(m, "GET"))
 		return cp_workers(cp, wsi);
+	if (strcmp(p, "/v1/keys") == 0 && !strcmp(m, "GET"))
+		return cp_keys(cp, wsi);
 	if (strcmp(p, "/v1/sandboxes") == 0) {
 		if (!strcmp(m, "POST"))
 			return cp_create(cp, s, wsi, body);

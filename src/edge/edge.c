@@ -126,6 +126,13 @@ struct xreq {
 	int resp_failed;           /* upstream broke after headers went out */
 	int headers_sent;
 	uint64_t t0_us;
+	/* the access log (src/edge/access.c) */
+	char rid[HTTP_RID_MAX + 1]; /* X-Request-Id, sent on to cp and node */
+	char decision[24];         /* a receiver's refusal, and why */
+	char reason[48];
+	uint64_t in_received;      /* request body bytes from the client */
+	uint64_t out_sent;         /* answer body bytes to the client */
+	int logged;
 };
 
 /* The lws per-session data points at the request in progress; draining:
@@ -146,6 +153,24 @@ static uint64_t now_us(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* xreq_log: the access-log line of x, once (status 0: no answer went
+ * out, the client left). */
+static void xreq_log(struct xreq *x, long status)
+{
+	struct edge_access a = {
+		.rid = x->rid, .method = x->method, .path = x->path,
+		.sbx = x->sbx, .status = status, .decision = x->decision,
+		.reason = x->reason, .rebuilt = x->retried,
+		.generation = x->answer_gen, .dur_us = now_us() - x->t0_us,
+		.bytes_in = x->in_received, .bytes_out = x->out_sent,
+	};
+
+	if (x->logged)
+		return;
+	x->logged = 1;
+	edge_access_log(&a);
 }
 
 /* bytes_append: appends; -1 when out of memory. */
@@ -222,6 +247,7 @@ static void xreq_free(struct xreq *x)
  * transfer notices (every curl callback aborts once wsi is NULL). */
 static void xreq_detach(struct xreq *x)
 {
+	xreq_log(x, x->headers_sent ? x->status : 0);
 	x->wsi = NULL;
 	http_rxguard_stop(x->rxg);
 	x->rxg = NULL;
@@ -505,6 +531,8 @@ static struct curl_slist *up_headers(struct xreq *x, const char *auth,
 		snprintf(line, sizeof(line), "Content-Type: %s", x->ctype_in);
 		h = curl_slist_append(h, line);
 	}
+	snprintf(line, sizeof(line), "X-Request-Id: %s", x->rid);
+	h = curl_slist_append(h, line);
 	return curl_slist_append(h, expect ? "Expect: 100-continue" : "Expect:");
 }
 
@@ -579,10 +607,14 @@ static void lifecycle_start(struct xreq *x)
 	else
 		x->hdrs = curl_slist_append(NULL, "Expect:");
 	{
-		char w[48];
+		char w[HTTP_RID_MAX + 32];
 
 		snprintf(w, sizeof(w), "X-Tether-Wait: %d", x->wait_s);
 		x->hdrs = curl_slist_append(x->hdrs, w);
+		if (!x->auth[0]) { /* up_headers adds it otherwise */
+			snprintf(w, sizeof(w), "X-Request-Id: %s", x->rid);
+			x->hdrs = curl_slist_append(x->hdrs, w);
+		}
 	}
 	curl_easy_setopt(x->easy, CURLOPT_HTTPHEADER, x->hdrs);
 	if (httpc_start(x->e->hc, x->easy, lifecycle_done, x, &err) < 0) {
@@ -779,6 +811,11 @@ static void node_done(CURL *easy, CURLcode rc, void *arg)
 	}
 	if (rc == CURLE_OK && x->capture && x->status == 409) {
 		captured_field(x, "decision", v, sizeof(v));
+		if (strcmp(v, "refresh_route") == 0) /* for the access log */
+			edge_refusal_note(x->out.buf ? x->out.buf + x->out.off : NULL,
+			                  bytes_pending(&x->out), x->decision,
+			                  sizeof(x->decision), x->reason,
+			                  sizeof(x->reason));
 		if (strcmp(v, "refresh_route") == 0 && retry_eligible(x)) {
 			node_retry(x, easy, "refresh_route");
 			return;
@@ -927,6 +964,13 @@ static void cap_fetch(struct xreq *x)
 	 * the refused one (the cp waits for it, within wait_s) */
 	edge_cap_request(x->easy, x->e->cp_url, x->sbx, x->auth, x->wait_s,
 	                 x->refreshed ? &x->rt : NULL, &x->hdrs);
+	{
+		char rid[HTTP_RID_MAX + 16];
+
+		snprintf(rid, sizeof(rid), "X-Request-Id: %s", x->rid);
+		x->hdrs = curl_slist_append(x->hdrs, rid);
+		curl_easy_setopt(x->easy, CURLOPT_HTTPHEADER, x->hdrs);
+	}
 	curl_easy_setopt(x->easy, CURLOPT_WRITEFUNCTION, cap_write);
 	curl_easy_setopt(x->easy, CURLOPT_WRITEDATA, x);
 	if (httpc_start(x->e->hc, x->easy, cap_done, x, &err) < 0) {
@@ -976,6 +1020,15 @@ static int edge_write(struct lws *wsi, struct pss *pss, struct xreq *x)
 		                                 (const unsigned char *)"no-store", 8,
 		                                 &p, end))
 			return -1;
+		if ((x->status == 403 || x->status == 409) && x->kind == X_OP)
+			edge_refusal_note(x->out.buf ? x->out.buf + x->out.off : NULL,
+			                  bytes_pending(&x->out), x->decision,
+			                  sizeof(x->decision), x->reason,
+			                  sizeof(x->reason));
+		if (lws_add_http_header_by_name(wsi, (const unsigned char *)"x-request-id:",
+		                                (const unsigned char *)x->rid,
+		                                (int)strlen(x->rid), &p, end))
+			return -1;
 		if (x->answer_gen > 0) { /* the execution that served this answer */
 			char g[24];
 			int gl = snprintf(g, sizeof(g), "%" PRIu64, x->answer_gen);
@@ -995,9 +1048,12 @@ static int edge_write(struct lws *wsi, struct pss *pss, struct xreq *x)
 		memcpy(p, x->out.buf + x->out.off, n);
 	p += n;
 	x->out.off += n;
+	x->out_sent += n;
 	final = x->resp_done && bytes_pending(&x->out) == 0;
-	if (final && x->resp_failed)
+	if (final && x->resp_failed) {
+		xreq_log(x, x->status);
 		return -1; /* the upstream broke: cut the connection */
+	}
 	if (p > start &&
 	    lws_write(wsi, start, (size_t)(p - start),
 	              final ? LWS_WRITE_HTTP_FINAL : LWS_WRITE_HTTP) != (int)(p - start))
@@ -1020,6 +1076,7 @@ static int edge_write(struct lws *wsi, struct pss *pss, struct xreq *x)
 		                   x->kind == X_OP ? "kind=\"op\"" : "kind=\"lifecycle\"",
 		                   now_us() - x->t0_us);
 	}
+	xreq_log(x, x->status);
 	pss->x = NULL;
 	final = http_rxguard_stop(x->rxg); /* bytes after the request: close */
 	x->rxg = NULL;
@@ -1061,7 +1118,7 @@ static int route(struct xreq *x)
 
 	if (strcmp(x->path, "/v1/sandboxes") == 0)
 		return (strcmp(m, "GET") == 0 || strcmp(m, "POST") == 0) ? 0 : 405;
-	if (strcmp(x->path, "/v1/workers") == 0)
+	if (strcmp(x->path, "/v1/workers") == 0 || strcmp(x->path, "/v1/keys") == 0)
 		return strcmp(m, "GET") == 0 ? 0 : 405;
 	if (strncmp(x->path, "/v1/sandboxes/", 14) != 0 ||
 	    sbx_from_path(x->path, x->sbx, sizeof(x->sbx), &rest) < 0)
@@ -1132,6 +1189,23 @@ static int query_rebuild(struct lws *wsi, char *out, size_t cap)
 	return 0;
 }
 
+/* xreq_refuse: answers a request refused before it went anywhere, logs
+ * it and frees it. Returns the lws callback result. */
+__attribute__((format(printf, 5, 6)))
+static int xreq_refuse(struct xreq *x, struct lws *wsi, unsigned status,
+                       const char *code, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	xreq_log(x, status);
+	xreq_free(x);
+	return http_reply_error(wsi, status, code, "%s", msg);
+}
+
 /* edge_http: a new request. */
 static int edge_http(struct lws *wsi, struct pss *pss, struct edge *e,
                      const char *uri)
@@ -1163,34 +1237,29 @@ static int edge_http(struct lws *wsi, struct pss *pss, struct edge *e,
 	x->deadline_ms = uv_now(e->loop) + HTTP_WAIT_DEFAULT_S * 1000u;
 	x->in_length = -1;
 	snprintf(x->method, sizeof(x->method), "%s", m);
+	http_request_id(wsi, x->rid);
 	if (strlen(uri) >= sizeof(x->path) ||
-	    query_rebuild(wsi, x->query, sizeof(x->query)) < 0) {
-		xreq_free(x);
-		return http_reply_error(wsi, 414, "too_large", "URI too long");
-	}
+	    query_rebuild(wsi, x->query, sizeof(x->query)) < 0)
+		return xreq_refuse(x, wsi, 414, "too_large", "URI too long");
 	snprintf(x->path, sizeof(x->path), "%s", uri);
 	x->wait_s = http_wait_seconds(wsi);
 	x->deadline_ms = uv_now(e->loop) + (uint64_t)(x->wait_s > 0 ? x->wait_s : 0) * 1000u;
-	if (x->wait_s < 0) {
-		xreq_free(x);
-		return http_reply_error(wsi, 400, "bad_request", "X-Tether-Wait must "
-		                        "be 0..%d seconds", HTTP_WAIT_MAX_S);
-	}
+	if (x->wait_s < 0)
+		return xreq_refuse(x, wsi, 400, "bad_request", "X-Tether-Wait must "
+		                   "be 0..%d seconds", HTTP_WAIT_MAX_S);
 	if ((rc = route(x)) != 0) {
-		xreq_free(x);
 		if (rc == 405)
-			return http_reply_error(wsi, 405, "bad_request",
-			                        "%s is not allowed on %s", m, uri);
-		return http_reply_error(wsi, 404, "not_found", "no such endpoint: %s", uri);
+			return xreq_refuse(x, wsi, 405, "bad_request",
+			                   "%s is not allowed on %s", m, uri);
+		return xreq_refuse(x, wsi, 404, "not_found", "no such endpoint: %s", uri);
 	}
 	if (http_header(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, x->auth, sizeof(x->auth)) < 0)
 		x->auth[0] = '\0';
 	if (x->kind == X_OP) {
 		if (strncmp(x->auth, "Bearer ", 7) != 0 || x->auth[7] == '\0') {
-			xreq_free(x);
-			return http_reply_error(wsi, 401, "unauthorized",
-			                        "an 'Authorization: Bearer <api key>' "
-			                        "header is required");
+			return xreq_refuse(x, wsi, 401, "unauthorized",
+			                   "an 'Authorization: Bearer <api key>' "
+			                   "header is required");
 		}
 		crypto_hash_sha256(x->keyhash, (const unsigned char *)x->auth + 7,
 		                   strlen(x->auth + 7));
@@ -1200,26 +1269,20 @@ static int edge_http(struct lws *wsi, struct pss *pss, struct edge *e,
 		x->ctype_in[0] = '\0';
 	switch (http_body_framing(wsi, &in_length)) {
 	case HTTP_BODY_UNSIZED:
-		xreq_free(x);
-		return http_reply_error(wsi, 411, "length_required",
-		                        "request bodies need a Content-Length");
+		return xreq_refuse(x, wsi, 411, "length_required",
+		                   "request bodies need a Content-Length");
 	case HTTP_BODY_BAD:
-		xreq_free(x);
-		return http_reply_error(wsi, 400, "bad_request", "bad Content-Length");
+		return xreq_refuse(x, wsi, 400, "bad_request", "bad Content-Length");
 	default:
 		x->in_length = in_length;
 	}
 	if (x->in_length > 0 && !x->streamed_in &&
-	    x->in_length > (curl_off_t)HTTP_BODY_MAX_DEFAULT) {
-		xreq_free(x);
-		return http_reply_error(wsi, 413, "too_large", "request body over %u bytes",
-		                        HTTP_BODY_MAX_DEFAULT);
-	}
-	if (x->streamed_in && x->in_length < 0) {
-		xreq_free(x);
-		return http_reply_error(wsi, 411, "length_required",
-		                        "file uploads need a Content-Length");
-	}
+	    x->in_length > (curl_off_t)HTTP_BODY_MAX_DEFAULT)
+		return xreq_refuse(x, wsi, 413, "too_large", "request body over %u bytes",
+		                   HTTP_BODY_MAX_DEFAULT);
+	if (x->streamed_in && x->in_length < 0)
+		return xreq_refuse(x, wsi, 411, "length_required",
+		                   "file uploads need a Content-Length");
 	pss->x = x;
 	x->in_done = x->in_length <= 0;
 	/* lws reads nothing more for a bodiless request until its reply is
@@ -1255,6 +1318,7 @@ static int edge_body(struct lws *wsi, struct xreq *x, const void *in, size_t len
 		return http_reply_error(wsi, 413, "too_large", "request body too large"), -1;
 	if (bytes_append(&x->in, in, len) < 0)
 		return -1;
+	x->in_received += len;
 	if (x->streamed_in) {
 		if (bytes_pending(&x->in) > EDGE_IN_HIGH && !x->rx_paused) {
 			x->rx_paused = 1; /* the node is slower than the client */

@@ -105,6 +105,12 @@ struct edgews {
 	bool backend_final;          /* exit / error / refusal seen */
 	struct ws_close close;       /* for the client, once cq is drained */
 	uint64_t t0_us, reject_us;
+	/* the access log line, written when the client is closed or goes */
+	char rid[HTTP_RID_MAX + 1];  /* X-Request-Id, sent on to cp and node */
+	char decision[24], reason[48]; /* the node's refusal */
+	uint64_t gen_served;         /* the execution that ran it */
+	uint64_t bytes_in, bytes_out; /* client messages, either way */
+	bool logged;
 };
 
 static void ews_resolve(struct edgews *x);
@@ -184,6 +190,7 @@ static void ews_to_client(struct edgews *x, enum lws_write_protocol kind,
 {
 	if (x->cwsi == NULL)
 		return;
+	x->bytes_out += len;
 	if (ws_queue_push(&x->cq, kind, 0, data, len) < 0) {
 		x->close.code = LWS_CLOSE_STATUS_UNEXPECTED_CONDITION;
 		x->st = EWS_CLOSING;
@@ -193,6 +200,26 @@ static void ews_to_client(struct edgews *x, enum lws_write_protocol kind,
 		x->bpaused = true;
 		lws_rx_flow_control(x->bwsi, 0);
 	}
+}
+
+/* ews_log: the stream's access-log line, once; result as in
+ * tether_edge_exec_streams_total. */
+static void ews_log(struct edgews *x, const char *result)
+{
+	char path[128];
+	struct edge_access a = {
+		.rid = x->rid, .method = "GET", .path = path, .sbx = x->sbx,
+		.status = 101, .result = result, .decision = x->decision,
+		.reason = x->reason, .rebuilt = x->retried,
+		.generation = x->gen_served, .dur_us = ews_now_us() - x->t0_us,
+		.bytes_in = x->bytes_in, .bytes_out = x->bytes_out,
+	};
+
+	if (x->logged)
+		return;
+	x->logged = true;
+	snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec/ws", x->sbx);
+	edge_access_log(&a);
 }
 
 /* ews_close_client: the client is closed with code (and reason) once what
@@ -208,6 +235,7 @@ static void ews_close_client(struct edgews *x, uint16_t code, const char *reason
 	ws_close_set(&x->close, code, reason);
 	snprintf(labels, sizeof(labels), "result=\"%s\"", result);
 	metrics_inc("tether_edge_exec_streams_total", labels);
+	ews_log(x, result);
 	if (x->cwsi != NULL) {
 		if (x->cpaused) { /* let lws see the client's own close */
 			x->cpaused = false;
@@ -388,6 +416,13 @@ static void ews_cap_fetch(struct edgews *x)
 	/* the rebuilt attempt asks for another execution than the refused one */
 	edge_cap_request(c, ews_env.cp_url, x->sbx, x->auth, x->wait_s,
 	                 x->retried ? &x->rt : NULL, &x->hdrs);
+	{
+		char rid[HTTP_RID_MAX + 16];
+
+		snprintf(rid, sizeof(rid), "X-Request-Id: %s", x->rid);
+		x->hdrs = curl_slist_append(x->hdrs, rid);
+		curl_easy_setopt(c, CURLOPT_HTTPHEADER, x->hdrs);
+	}
 	http_easy_direct(c);
 	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
 	curl_easy_setopt(c, CURLOPT_TIMEOUT, (long)x->wait_s + 30L);
@@ -484,6 +519,9 @@ static int ews_on_decision(struct edgews *x, const uint8_t *msg, size_t len)
 		return -1;
 	}
 	allow = strcmp(d, "allow") == 0;
+	if (!allow)
+		edge_refusal_note((const char *)msg, len, x->decision,
+		                  sizeof(x->decision), x->reason, sizeof(x->reason));
 	json_decref(j); /* d pointed into j */
 	if (allow) {
 		x->st = EWS_RUNNING;
@@ -549,6 +587,7 @@ static int ews_from_backend(struct edgews *x, const uint8_t *msg, size_t len,
 	ews_to_client(x, LWS_WRITE_TEXT, msg, len);
 	if (type != NULL && strcmp(type, "exit") == 0) {
 		x->backend_final = true;
+		x->gen_served = (uint64_t)json_integer_value(json_object_get(j, "generation"));
 		ews_close_client(x, LWS_CLOSE_STATUS_NORMAL, "", "exit");
 	} else if (type != NULL && strcmp(type, "error") == 0) {
 		x->backend_final = true;
@@ -653,6 +692,7 @@ static int ews_filter(struct lws *wsi, struct edgews_pss *pss)
 	x->vh = lws_get_vhost(wsi);
 	x->t0_us = ews_now_us();
 	x->deadline_us = x->t0_us + (uint64_t)x->wait_s * 1000000u;
+	http_request_id(wsi, x->rid);
 	pss->x = x;
 	return 0;
 }
@@ -672,6 +712,7 @@ static int ews_client_rx(struct lws *wsi, struct edgews *x, const void *in, size
 	}
 	if (rc == 0)
 		return 0;
+	x->bytes_in += x->cin.len;
 	if (x->st == EWS_START) {
 		if (x->cin.binary) {
 			ews_error(x, 1008, "bad_request",
@@ -792,6 +833,7 @@ int edgews_callback(struct lws *wsi, enum lws_callback_reasons reason,
 		pss->x = NULL;
 		if (x->st != EWS_CLOSING)
 			metrics_inc("tether_edge_exec_streams_total", "result=\"client_gone\"");
+		ews_log(x, "client_gone");
 		x->st = EWS_CLOSING;
 		x->cwsi = NULL;
 		ews_backend_drop(x);
@@ -811,6 +853,10 @@ int edgews_callback(struct lws *wsi, enum lws_callback_reasons reason,
 		     lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_AUTHORIZATION,
 		                                  (unsigned char *)auth, rc, p, end);
 		sodium_memzero(auth, sizeof(auth));
+		if (rc == 0 && lws_add_http_header_by_name(wsi,
+		                   (const unsigned char *)HTTP_RID_HEADER ":",
+		                   (const unsigned char *)x->rid, (int)strlen(x->rid), p, end))
+			rc = 1;
 		return rc ? -1 : 0;
 	}
 	case LWS_CALLBACK_CLIENT_ESTABLISHED:

@@ -171,6 +171,7 @@ static void exec_child(char **argv, char **envp, int in, int out, int errfd,
 {
 	extern char **environ;
 	sigset_t none;
+	int e;
 
 	/* Undo what the agent set up for itself: ignored SIGPIPE and blocked
 	 * signals would otherwise be inherited through exec. */
@@ -190,8 +191,10 @@ static void exec_child(char **argv, char **envp, int in, int out, int errfd,
 	 * clean one first. */
 	environ = envp;
 	execvp(argv[0], argv);
-	dprintf(2, "tether-guest: %s: %s\n", argv[0], strerror(errno));
-	_exit(127); /* "cannot be executed", whatever the reason */
+	e = errno;
+	dprintf(2, "tether-guest: %s: %s\n", argv[0], strerror(e));
+	/* as sh does: 127 when no such command, 126 when it cannot run */
+	_exit(e == ENOENT || e == ENOTDIR ? 127 : 126);
 }
 
 /* exec_resolve: execvp's search of argv0 along the PATH of envp: the

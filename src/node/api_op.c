@@ -108,7 +108,7 @@ void api_count(enum api_route r, unsigned status, uint64_t t0_us)
 	         api_route_names[r], status);
 	metrics_inc("tether_node_requests_total", labels);
 	snprintf(labels, sizeof(labels), "route=\"%s\"", api_route_names[r]);
-	metrics_observe_us("tether_node_request_duration_us", labels,
+	metrics_observe_us("tether_node_request_duration_seconds", labels,
 	                   api_now_us() - t0_us);
 }
 

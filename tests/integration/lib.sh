@@ -262,5 +262,14 @@ stop_w3() {
 	W3_PID=
 }
 
+# build_mint OUT: compiles tests/integration/mint.c (a capability minted
+# from a k4.secret file, backdated on demand) to OUT against
+# build/libtethercore.a; compiler errors in OUT.err.
+build_mint() {
+	# shellcheck disable=SC2046
+	cc -std=c17 -D_GNU_SOURCE -I"$ROOT/lib" -o "$1" "$ROOT/tests/integration/mint.c" \
+		"$ROOT/build/libtethercore.a" $(pkg-config --libs libsodium jansson) 2>"$1.err"
+}
+
 # cluster_key: the admin API key `tether up` wrote to the client config.
 cluster_key() { sed -n 's/^api_key=//p' "$HOME/.config/tether/config"; }

@@ -17,56 +17,8 @@ for b in "$TD" "$T"; do
 	[ -x "$b" ] || { echo "not ok 1 - $b is not built (run make)"; exit 1; }
 done
 
-# The minting helper: FILE [AGE_SECONDS] -> a token on stdout.
-cat >"$WORK/mint.c" <<'EOF'
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sodium.h>
-#include "capcache.h"
-#include "paserk.h"
-#include "timefmt.h"
-int main(int argc, char **argv)
-{
-	uint8_t sk[PASETO_SK_BYTES];
-	struct tt_err err = { 0 };
-	struct tt_claims c;
-	char *tok;
-
-	if (argc < 2 || sodium_init() < 0 ||
-	    paserk_secret_file_read(argv[1], sk, &err) < 0) {
-		fprintf(stderr, "mint: %s\n", err.msg);
-		return 1;
-	}
-	memset(&c, 0, sizeof(c));
-	strcpy(c.iss, "tether-cp");
-	strcpy(c.sub, "tenant-1");
-	strcpy(c.jti, "j1");
-	c.iat = tt_now() - (argc > 2 ? atoi(argv[2]) : 0);
-	c.exp = c.iat + TT_CAP_LIFETIME;
-	c.aud = TT_AUD_NODE;
-	strcpy(c.id.sbx, "sbx_abcdefghijklmnopqrstuvwxyz");
-	c.id.gen = 7;
-	strcpy(c.id.wrk, "w1");
-	strcpy(c.id.sst, "ns");
-	c.id.att = 1;
-	c.pur = TT_PUR_CONTROL;
-	c.ops = TT_OP_EXEC | TT_OP_FS_READ;
-	if (cap_mint(sk, &c, &tok, &err) < 0) {
-		fprintf(stderr, "mint: %s\n", err.msg);
-		return 1;
-	}
-	sodium_memzero(sk, sizeof(sk));
-	puts(tok);
-	free(tok);
-	return 0;
-}
-EOF
-# shellcheck disable=SC2046
-if ! cc -std=c17 -D_GNU_SOURCE -I"$ROOT/lib" -o "$WORK/mint" "$WORK/mint.c" \
-	"$ROOT/build/libtethercore.a" $(pkg-config --libs libsodium jansson) \
-	2>"$WORK/cc.err"; then
-	echo "not ok 1 - minting helper builds"; sed 's/^/#   /' "$WORK/cc.err"; exit 1
+if ! build_mint "$WORK/mint"; then
+	echo "not ok 1 - minting helper builds"; sed 's/^/#   /' "$WORK/mint.err"; exit 1
 fi
 O=$WORK/out E=$WORK/err
 
@@ -150,8 +102,11 @@ expect "inspect of a wrong prefix: exit 1, one line" \
 
 OLD=$("$WORK/mint" "$WORK/a.key" 1000)
 run "$O" "$E" "$T" cap inspect "$OLD" --key "$PUB"
-expect "inspect flags an expired token" \
-	'[ $rc -eq 0 ] && grep -q "EXPIRED" "$E"' "rc=$rc $(cat "$E")"
+expect "inspect of an expired token: exit 1, the claims printed, EXPIRED" \
+	'[ $rc -eq 1 ] && grep -q "EXPIRED" "$E" && grep -q "\"gen\": 7" "$O"' "rc=$rc $(cat "$E")"
+run "$O" "$E" "$T" cap inspect "$OLD"
+expect "inspect of an expired token without a key: exit 1 too" \
+	'[ $rc -eq 1 ] && grep -q "NOT VERIFIED.*EXPIRED" "$E" && [ -s "$O" ]' "rc=$rc $(cat "$E")"
 
 run "$O" "$E" "$T" cap inspect "$TOK" --implicit x
 expect "--implicit without --key is a usage error" \

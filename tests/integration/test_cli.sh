@@ -232,7 +232,7 @@ check "rm" "$T" rm "$S1"
 if [ $rc = 1 ] && [ "$(wc -l <"$WORK/e")" = 1 ]; then ok "info after rm: exit 1, one line"
 else notok "info after rm: exit 1, one line" "rc=$rc $(cat "$WORK/o" "$WORK/e")"; fi
 "$T" exec "$S1" -- true >"$WORK/o" 2>"$WORK/e"; rc=$?
-if [ $rc = 1 ]; then ok "exec after rm fails"; else notok "exec after rm fails" "rc=$rc $(cat "$WORK/e")"; fi
+if [ $rc = 125 ] && [ "$(wc -l <"$WORK/e")" = 1 ]; then ok "exec after rm fails: exit 125 (tether's own failure), one line"; else notok "exec after rm fails: exit 125 (tether's own failure), one line" "rc=$rc $(cat "$WORK/e")"; fi
 "$T" rm "$S2" >/dev/null 2>&1; "$T" rm "$S3" >/dev/null 2>&1
 
 # ---- shutdown ----------------------------------------------------------------

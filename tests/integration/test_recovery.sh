@@ -272,7 +272,7 @@ code=$(call2 POST "$EDGE/v1/sandboxes/$S3/exec" '{"cmd":["sh","-c","echo run >> 
 expect "exec on the dead node (X-Tether-Wait: 2): 503, did not start, not retried" \
 	'[ "$code" = 503 ] && grep -q "did not start" "$WORK/r" && [ "$(log_lines)" = 1 ]' "$code $(cat "$WORK/r")"
 out=$(TETHER_WAIT=2 "$ROOT/build/tether" exec "$S3" -- true 2>&1); rc=$?
-expect "CLI: one clear line, exit 1" '[ $rc = 1 ] && [ "$(echo "$out" | wc -l)" = 1 ]' "rc=$rc $out"
+expect "CLI: one clear line, exit 125 (tether's own failure)" '[ $rc = 125 ] && [ "$(echo "$out" | wc -l)" = 1 ]' "rc=$rc $out"
 # Its manager left the sandbox running (node-api died without a stop):
 # the next w3 adopts it, and an orderly stop then pauses it and cleans up.
 "$ROOT/build/tetherd" node --id w3 --listen "127.0.0.1:$((BASE + 13))" --cp "$CP" \

@@ -145,10 +145,10 @@ expect "the honest capability at the node: allow, exit 0, close 1000" \
 # ---- refusals through the edge ------------------------------------------------
 out=$(TETHER_API_KEY=not-a-key "$T" exec "$ID" -- true 2>&1)
 rc=$?
-expect "a bad API key: exit 1 with a one-line error" '[ "$rc" = 1 ] && [ "$(echo "$out" | wc -l)" = 1 ]' "rc=$rc $out"
+expect "a bad API key: exit 125 (tether's own failure) with a one-line error" '[ "$rc" = 125 ] && [ "$(echo "$out" | wc -l)" = 1 ]' "rc=$rc $out"
 out=$("$T" exec sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa -- true 2>&1)
 rc=$?
-expect "an unknown sandbox: exit 1, not found" '[ "$rc" = 1 ] && echo "$out" | grep -qi "not.found\|unknown\|no such"' "rc=$rc $out"
+expect "an unknown sandbox: exit 125, not found" '[ "$rc" = 125 ] && echo "$out" | grep -qi "not.found\|unknown\|no such"' "rc=$rc $out"
 
 # ---- the start message comes before authentication: bounded, and timed -------
 # (before, anyone could hold 1 MiB per connection at the edge, for good).
@@ -266,8 +266,8 @@ wait_until 100 grep -q started "$WORK/o"
 kill -KILL "$(node_pid "$(curl -s -m 10 -H "Authorization: Bearer $KEY" "$CP/v1/sandboxes/$ID" | jget 'd["worker"]')")"
 wait "$XP"
 rc=$?
-expect "node-api killed mid-stream: exit 1, transport error, 'not repeated'" \
-	'[ "$rc" = 1 ] && grep -q "transport" "$WORK/e" && grep -q "not repeated" "$WORK/e" && [ "$(cat "$WORK/o")" = started ]' \
+expect "node-api killed mid-stream: exit 125, transport error, 'not repeated'" \
+	'[ "$rc" = 125 ] && grep -q "transport" "$WORK/e" && grep -q "not repeated" "$WORK/e" && [ "$(cat "$WORK/o")" = started ]' \
 	"rc=$rc out=$(cat "$WORK/o") err=$(cat "$WORK/e")"
 
 tap_done

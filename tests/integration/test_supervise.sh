@@ -135,12 +135,19 @@ UP_PID=
 sed -n '/Interrupt received/,$p' "$WORK/up.err" | sed 's/^/# stop: /'
 grep -Eq '^stopped: [0-9]+ sandboxes? paused' "$WORK/up.err" && ok "the stop says what became of the sandboxes it paused" ||
 	notok "stop reports the pausing sandbox" "$(sed -n '/Interrupt received/,$p' "$WORK/up.err")"
+# line_ms: the time of each line on stdin (RFC 3339, "…THH:MM:SS.mmmZ",
+# leading a log line or as an access record's "ts"), in ms of the day.
+line_ms() {
+	awk 'match($0, /T[0-9][0-9]:[0-9][0-9]:[0-9][0-9]\.[0-9][0-9][0-9]Z/) {
+		split(substr($0, RSTART + 1, 12), t, /[:.]/)
+		print ((t[1] * 60 + t[2]) * 60 + t[3]) * 1000 + t[4] }'
+}
 # last_ms LOG: the time of a log's last line, in ms of the day.
-last_ms() { tail -n 1 "$1" | awk '{ split($1, t, /[:.]/); print ((t[1] * 60 + t[2]) * 60 + t[3]) * 1000 + t[4] }'; }
+last_ms() { tail -n 1 "$1" | line_ms; }
 w1e=$(last_ms "$STATE/logs/w1.log") w2e=$(last_ms "$STATE/logs/w2.log") ee=$(last_ms "$STATE/logs/edge.log") ce=$(last_ms "$STATE/logs/cp.log")
 # the cp's own stop: its last "signal" line
-cs=$(grep 'signal 15: shutting down' "$STATE/logs/cp.log" | tail -n 1 | awk '{ split($1, t, /[:.]/); print ((t[1] * 60 + t[2]) * 60 + t[3]) * 1000 + t[4] }')
-es=$(grep 'signal 15: stopping' "$STATE/logs/edge.log" | tail -n 1 | awk '{ split($1, t, /[:.]/); print ((t[1] * 60 + t[2]) * 60 + t[3]) * 1000 + t[4] }')
+cs=$(grep 'signal 15: shutting down' "$STATE/logs/cp.log" | tail -n 1 | line_ms)
+es=$(grep 'signal 15: stopping' "$STATE/logs/edge.log" | tail -n 1 | line_ms)
 echo "# last lines (ms of the day): w1 $w1e, w2 $w2e, edge stop $es .. $ee, cp stop $cs .. $ce"
 [ -n "$cs" ] && [ -n "$es" ] && [ "$w1e" -le "$es" ] && [ "$w2e" -le "$es" ] && [ "$ee" -le "$cs" ] &&
 	ok "stop order: the workers' logs end before the edge is signalled, the edge's before the cp's stop" ||

@@ -375,6 +375,15 @@ static void test_exec_basic(void **state)
 	expect_result(&o);
 	assert_int_equal(jint(&o, "exit_code"), 127);
 	op_free(&o);
+	/* found but not runnable: 126, as sh says */
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"/etc/passwd\"]}");
+	expect_result(&o);
+	assert_int_equal(jint(&o, "exit_code"), 126);
+	op_free(&o);
+	opf(&o, "{\"op\":\"exec\",\"cmd\":[\"/tmp\"]}");
+	expect_result(&o);
+	assert_int_equal(jint(&o, "exit_code"), 126);
+	op_free(&o);
 	/* A script without #! is what posix_spawn refuses (ENOEXEC) and
 	 * execvp hands to sh: the agent's spawn keeps execvp's behaviour. */
 	snprintf(script, sizeof(script), "/tmp/tt-noshebang-%d", (int)getpid());

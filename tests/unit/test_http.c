@@ -643,7 +643,10 @@ static void test_metrics(void **state)
 	metrics_observe_us("tt_test_seconds", NULL, 5000000);
 	txt = metrics_render();
 	assert_non_null(txt);
+	assert_non_null(strstr(txt, "# HELP tt_test_total (not in the list"));
 	assert_non_null(strstr(txt, "# TYPE tt_test_total counter\n"));
+	assert_non_null(strstr(txt, "# TYPE tt_test_seconds histogram\n"));
+	assert_non_null(strstr(txt, "# HELP tether_metrics_dropped_total Metric"));
 	assert_non_null(strstr(txt, "tt_test_total{decision=\"deny\"} 3\n"));
 	assert_non_null(strstr(txt, "\ntt_test_total 1\n"));
 	assert_non_null(strstr(txt,

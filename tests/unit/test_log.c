@@ -136,6 +136,41 @@ static void test_level(void **state)
 	assert_int_equal(count("test["), 1);
 }
 
+/* Log lines carry an RFC 3339 time with a date; access records are JSON
+ * lines with ts and role first, bounded per second, and the next line
+ * after a drop says how many were dropped. */
+static void test_access_lines(void **state)
+{
+	FILE *f;
+	char line[2048];
+	int n = 0;
+
+	(void)state;
+	log_info("dated %d", 1);
+	for (int i = 0; i < TT_LOG_ACCESS_BURST + 5; i++)
+		tt_log_access("{\"rid\":\"r1\",\"status\":200}", 28);
+	assert_int_equal(count("\"rid\":\"r1\""), TT_LOG_ACCESS_BURST);
+	sleep_ms(TT_LOG_WINDOW_MS + 100);
+	tt_log_access("{}", 2);
+	assert_int_equal(count("\"dropped_before\":5}"), 1);
+	f = fopen(path, "r");
+	assert_non_null(f);
+	while (fgets(line, sizeof(line), f) != NULL) {
+		if (n++ == 0) { /* "2026-12-02T00:50:56.123Z test[pid] info: dated 1" */
+			assert_int_equal(strlen(line) > 25, 1);
+			assert_true(line[4] == '-' && line[7] == '-' && line[10] == 'T' &&
+			            line[13] == ':' && line[19] == '.' && line[23] == 'Z');
+			assert_non_null(strstr(line, " test["));
+		} else {
+			assert_int_equal(strncmp(line, "{\"ts\":\"", 7), 0);
+			assert_true(line[11] == '-' && line[30] == 'Z');
+			assert_non_null(strstr(line, "Z\",\"role\":\"test\","));
+		}
+	}
+	fclose(f);
+	assert_int_equal(n, TT_LOG_ACCESS_BURST + 2);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -143,6 +178,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_varied_burst, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sites_independent, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_level, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_access_lines, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

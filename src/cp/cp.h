@@ -12,6 +12,7 @@
 
 #include "cp/db.h"
 #include "err.h"
+#include "feedsig.h"
 #include "http.h"
 #include "paserk.h"
 #include "timefmt.h"
@@ -26,7 +27,8 @@
 #define CP_REBUILD_LEASE_MS 500 /* a rebuilt attempt's execution stays put */
 #define CP_REBUILD_LEASES 32    /* rebuilt attempts leased at once */
 
-/* Client side of the signer process (src/cp/signer.c). Requests are
+/* Client side of the signer process (src/cp/signer.c; the signer itself
+ * is build/tether-signer, src/signer/). Requests are
  * synchronous on the socketpair: a signature costs tens of microseconds,
  * and a receive timeout bounds a stuck signer. A signer that died or
  * stopped answering is replaced at the next request, provided the new
@@ -36,10 +38,14 @@ struct cp_signer {
 	pid_t pid;
 	char key_path[PATH_MAX];
 	char kid[PASERK_K4_PID_LEN + 1];   /* "" until the first public */
+	char feed_pub[PASERK_K4_PUBLIC_LEN + 1]; /* likewise: the feed key */
 };
 
-/* cp_signer_spawn: starts "tetherd signer --key key_path" with the
- * socketpair end as fd 3; the signer creates the key if absent. */
+/* cp_signer_spawn: starts "tether-signer --key key_path --feed-key
+ * DIR/feed.key --feed-pub DIR/feed.pub" (DIR: key_path's) with the
+ * socketpair end as fd 3; the signer creates the keys if absent and
+ * writes the feed key's public half to DIR/feed.pub (provisioning gives
+ * it to each worker). */
 int cp_signer_spawn(const char *key_path, struct cp_signer *s,
                     struct tt_err *err);
 /* cp_signer_sign: claims (borrowed) without iss/iat/exp/jti; on success
@@ -49,6 +55,10 @@ int cp_signer_sign(struct cp_signer *s, json_t *claims, char **token,
 /* cp_signer_public: the verification key and its kid. */
 int cp_signer_public(struct cp_signer *s, char pub[PASERK_K4_PUBLIC_LEN + 1],
                      char kid[PASERK_K4_PID_LEN + 1], struct tt_err *err);
+/* cp_signer_feed_sign: the feed key's signature over one update body
+ * (feedsig.h); the signer checks the body first. */
+int cp_signer_feed_sign(struct cp_signer *s, const char *body,
+                        char sig[FEEDSIG_SIG_B64_LEN + 1], struct tt_err *err);
 /* cp_signer_stop: EOF to the signer (it zeroes its key and exits), reap. */
 void cp_signer_stop(struct cp_signer *s);
 

@@ -104,7 +104,7 @@ okrc "$([ "$(status POST "/v1/sandboxes/$SBX/capabilities" "Bearer $KEY" '{"purp
 
 # The signer dies, or stops answering: the next capability comes from a
 # new signer on the same key (before: every later one failed with 503).
-signer_pid() { pgrep -P "$CP_PID" -f "tetherd signer"; }
+signer_pid() { pgrep -P "$CP_PID" -f "tether-signer --key"; }
 cap_ok() { [ "$(status POST "/v1/sandboxes/$SBX/capabilities" "Bearer $KEY" '{"purpose":"control","ops":["exec"]}')" = 201 ] &&
 	[ "$(python3 -c "import base64,json,sys; t=sys.argv[1].split('.'); print(json.loads(base64.urlsafe_b64decode(t[3]+'='*(-len(t[3])%4)))['kid'])" "$(jfield '["token"]')")" = "$KID" ]; }
 SIG1=$(signer_pid)
@@ -122,7 +122,7 @@ cap_ok && ok "... and later capabilities are fine" || notok "capabilities after 
 # A signer restarted on another key (the file swapped) is refused: the
 # workers know only the published kid. The original file back: served.
 cp "$ST/signer.key" "$WORK/signer.key.orig"
-"$TETHERD" keygen "$ST/signer.key" --force >/dev/null 2>&1
+"$ROOT/build/tether-signer" keygen "$ST/signer.key" --force >/dev/null 2>&1
 kill -KILL "$(signer_pid)"
 code=$(status POST "/v1/sandboxes/$SBX/capabilities" "Bearer $KEY" '{"purpose":"control","ops":["exec"]}')
 if [ "$code" = 503 ] && grep -q "restarted signer holds another key" "$ST/cp.log"; then

@@ -14,6 +14,8 @@
 #include "b64url.h"
 #include "cleanup.h"
 #include "fsutil.h"
+#include "log.h"
+#include "metrics.h"
 #include "paserk.h"
 
 /* feedsig_message: PAE of the two pieces (domain, body). */
@@ -276,4 +278,18 @@ int feedsig_pin(const char *path, const char *k4_public, struct tt_err *err)
 		                  " another feed key (%s holds %.24s…, given %.24s…); remove"
 		                  " the file to provision it anew", path, have, k4_public);
 	return 0;
+}
+
+/* feedsig_refused: logs and counts a refusal; its result entry. */
+json_t *feedsig_refused(json_t *env, const char *reason, const struct tt_err *err)
+{
+	json_t *r = json_object_get(env, "rev");
+	char labels[64];
+
+	snprintf(labels, sizeof(labels), "reason=\"%s\"", reason);
+	metrics_inc("tether_feed_refused_total", labels);
+	log_warn("%s", err->msg);
+	return json_pack("{s:I,s:b,s:s,s:s}", "rev", json_is_integer(r) ?
+	                 json_integer_value(r) : (json_int_t)0, "ok", 0, "refused",
+	                 reason, "error", err->msg);
 }

@@ -91,6 +91,11 @@ enum feedsig_verdict feedsig_open(struct feedsig_state *st, json_t *env,
                                   uint64_t applied, json_t **update,
                                   const char **reason, struct tt_err *err);
 
+/* feedsig_refused: logs and counts (tether_feed_refused_total{reason}) a
+ * refusal; returns its result entry {"rev","ok":false,"refused","error"}
+ * for the receiver's answer (the rev as the envelope claims it). */
+json_t *feedsig_refused(json_t *env, const char *reason, const struct tt_err *err);
+
 /* feedsig_pin: the worker's pinned feed key in path (mode 0600): written
  * when absent; when present it must equal k4_public (a worker is
  * provisioned for one control plane). */

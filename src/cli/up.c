@@ -245,6 +245,7 @@ static int up_start(struct up *u)
 	size_t cap = sizeof(u->cp_url);
 	char tetherd[PATH_MAX + 16], guest[PATH_MAX + 16];
 	char dir[PATH_MAX + 32], listen[64], tokf[PATH_MAX + 32], id[16];
+	char feedf[PATH_MAX + 32];
 	char snaps[PATH_MAX + 32];
 	int w;
 
@@ -273,6 +274,11 @@ static int up_start(struct up *u)
 	}
 
 	snprintf(tokf, sizeof(tokf), "%s/cp/node.token", u->state);
+	/* Provisioning: each worker is given the feed key's public half, which
+	 * its manager pins; the cp's signer wrote it before the cp answered. */
+	snprintf(feedf, sizeof(feedf), "%s/cp/feed.pub", u->state);
+	if (access(feedf, R_OK) < 0)
+		return cli_fail("%s is missing (the cp's signer writes it)", feedf), -1;
 	/* The snapshot store every local worker shares (lifecycle.md). */
 	snprintf(snaps, sizeof(snaps), "%s/snapshots", u->state);
 	if (mkdir_p(snaps) < 0)
@@ -285,11 +291,12 @@ static int up_start(struct up *u)
 			return cli_fail("cannot create %s: %s", dir, strerror(errno)), -1;
 		char *node_argv[] = { tetherd, "node", "--id", id, "--listen", listen,
 		                      "--cp", cp_url, "--node-token-file", tokf,
+		                      "--feed-key-file", feedf,
 		                      "--state", dir, "--guest-bin", guest,
 		                      "--snapshots", snaps, NULL, NULL, NULL };
 		if (u->disk_mb[0]) { /* each sandbox's disk cap (default 1 GiB) */
-			node_argv[16] = "--disk-mb";
-			node_argv[17] = u->disk_mb;
+			node_argv[18] = "--disk-mb";
+			node_argv[19] = u->disk_mb;
 		}
 		if (up_spawn(u, UP_WORKER, id, u->base + 10 + i, node_argv) != 0)
 			return -1;

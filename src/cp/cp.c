@@ -1337,6 +1337,24 @@ static int cp_ack_plain(struct cp *cp, const char *worker, json_t *up,
 	return strcmp(kind, "pause") != 0;
 }
 
+/* cp_ack_refusals: updates the worker's manager refused (signature, order:
+ * lib/feedsig.h) are logged and counted; they were not applied and the
+ * worker polls them again. */
+static void cp_ack_refusals(const char *worker, json_t *results)
+{
+	size_t i;
+	json_t *r;
+
+	json_array_foreach(results, i, r) {
+		if (!json_is_string(json_object_get(r, "refused")))
+			continue;
+		metrics_inc("tether_cp_feed_refused_total", NULL);
+		log_error("worker %s refused feed update rev %" JSON_INTEGER_FORMAT ": %.200s",
+		          worker, json_integer_value(json_object_get(r, "rev")),
+		          json_string_value(json_object_get(r, "error")) ?: "?");
+	}
+}
+
 /* cp_ack: POST /v1/feed/ack (Node). */
 static int cp_ack(struct cp *cp, struct lws *wsi, json_t *body)
 {
@@ -1357,6 +1375,8 @@ static int cp_ack(struct cp *cp, struct lws *wsi, json_t *body)
 		        "ack needs worker, rev >= 0 and a results list");
 	rev = json_integer_value(jrev);
 	rc = cpdb_worker_get(cp->db, worker, &w, &err);
+	if (rc > 0)
+		cp_ack_refusals(worker, results);
 	if (rc <= 0)
 		return rc < 0 ? http_reply_error(wsi, 500, "internal", "%s", err.msg)
 		              : http_reply_error(wsi, 404, "not_found",

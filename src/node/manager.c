@@ -37,6 +37,7 @@
 #include "cleanup.h"
 #include "decision.h"
 #include "guest/hello.h"
+#include "feedsig.h"
 #include "keyring.h"
 #include "log.h"
 #include "metrics.h"
@@ -156,6 +157,10 @@ struct manager {
 	uid_t peer_uid;
 	struct records *db;
 	struct capcache *cache;
+	/* The feed's pinned root key and order check (lib/feedsig.h): every
+	 * update is verified before it is applied (SPEC §7). */
+	char feed_key[PASERK_K4_PUBLIC_LEN + 1];
+	struct feedsig_state feed;
 	struct mgr_exec *execs;
 	uint64_t exec_serial;      /* last mgr_exec.serial handed out */
 	struct mgr_conn *ops;
@@ -2368,9 +2373,21 @@ static void apply_continue(struct mgr_apply *ap)
 	struct manager *m = ap->m;
 
 	while (ap->i < json_array_size(ap->updates)) {
-		json_t *u = json_array_get(ap->updates, ap->i++);
-		const char *kind = json_string_value(json_object_get(u, "kind"));
+		json_t *env = json_array_get(ap->updates, ap->i++), *u;
 		struct tt_err err = { 0 };
+		const char *why;
+
+		/* Signed by the feed key, for us, in order (lib/feedsig.h); a
+		 * refused update is not consumed, and the rest of the batch
+		 * waits (its chain is broken). From here on the update is the
+		 * verified body. */
+		if (feedsig_open(&m->feed, env, records_applied_rev(m->db), &u, &why,
+		                 &err) == FEEDSIG_REFUSED) {
+			json_array_append_new(ap->results, feedsig_refused(env, why, &err));
+			break;
+		}
+		json_array_set_new(ap->updates, ap->i - 1, u);
+		const char *kind = json_string_value(json_object_get(u, "kind"));
 		uint64_t rev = u64_field(u, "rev");
 		int rc;
 
@@ -2952,6 +2969,7 @@ static int parse_args(struct manager *m, int argc, char **argv)
 		{ "private-socket-dir", no_argument, NULL, 'P' },
 		{ "disk-mb", required_argument, NULL, 'D' },
 		{ "disk-inodes", required_argument, NULL, 'I' },
+		{ "feed-key", required_argument, NULL, 'F' },
 		{ NULL, 0, NULL, 0 },
 	};
 	char *end;
@@ -2972,6 +2990,7 @@ static int parse_args(struct manager *m, int argc, char **argv)
 		case 'S': snprintf(m->snap_dir, sizeof(m->snap_dir), "%s", optarg); break;
 		case 'L': m->lifeline_fd = atoi(optarg); break;
 		case 'P': m->own_sock_dir = true; break;
+		case 'F': snprintf(m->feed_key, sizeof(m->feed_key), "%s", optarg); break;
 		case 'D':
 		case 'I':
 			errno = 0;
@@ -2999,9 +3018,9 @@ static int parse_args(struct manager *m, int argc, char **argv)
 		return -1;
 	}
 	if (!m->state_dir[0] || !m->sock_path[0] || !m->worker_id[0] || !have_pid ||
-	    !have_uid || m->peer_pid <= 0) {
+	    !have_uid || m->peer_pid <= 0 || !m->feed_key[0]) {
 		fprintf(stderr, "usage: tetherd manager --state DIR --socket PATH --worker-id W"
-		                " --peer-pid PID --peer-uid UID [--guest-bin PATH]"
+		                " --peer-pid PID --peer-uid UID --feed-key K4PUBLIC [--guest-bin PATH]"
 		                " [--snapshots DIR] [--lifeline FD] [--private-socket-dir]"
 		                " [--disk-mb N] [--disk-inodes N]\n");
 		return -1;
@@ -3164,6 +3183,13 @@ int manager_main(int argc, char **argv)
 	}
 	if (state_lock(m->state_dir, m->lifeline_fd >= 0 ? MGR_LOCK_WAIT_MS : 0) < 0)
 		return 1;
+	/* The feed's root key, pinned at provisioning (the first start). */
+	if (snprintf(path, sizeof(path), "%s/feed.pub", m->state_dir) >= (int)sizeof(path) ||
+	    feedsig_pin(path, m->feed_key, &err) < 0 ||
+	    feedsig_init(&m->feed, m->feed_key, m->worker_id, &err) < 0) {
+		log_error("%s", err.msg[0] ? err.msg : "state directory path too long");
+		return 1;
+	}
 	if (snprintf(path, sizeof(path), "%s/runtime.db", m->state_dir) >=
 	    (int)sizeof(path)) {
 		log_error("state directory path too long");

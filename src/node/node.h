@@ -14,6 +14,7 @@
 #include <uv.h>
 
 #include "err.h"
+#include "paserk.h"
 #include "http.h"
 
 #define NODE_TOKEN_MAX 512
@@ -37,6 +38,10 @@ struct node {
 	int port;
 	char node_url[128];        /* what we register: http://host:port */
 	char node_token[NODE_TOKEN_MAX + 1]; /* secret: zeroed on exit */
+	/* The feed's root key (k4.public), read from --feed-key-file at start
+	 * and handed to the manager, which pins it and verifies every update
+	 * with it: node-api relays updates, it cannot make one. */
+	char feed_key[PASERK_K4_PUBLIC_LEN + 1];
 	char sock_path[PATH_MAX];  /* manager.sock */
 	struct lws_context *lws;
 	struct httpc *httpc;

@@ -238,7 +238,8 @@ W3_PID=
 start_w3() {
 	mkdir -p "$STATE/workers/w3"
 	"$ROOT/build/tetherd" node --id w3 --listen 127.0.0.1:$((BASE + 13)) --cp "$CP" \
-		--node-token-file "$STATE/cp/node.token" --state "$STATE/workers/w3" \
+		--node-token-file "$STATE/cp/node.token" --feed-key-file "$STATE/cp/feed.pub" \
+		--state "$STATE/workers/w3" \
 		--guest-bin "$ROOT/build/tether-guest" --snapshots "$STATE/snapshots" \
 		"$@" >>"$WORK/w3.log" 2>&1 &
 	W3_PID=$!

@@ -27,8 +27,11 @@ if ! "$bin" manager --help >/dev/null 2>&1 && "$bin" manager --help 2>&1 | grep 
 	tap_done; exit 0
 fi
 echo "tok-$RANDOM" >"$dir/node.token"
+# A feed key of its own (no cp here): node-api hands its public half to
+# the manager, which refuses to start without one.
+"$ROOT/build/tether-signer" keygen "$dir/feed.key" | sed -n 's/^public: //p' >"$dir/feed.pub"
 "$bin" node --id w1 --listen 127.0.0.1:$port --cp http://127.0.0.1:1 \
-	--node-token-file "$dir/node.token" --state "$dir/w1" 2>"$dir/node.log" &
+	--node-token-file "$dir/node.token" --feed-key-file "$dir/feed.pub" --state "$dir/w1" 2>"$dir/node.log" &
 node_pid=$!
 wait_until 100 curl -s -o /dev/null "$url/healthz"
 
@@ -113,7 +116,7 @@ except OSError:
 		'[ $rc = 0 ] && ! kill -0 "$mgr_pid" 2>/dev/null && [ ! -e "$(dirname "$sock")" ]' \
 		"rc $rc; $(tail -n 5 "$dir/node.log")"
 	"$bin" node --id w1 --listen 127.0.0.1:$port --cp http://127.0.0.1:1 --user root \
-		--node-token-file "$dir/node.token" --state "$dir/w1" 2>"$dir/node2.log"; rc=$?
+		--node-token-file "$dir/node.token" --feed-key-file "$dir/feed.pub" --state "$dir/w1" 2>"$dir/node2.log"; rc=$?
 	expect "--user root is refused" '[ $rc = 1 ] && grep -q "must not run with uid or gid 0" "$dir/node2.log"' "$(cat "$dir/node2.log")"
 fi
 tap_done

@@ -217,7 +217,7 @@ expect "the honest request for the same sandbox succeeds (and the denied one nev
 # ---- a killed node-api: reads retried once, exec never repeated ------------------
 mkdir -p "$WORK/w3"
 "$ROOT/build/tetherd" node --id w3 --listen "127.0.0.1:$((BASE + 13))" --cp "$CP" \
-	--node-token-file "$STATE/cp/node.token" --state "$WORK/w3" \
+	--node-token-file "$STATE/cp/node.token" --feed-key-file "$STATE/cp/feed.pub" --state "$WORK/w3" \
 	--guest-bin "$ROOT/build/tether-guest" >"$WORK/w3.log" 2>&1 &
 W3_PID=$!
 w3_up() { call GET "$CP/v1/workers" >/dev/null; grep -q '"id":"w3"[^}]*"state":"up"' "$WORK/r"; }
@@ -275,7 +275,7 @@ expect "CLI: one clear line, exit 1" '[ $rc = 1 ] && [ "$(echo "$out" | wc -l)" 
 # Its manager left the sandbox running (node-api died without a stop):
 # the next w3 adopts it, and an orderly stop then pauses it and cleans up.
 "$ROOT/build/tetherd" node --id w3 --listen "127.0.0.1:$((BASE + 13))" --cp "$CP" \
-	--node-token-file "$STATE/cp/node.token" --state "$WORK/w3" \
+	--node-token-file "$STATE/cp/node.token" --feed-key-file "$STATE/cp/feed.pub" --state "$WORK/w3" \
 	--guest-bin "$ROOT/build/tether-guest" >>"$WORK/w3.log" 2>&1 &
 W3_PID=$!
 code=$(call POST "$EDGE/v1/sandboxes/$S3/exec" '{"cmd":["sh","-c","wc -l </tmp/log"]}')

@@ -11,6 +11,9 @@ U=http://127.0.0.1:$PORT
 
 start_cp() { cp_start "$ST" "$PORT"; }
 stop_cp() { cp_stop; }
+# ufield EXPR: EXPR of the first feed update's signed body (lib/feedsig.h:
+# the cp serves each update as {rev,kind,body,sig}).
+ufield() { python3 -c "import json,sys; d=json.loads(json.load(open(sys.argv[2]))['updates'][0]['body']); print(eval('d'+sys.argv[1]))" "$1" "$TT_BODY"; }
 # status METHOD PATH AUTH [BODY]: prints the HTTP status, body in $ST/out.
 status() { req_status "$1" "$U$2" "$3" "${@:4}"; }
 
@@ -47,7 +50,7 @@ okrc "$([ "$(status POST /v1/workers/register "Node $NT" "{\"id\":\"w1\",\"node_
 	"worker registers with the node token"
 okrc "$([ "$(status GET "/v1/feed?worker=w1&after=0&wait=5" "Node $NT")" = 200 ] && [ "$(jfield '["updates"][0]["kind"]')" = keys ]; echo $?)" \
 	"feed returns the keys update at once"
-KID=$(jfield '["updates"][0]["keys"][0]["kid"]'); REV0=$(jfield '["rev"]')
+KID=$(ufield '["keys"][0]["kid"]'); REV0=$(jfield '["rev"]')
 check "the published kid is a k4.pid" test "${KID#k4.pid.}" != "$KID"
 t0=$(date +%s%N)
 okrc "$([ "$(status GET "/v1/feed?worker=w1&after=$REV0&wait=1" "Node $NT")" = 200 ] && [ "$(jfield '["updates"]')" = "[]" ]; echo $?)" \
@@ -60,8 +63,10 @@ status POST /v1/sandboxes "Bearer $KEY" '{"worker":"w1"}' >"$ST/create.code" &
 CR=$!
 okrc "$([ "$(status GET "/v1/feed?worker=w1&after=$REV0&wait=10" "Node $NT")" = 200 ] && [ "$(jfield '["updates"][0]["kind"]')" = install ]; echo $?)" \
 	"create wakes the long-poll with an install update"
-SBX=$(jfield '["updates"][0]["sandbox"]'); IREV=$(jfield '["updates"][0]["rev"]')
-check "install names generation 1 on w1" test "$(jfield '["updates"][0]["generation"]') $(jfield '["updates"][0]["worker"]')" = "1 w1"
+SBX=$(ufield '["sandbox"]'); IREV=$(jfield '["updates"][0]["rev"]')
+check "the install comes signed for w1, chained to the keys update" \
+	test "$(ufield '["to"]') $(ufield '["prev"]') $(jfield '["updates"][0]["sig"]' | wc -c)" = "w1 $REV0 87"
+check "install names generation 1 on w1" test "$(ufield '["generation"]') $(ufield '["worker"]')" = "1 w1"
 cp "$ST/out" "$ST/feed.json"
 status POST /v1/feed/ack "Node $NT" "{\"worker\":\"w1\",\"rev\":$IREV,\"results\":[{\"rev\":$IREV,\"ok\":true}]}" >/dev/null
 wait $CR
@@ -73,7 +78,7 @@ okrc "$([ "$(status GET "/v1/sandboxes/$SBX" "Bearer $KEY")" = 200 ] && [ "$(jfi
 status POST /v1/sandboxes "Bearer $KEY" '{}' >"$ST/create2.code" &
 CR=$!
 status GET "/v1/feed?worker=w1&after=$IREV&wait=10" "Node $NT" >/dev/null
-FREV=$(jfield '["updates"][0]["rev"]'); FSBX=$(jfield '["updates"][0]["sandbox"]')
+FREV=$(jfield '["updates"][0]["rev"]'); FSBX=$(ufield '["sandbox"]')
 status POST /v1/feed/ack "Node $NT" "{\"worker\":\"w1\",\"rev\":$FREV,\"results\":[{\"rev\":$FREV,\"ok\":false,\"error\":\"no space\"}]}" >/dev/null
 wait $CR
 check "a failed install answers 503" test "$(cat "$ST/create2.code")" = 503
@@ -181,7 +186,7 @@ CR=$!
 status GET "/v1/feed?worker=w1&after=$DREV&wait=10" "Node $NT" >/dev/null
 NREV=$(jfield '["updates"][0]["rev"]')
 check "feed revs continue after restart ($NREV > $DREV)" test "$NREV" -gt "$DREV"
-NS=$(jfield '["updates"][0]["sandbox"]')
+NS=$(ufield '["sandbox"]')
 status POST /v1/feed/ack "Node $NT" "{\"worker\":\"w1\",\"rev\":$NREV,\"results\":[{\"rev\":$NREV,\"ok\":true}]}" >/dev/null
 wait $CR
 okrc "$([ "$(status POST "/v1/sandboxes/$NS/capabilities" "Bearer $KEY" '{"purpose":"control","ops":["exec"]}')" = 201 ]; echo $?)" \

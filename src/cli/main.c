@@ -42,6 +42,7 @@ static const struct verb verbs[] = {
 	{ "shell", cli_shell, "shell ID\tinteractive shell in a sandbox" },
 	{ "watch", cli_watch, "watch ID PATH\tfile events under PATH" },
 	{ "expose", cli_expose, "expose ID PORT [--proto http|tcp]\tthe gateway address for a sandbox port" },
+	{ "admin", cli_admin, "admin rotate-keys [--json] | admin keys\trotate the capability signing key (admin key); show the key bundle" },
 	{ "cap", cli_cap, "cap ID [--purpose control|port] [--ops a,b] [--port P --proto tcp|http]\t"
 	                  "issue a capability token (JSON)\n"
 	                  "cap inspect TOKEN|- [--key PUBKEY] [--implicit STR]\t"

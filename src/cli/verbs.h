@@ -20,5 +20,6 @@ int cli_migrate(int argc, char **argv);
 int cli_shell(int argc, char **argv);
 int cli_watch(int argc, char **argv);
 int cli_expose(int argc, char **argv);
+int cli_admin(int argc, char **argv);  /* admin rotate-keys | admin keys */
 
 #endif

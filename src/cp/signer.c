@@ -84,8 +84,13 @@ int cp_signer_spawn(const char *key_path, struct cp_signer *s,
 		/* child: fd 3 = our end (dup2 clears CLOEXEC), then exec */
 		if (dup2(sv[1], SIGNER_FD) < 0)
 			_exit(127);
-		execl(exe, "tether-signer", "--key", key_path, "--feed-key", feed_key,
-		      "--feed-pub", feed_pub, (char *)NULL);
+		if (s->next_path[0] != '\0') /* a rotation in progress */
+			execl(exe, "tether-signer", "--key", key_path, "--next-key",
+			      s->next_path, "--feed-key", feed_key, "--feed-pub", feed_pub,
+			      (char *)NULL);
+		else
+			execl(exe, "tether-signer", "--key", key_path, "--feed-key", feed_key,
+			      "--feed-pub", feed_pub, (char *)NULL);
 		_exit(127);
 	}
 	close(sv[1]);
@@ -260,6 +265,48 @@ int cp_signer_feed_sign(struct cp_signer *s, const char *body,
 		memcpy(sig, v, FEEDSIG_SIG_B64_LEN + 1);
 	json_decref(res);
 	return rc;
+}
+
+/* cp_signer_next: the next key of a rotation (the signer runs with
+ * --next-key); 0, or -1 when it has none. */
+int cp_signer_next(struct cp_signer *s, char pub[PASERK_K4_PUBLIC_LEN + 1],
+                   char kid[PASERK_K4_PID_LEN + 1], struct tt_err *err)
+{
+	json_t *res = cp_signer_call(s, json_pack("{s:s}", "op", "public"), err);
+	const char *p, *k;
+	int rc = 0;
+
+	if (res == NULL)
+		return -1;
+	p = json_string_value(json_object_get(res, "next_public"));
+	k = json_string_value(json_object_get(res, "next_kid"));
+	if (p == NULL || k == NULL || strlen(p) != PASERK_K4_PUBLIC_LEN ||
+	    strlen(k) != PASERK_K4_PID_LEN)
+		rc = tt_err_set(err, TT_ERR_NOT_FOUND, "the signer holds no next key");
+	else {
+		memcpy(pub, p, PASERK_K4_PUBLIC_LEN + 1);
+		memcpy(kid, k, PASERK_K4_PID_LEN + 1);
+	}
+	json_decref(res);
+	return rc;
+}
+
+/* cp_signer_promote: the next key signs from now on: in the signer, then
+ * on disk (the next key file renamed over the key file, so a restarted
+ * signer loads it), then here (the kid a restarted signer must hold). */
+int cp_signer_promote(struct cp_signer *s, const char *kid, struct tt_err *err)
+{
+	json_t *res = cp_signer_call(s, json_pack("{s:s,s:s}", "op", "promote", "kid",
+	                                          kid), err);
+
+	if (res == NULL)
+		return -1;
+	json_decref(res);
+	if (rename(s->next_path, s->key_path) < 0)
+		return tt_err_sys(err, TT_ERR_IO, "renaming %s", s->next_path);
+	s->next_path[0] = '\0';
+	snprintf(s->kid, sizeof(s->kid), "%s", kid);
+	return 0;
 }
 
 /* cp_signer_stop: closing our end is the signer's signal to exit. */

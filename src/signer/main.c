@@ -1,7 +1,8 @@
 /* tether-signer: the only process that holds the control plane's private
  * keys (signer.h). Spawned by the cp with a socketpair on fd 3, it serves
  * wire.h frames: "sign" (a capability), "feed.sign" (a feed update),
- * "public" (the verification keys). A lean binary of its own (libsodium,
+ * "public" (the verification keys), "promote" (a rotation's next key
+ * signs from now on). A lean binary of its own (libsodium,
  * jansson, libseccomp and lib/'s wire code), under a seccomp allowlist
  * from the moment its keys are loaded, always. */
 #include <errno.h>
@@ -25,12 +26,14 @@
 
 #define SIGNER_FD 3
 #define SIGNER_DRAIN_MAX (16u << 20) /* oversized frames are skipped up to this */
-#define SIGNER_USAGE "usage: tether-signer --key PATH --feed-key PATH --feed-pub PATH" \
-	" (fd 3: the cp)\n       tether-signer keygen FILE [--force]"
+#define SIGNER_USAGE "usage: tether-signer --key PATH [--next-key PATH] --feed-key PATH" \
+	" --feed-pub PATH (fd 3: the cp)\n       tether-signer keygen FILE [--force]"
 
 /* The keys this process serves with. */
 struct signer {
-	struct signer_key cap;  /* capabilities (SPEC §3) */
+	struct signer_key cap;  /* capabilities (SPEC §3): the one signing */
+	struct signer_key next; /* a rotation's next capability key (--next-key):
+	                         * published first, signing once promoted */
 	struct signer_key feed; /* feed updates (SPEC §7); its public half is
 	                         * each worker's pinned root key */
 };
@@ -84,9 +87,27 @@ static int signer_read_full(int fd, void *buf, size_t len)
 	return 1;
 }
 
+/* signer_promote: {"op":"promote","kid":K}: the next key (K) signs from
+ * now on; the old one is zeroed and freed (receivers keep its public half
+ * until what it signed has expired). */
+static json_t *signer_promote(struct signer *s, json_t *req, struct tt_err *err)
+{
+	const char *kid = json_string_value(json_object_get(req, "kid"));
+
+	if (s->next.sk == NULL || kid == NULL || strcmp(kid, s->next.kid) != 0) {
+		tt_err_set(err, TT_ERR_INVALID, "no next key %.60s to promote", kid ? kid : "");
+		return NULL;
+	}
+	signer_key_free(&s->cap);
+	s->cap = s->next;
+	memset(&s->next, 0, sizeof(s->next));
+	log_info("signing with %s from now on", s->cap.kid);
+	return json_pack("{s:s}", "kid", s->cap.kid);
+}
+
 /* signer_serve_one: handles one request frame; the reply is RESULT or
  * ERROR. Never fails the process for a bad request. */
-static void signer_serve_one(const struct signer *s, int fd,
+static void signer_serve_one(struct signer *s, int fd,
                              const struct wire_frame *f)
 {
 	struct tt_err err = { 0 };
@@ -108,8 +129,12 @@ static void signer_serve_one(const struct signer *s, int fd,
 	else if (op != NULL && strcmp(op, "feed.sign") == 0)
 		res = signer_feed_sign(&s->feed, req, &err);
 	else if (op != NULL && strcmp(op, "public") == 0)
-		res = json_pack("{s:s,s:s,s:s}", "public", s->cap.pub, "kid", s->cap.kid,
-		                "feed_public", s->feed.pub);
+		res = json_pack("{s:s,s:s,s:s,s:s?,s:s?}", "public", s->cap.pub, "kid",
+		                s->cap.kid, "feed_public", s->feed.pub, "next_public",
+		                s->next.sk ? s->next.pub : NULL, "next_kid",
+		                s->next.sk ? s->next.kid : NULL);
+	else if (op != NULL && strcmp(op, "promote") == 0)
+		res = signer_promote(s, req, &err);
 	else
 		tt_err_set(&err, TT_ERR_INVALID, "unknown op");
 	json_decref(req);
@@ -127,7 +152,7 @@ static void signer_serve_one(const struct signer *s, int fd,
 
 /* signer_loop: frames until EOF. Oversized frames are drained and refused;
  * a header that is not ours means the stream is lost, so it ends. */
-static int signer_loop(const struct signer *s, int fd)
+static int signer_loop(struct signer *s, int fd)
 {
 	static uint8_t payload[WIRE_PAYLOAD_MAX + 1];
 	uint8_t hdr[WIRE_HDR_LEN];
@@ -201,7 +226,8 @@ static int signer_pub_write(const char *path, const char *pub, struct tt_err *er
 
 /* signer_serve: loads both keys, publishes the feed key's public half,
  * enters the filter and serves fd 3 until EOF. */
-static int signer_serve(const char *key, const char *feed_key, const char *feed_pub)
+static int signer_serve(const char *key, const char *next_key, const char *feed_key,
+                        const char *feed_pub)
 {
 	struct signer s = { 0 };
 	struct tt_err err = { 0 };
@@ -213,13 +239,16 @@ static int signer_serve(const char *key, const char *feed_key, const char *feed_
 	}
 	signal(SIGPIPE, SIG_IGN);
 	if (signer_key_load(key, &s.cap, &err) < 0 ||
+	    (next_key != NULL && signer_key_load(next_key, &s.next, &err) < 0) ||
 	    signer_key_load(feed_key, &s.feed, &err) < 0 ||
 	    signer_pub_write(feed_pub, s.feed.pub, &err) < 0) {
 		log_error("%s", err.msg);
 		goto out;
 	}
-	if (strcmp(s.cap.kid, s.feed.kid) == 0) {
-		log_error("the feed key must not be the capability key");
+	if (strcmp(s.cap.kid, s.feed.kid) == 0 ||
+	    (s.next.sk != NULL && (strcmp(s.next.kid, s.feed.kid) == 0 ||
+	                           strcmp(s.next.kid, s.cap.kid) == 0))) {
+		log_error("the feed key, the capability key and the next one must differ");
 		goto out;
 	}
 	/* jansson would open /dev/urandom for its hash seed on first use,
@@ -234,13 +263,14 @@ static int signer_serve(const char *key, const char *feed_key, const char *feed_
 	rc = signer_loop(&s, SIGNER_FD) < 0 ? 1 : 0;
 out:
 	signer_key_free(&s.cap);
+	signer_key_free(&s.next);
 	signer_key_free(&s.feed);
 	return rc;
 }
 
 int main(int argc, char **argv)
 {
-	const char *key = NULL, *feed_key = NULL, *feed_pub = NULL;
+	const char *key = NULL, *next_key = NULL, *feed_key = NULL, *feed_pub = NULL;
 
 	tt_log_init("signer", TT_LOG_INFO);
 	if (argc >= 2 && strcmp(argv[1], "keygen") == 0)
@@ -248,6 +278,8 @@ int main(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--key") == 0 && i + 1 < argc)
 			key = argv[++i];
+		else if (strcmp(argv[i], "--next-key") == 0 && i + 1 < argc)
+			next_key = argv[++i];
 		else if (strcmp(argv[i], "--feed-key") == 0 && i + 1 < argc)
 			feed_key = argv[++i];
 		else if (strcmp(argv[i], "--feed-pub") == 0 && i + 1 < argc)
@@ -262,5 +294,5 @@ int main(int argc, char **argv)
 		fprintf(stderr, "%s\n", SIGNER_USAGE);
 		return 2;
 	}
-	return signer_serve(key, feed_key, feed_pub);
+	return signer_serve(key, next_key, feed_key, feed_pub);
 }

@@ -209,8 +209,15 @@ void cp_rotate_sweep(struct cp *cp)
 	}
 	if (r->drop_at != 0 && now >= r->drop_at) {
 		json_t *keys = rot_bundle(cp, NULL, NULL, now, &err);
+		json_t *last = cpdb_feed_last_body(cp->db, "keys", &err);
+		size_t had = json_array_size(json_object_get(last, "keys"));
 
+		json_decref(last);
 		r->drop_at = 0;
+		if (keys != NULL && json_array_size(keys) == had) { /* none expired */
+			json_decref(keys);
+			return;
+		}
 		if (keys == NULL || rot_publish(cp, keys, &rev, &err) < 0)
 			log_error("key rotation: dropping expired keys: %s", err.msg);
 		else

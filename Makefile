@@ -3,6 +3,7 @@
 #   lib/*.c            -> build/libtethercore.a (shared core)
 #   src/<role>/*.c     -> build/tetherd (one binary, one role per folder)
 #   src/bridge/*.c     -> build/tether-bridge (lean: exec'd per execution)
+#   src/signer/*.c     -> build/tether-signer (lean: the only key holder)
 #   src/cli/*.c        -> build/tether (CLI; src/client/*.c is libtether)
 #   src/guest/*.c      -> build/tether-guest (static)
 #   tests/unit/test_*.c, fuzz/fuzz_*.c, bench/bench_*.c -> one binary each
@@ -25,6 +26,7 @@ ROLE_SRC   := $(wildcard src/tetherd/*.c src/cp/*.c src/edge/*.c src/node/*.c \
                          src/manager/*.c src/substrate/ns/*.c \
                          src/gateway/*.c)
 BRIDGE_SRC := $(wildcard src/bridge/*.c)
+SIGNER_SRC := $(wildcard src/signer/*.c)
 CLI_SRC    := $(wildcard src/cli/*.c)
 GUEST_SRC  := $(wildcard src/guest/*.c)
 TEST_SRC   := $(wildcard tests/unit/test_*.c)
@@ -37,7 +39,7 @@ CLIENT  := $(BUILD)/libtether.a
 TESTS   := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 BINS    := $(BUILD)/tetherd $(BUILD)/tether $(if $(GUEST_SRC),$(BUILD)/tether-guest) \
-           $(if $(BRIDGE_SRC),$(BUILD)/tether-bridge) $(BUILD)/churn
+           $(if $(BRIDGE_SRC),$(BUILD)/tether-bridge) $(BUILD)/tether-signer $(BUILD)/churn
 
 .PHONY: all deps run check unit bench fuzz churn crash clean
 all: deps-quiet $(BINS) $(TESTS) $(BENCHES)
@@ -71,6 +73,15 @@ $(BUILD)/tether: $(call obj,$(CLI_SRC)) $(CLIENT) $(CORE)
 BRIDGE_LIBS := $(shell pkg-config --libs libuv libsodium jansson 2>/dev/null) -lpthread
 $(BUILD)/tether-bridge: $(call obj,$(BRIDGE_SRC)) $(CORE)
 	$(CC) $(LDFLAGS) -o $@ $(call obj,$(BRIDGE_SRC)) $(CORE) $(BRIDGE_LIBS)
+# The signer holds the private keys: libsodium, jansson, libseccomp and the
+# lib/ objects it uses (wire, claims, paseto, paserk); nothing else. Its
+# modules but main.c also go in a library for tests (signing feed updates).
+SIGNER_LIBS := $(shell pkg-config --libs libsodium jansson libseccomp 2>/dev/null)
+SIGNERLIB   := $(BUILD)/libtethersigner.a
+$(SIGNERLIB): $(call obj,$(filter-out src/signer/main.c,$(SIGNER_SRC)))
+	@rm -f $@; ar rcs $@ $^
+$(BUILD)/tether-signer: $(call obj,$(SIGNER_SRC)) $(CORE)
+	$(CC) $(LDFLAGS) -o $@ $(call obj,$(SIGNER_SRC)) $(CORE) $(SIGNER_LIBS)
 # The guest agent runs inside sandboxes with no host libraries: static, and
 # built from its own objects (no sanitizers: they need a runtime).
 $(BUILD)/tether-guest: $(GUEST_SRC) $(wildcard src/guest/*.h) $(LIB_SRC)
@@ -85,7 +96,7 @@ $(BUILD)/churn: tests/churn/churn.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CHURN_LIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c $(ROLES) $(CLIENT) $(CORE)
+$(BUILD)/tests/%: tests/unit/%.c $(ROLES) $(SIGNERLIB) $(CLIENT) $(CORE)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.a,$^) $(LDLIBS) -lcmocka
 $(BUILD)/bench/%: bench/%.c $(ROLES) $(CLIENT) $(CORE)
@@ -100,6 +111,10 @@ build-fuzz/%: fuzz/%.c $(LIB_SRC)
 	clang $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
 # The CLI's config parser lives in the client library.
 build-fuzz/fuzz_config: fuzz/fuzz_config.c src/client/config.c $(LIB_SRC)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+# The manager's feed decoder, fed envelopes signed by the signer's code.
+build-fuzz/fuzz_feed: fuzz/fuzz_feed.c src/signer/sign.c $(LIB_SRC)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
 # A spare bridge's assignment parser lives with the bridge.
@@ -122,6 +137,7 @@ check: deps
 	@$(MAKE) --no-print-directory BUILD=build-asan \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
 	  CFLAGS="-O1 -g" build-asan/libtethercore.a build-asan/libtether.a build-asan/libtetherroles.a \
+	  build-asan/libtethersigner.a \
 	  $(patsubst tests/unit/%.c,build-asan/tests/%,$(TEST_SRC))
 	@$(MAKE) --no-print-directory fuzzers
 	@scripts/run-tests.sh all

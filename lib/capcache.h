@@ -53,7 +53,8 @@ int cap_token_kid(const char *token, size_t token_len,
                   char kid[PASERK_K4_PID_LEN + 1], struct tt_err *err);
 
 /* cap_mint: signs claims with sk under kid (footer {"kid":…}); caller frees
- * *token_out. Used by the signer and by tests. */
+ * *token_out. Implemented in lib/capmint.c, which only the signer and
+ * tests link (a receiver's binary holds no minting code). */
 int cap_mint(const uint8_t sk[PASETO_SK_BYTES], const struct tt_claims *c,
              char **token_out, struct tt_err *err);
 

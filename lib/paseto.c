@@ -1,5 +1,7 @@
-/* PASETO v4.public on libsodium (see paseto.h). Every length is checked
- * against the fixed bounds before anything is decoded or allocated. */
+/* PASETO v4.public on libsodium (see paseto.h): verification. Signing is
+ * in lib/paseto_sign.c, linked only into the signer (and tests). Every
+ * length is checked against the fixed bounds before anything is decoded
+ * or allocated. */
 #include "paseto.h"
 
 #include <sodium.h>
@@ -7,16 +9,8 @@
 #include <string.h>
 
 #include "b64url.h"
-#include "cleanup.h"
+#include "paseto_int.h"
 
-#define HEADER_LEN (sizeof(PASETO_V4_PUBLIC_HEADER) - 1)
-/* The implicit assertion is not in the token; bound it so that the PAE
- * buffer has a fixed size. */
-#define PASETO_IMPLICIT_MAX 1024
-/* PAE of (header, payload, footer, implicit): count + 4 lengths + data. */
-#define PAE_MAX (8 + 4 * 8 + HEADER_LEN + PASETO_PAYLOAD_MAX + \
-                 PASETO_FOOTER_MAX + PASETO_IMPLICIT_MAX)
-#define BODY_MAX (PASETO_PAYLOAD_MAX + PASETO_SIG_BYTES)
 
 /* The token split at its dots; pointers into the caller's string. */
 struct paseto_parts {
@@ -64,9 +58,9 @@ int paseto_pae(const uint8_t *const *pieces, const size_t *lens, size_t n,
 }
 
 /* pae_v4_public: PAE(header, m, f, i) into a PAE_MAX buffer. */
-static int pae_v4_public(const uint8_t *m, size_t m_len, const uint8_t *f,
-                         size_t f_len, const uint8_t *i, size_t i_len,
-                         uint8_t out[PAE_MAX], size_t *out_len)
+int pae_v4_public(const uint8_t *m, size_t m_len, const uint8_t *f,
+                  size_t f_len, const uint8_t *i, size_t i_len,
+                  uint8_t out[PAE_MAX], size_t *out_len)
 {
 	const uint8_t *pieces[4] = { (const uint8_t *)PASETO_V4_PUBLIC_HEADER, m,
 	                             f, i };
@@ -219,57 +213,6 @@ static int paseto_decode(const uint8_t *pk, const char *token,
 			                  "token: signature does not verify");
 	}
 	return fill_msg(out, body, m_len, f, f_len, err);
-}
-
-/* paseto_v4_sign: sig = Ed25519(sk, PAE(h, m, f, i)). */
-int paseto_v4_sign(const uint8_t sk[PASETO_SK_BYTES],
-                   const uint8_t *payload, size_t payload_len,
-                   const uint8_t *footer, size_t footer_len,
-                   const uint8_t *implicit, size_t implicit_len,
-                   char **token_out, struct tt_err *err)
-{
-	uint8_t body[BODY_MAX], pae[PAE_MAX];
-	size_t pae_len, body_len = payload_len + PASETO_SIG_BYTES, pos;
-	size_t len = HEADER_LEN + B64URL_ENCODED_LEN(body_len) +
-	             (footer_len > 0 ? 1 + B64URL_ENCODED_LEN(footer_len) : 0);
-	_cleanup_free_ char *tok = NULL;
-	int n;
-
-	*token_out = NULL;
-	if ((payload == NULL && payload_len > 0) ||
-	    (footer == NULL && footer_len > 0) ||
-	    (implicit == NULL && implicit_len > 0))
-		return tt_err_set(err, TT_ERR_INVALID, "sign: NULL buffer");
-	if (payload_len > PASETO_PAYLOAD_MAX || footer_len > PASETO_FOOTER_MAX ||
-	    implicit_len > PASETO_IMPLICIT_MAX)
-		return tt_err_set(err, TT_ERR_TOO_LARGE,
-		                  "sign: payload, footer or implicit assertion too large");
-	if (pae_v4_public(payload, payload_len, footer, footer_len, implicit,
-	                  implicit_len, pae, &pae_len) < 0)
-		return tt_err_set(err, TT_ERR_TOO_LARGE, "sign: PAE too large");
-	if (payload_len > 0)
-		memcpy(body, payload, payload_len);
-	if (crypto_sign_detached(body + payload_len, NULL, pae, pae_len, sk) != 0)
-		return tt_err_set(err, TT_ERR_SIGNATURE, "sign: Ed25519 failed");
-	tok = malloc(len + 1);
-	if (tok == NULL)
-		return tt_err_set(err, TT_ERR_NOMEM, "sign: out of memory");
-	memcpy(tok, PASETO_V4_PUBLIC_HEADER, HEADER_LEN);
-	pos = HEADER_LEN;
-	n = b64url_encode(body, body_len, tok + pos, len + 1 - pos);
-	if (n < 0)
-		return tt_err_set(err, TT_ERR_INVALID, "sign: encoding failed");
-	pos += (size_t)n;
-	if (footer_len > 0) {
-		tok[pos++] = '.';
-		n = b64url_encode(footer, footer_len, tok + pos, len + 1 - pos);
-		if (n < 0)
-			return tt_err_set(err, TT_ERR_INVALID, "sign: encoding failed");
-		pos += (size_t)n;
-	}
-	tok[pos] = '\0';
-	*token_out = tt_steal_ptr(&tok);
-	return 0;
 }
 
 /* paseto_v4_verify: full check; out is filled only on success. */

@@ -35,7 +35,8 @@ int paseto_pae(const uint8_t *const *pieces, const size_t *lens, size_t n,
                uint8_t *out, size_t cap, size_t *out_len);
 
 /* paseto_v4_sign: signs payload (+ footer, + implicit assertion) with the
- * 64-byte Ed25519 secret key; *token_out is malloc'd (caller frees). */
+ * 64-byte Ed25519 secret key; *token_out is malloc'd (caller frees).
+ * In lib/paseto_sign.c: only the signer and tests link it. */
 int paseto_v4_sign(const uint8_t sk[PASETO_SK_BYTES],
                    const uint8_t *payload, size_t payload_len,
                    const uint8_t *footer, size_t footer_len,

@@ -45,6 +45,7 @@ static const struct verb verbs[] = {
 	{ "watch", cli_watch, "watch ID PATH\tfile events under PATH" },
 	{ "expose", cli_expose, "expose ID PORT [--proto http|tcp]\tthe gateway address for a sandbox port" },
 	{ "keys", cli_keys, "keys [--json]\tthe cluster's public keys (k4.public), for cap inspect --key" },
+	{ "admin", cli_admin, "admin rotate-keys [--json] | admin keys\trotate the capability signing key (admin key); show the key bundle" },
 	{ "cap", cli_cap, "cap ID [--purpose control|port] [--ops a,b] [--port P --proto tcp|http]\t"
 	                  "issue a capability token (JSON)\n"
 	                  "cap inspect TOKEN|- [--key PUBKEY] [--implicit STR]\t"

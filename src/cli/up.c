@@ -293,6 +293,7 @@ static int up_start(struct up *u)
 	char tetherd[PATH_MAX + 16], guest[PATH_MAX + 16];
 	char dir[PATH_MAX + 32], listen[64], credf[PATH_MAX + 48], id[16];
 	char snaps[PATH_MAX + 32], node_url[96], uid[16];
+	char feedf[PATH_MAX + 32];
 	int w;
 
 	snprintf(tetherd, sizeof(tetherd), "%s/tetherd", u->bindir);
@@ -319,6 +320,11 @@ static int up_start(struct up *u)
 			return w;
 	}
 
+	/* Provisioning: each worker is given the feed key's public half, which
+	 * its manager pins; the cp's signer wrote it before the cp answered. */
+	snprintf(feedf, sizeof(feedf), "%s/cp/feed.pub", u->state);
+	if (access(feedf, R_OK) < 0)
+		return cli_fail("%s is missing (the cp's signer writes it)", feedf), -1;
 	/* The snapshot store every local worker shares (lifecycle.md). */
 	snprintf(snaps, sizeof(snaps), "%s/snapshots", u->state);
 	if (mkdir_p(snaps) < 0)
@@ -338,10 +344,11 @@ static int up_start(struct up *u)
 			return -1;
 		char *node_argv[] = { tetherd, "node", "--id", id, "--listen", listen,
 		                      "--cp", cp_url, "--credential-file", credf,
+		                      "--feed-key-file", feedf,
 		                      "--state", dir, "--guest-bin", guest,
 		                      "--snapshots", snaps, "--uid-base", uid_base,
 		                      NULL, NULL, NULL, NULL, NULL };
-		int na = 18;
+		int na = 20;
 		/* Disjoint host uid ranges: sandboxes on different workers never
 		 * share ids, nor the kernel's per-uid limits (manager/uids.h). */
 		snprintf(uid_base, sizeof(uid_base), "%llu",

@@ -21,5 +21,6 @@ int cli_shell(int argc, char **argv);
 int cli_watch(int argc, char **argv);
 int cli_expose(int argc, char **argv);
 int cli_keys(int argc, char **argv);
+int cli_admin(int argc, char **argv);  /* admin rotate-keys | admin keys */
 
 #endif

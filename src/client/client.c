@@ -527,6 +527,18 @@ json_t *tether_workers(struct tether *t, struct tt_err *err)
 	return json_call(t, "GET", "/v1/workers", NULL, TETHER_JSON_MAX, err);
 }
 
+/* tether_admin_rotate_keys: POST /v1/admin/rotate-keys (admin key). */
+json_t *tether_admin_rotate_keys(struct tether *t, struct tt_err *err)
+{
+	return json_call(t, "POST", "/v1/admin/rotate-keys", NULL, TETHER_JSON_MAX, err);
+}
+
+/* tether_admin_keys: GET /v1/admin/keys (admin key). */
+json_t *tether_admin_keys(struct tether *t, struct tt_err *err)
+{
+	return json_call(t, "GET", "/v1/admin/keys", NULL, TETHER_JSON_MAX, err);
+}
+
 /* tether_rm: DELETE /v1/sandboxes/ID. */
 int tether_rm(struct tether *t, const char *id, struct tt_err *err)
 {

@@ -52,6 +52,11 @@ json_t *tether_create(struct tether *t, const char *worker, struct tt_err *err);
 json_t *tether_list(struct tether *t, struct tt_err *err);
 json_t *tether_info(struct tether *t, const char *id, struct tt_err *err);
 json_t *tether_workers(struct tether *t, struct tt_err *err);
+/* tether_admin_rotate_keys: starts a capability key rotation (SPEC §3;
+ * the admin key): {"phase","signing","next","rev"}. tether_admin_keys:
+ * {"signing","keys":[…],"rotation":{…}|null,"error"?}. */
+json_t *tether_admin_rotate_keys(struct tether *t, struct tt_err *err);
+json_t *tether_admin_keys(struct tether *t, struct tt_err *err);
 int tether_rm(struct tether *t, const char *id, struct tt_err *err);
 /* Lifecycle transitions (src/client/lifecycle.c): each answers the
  * sandbox object (caller decrefs) and, changing state, is never repeated.

@@ -18,6 +18,7 @@
 #include "claims.h"
 #include "cleanup.h"
 #include "cp/cp.h"
+#include "keyring.h"
 #include "log.h"
 #include "metrics.h"
 #include "tetherd/roles.h"
@@ -719,6 +720,7 @@ static void cp_sweep(uv_timer_t *t)
 	char why[CPDB_ERR_MAX];
 	int64_t now = tt_now();
 
+	cp_rotate_sweep(cp); /* key rotation (rotate.c) */
 	if (cpdb_sandboxes_each(cp->db, cp_sweep_one, &l, &err) < 0)
 		log_error("sweep: %s", err.msg);
 	owned = l.v; /* owner of the collected copies */
@@ -1318,6 +1320,24 @@ static int cp_ack_plain(struct cp *cp, const char *worker, json_t *up,
 	return strcmp(kind, "pause") != 0;
 }
 
+/* cp_ack_refusals: updates the worker's manager refused (signature, order:
+ * lib/feedsig.h) are logged and counted; they were not applied and the
+ * worker polls them again. */
+static void cp_ack_refusals(const char *worker, json_t *results)
+{
+	size_t i;
+	json_t *r;
+
+	json_array_foreach(results, i, r) {
+		if (!json_is_string(json_object_get(r, "refused")))
+			continue;
+		metrics_inc("tether_cp_feed_refused_total", NULL);
+		log_error("worker %s refused feed update rev %" JSON_INTEGER_FORMAT ": %.200s",
+		          worker, json_integer_value(json_object_get(r, "rev")),
+		          json_string_value(json_object_get(r, "error")) ?: "?");
+	}
+}
+
 /* cp_ack: POST /v1/feed/ack (Node). */
 static int cp_ack(struct cp *cp, struct lws *wsi, json_t *body)
 {
@@ -1338,6 +1358,8 @@ static int cp_ack(struct cp *cp, struct lws *wsi, json_t *body)
 		        "ack needs worker, rev >= 0 and a results list");
 	rev = json_integer_value(jrev);
 	rc = cpdb_worker_get(cp->db, worker, &w, &err);
+	if (rc > 0)
+		cp_ack_refusals(worker, results);
 	if (rc <= 0)
 		return rc < 0 ? http_reply_error(wsi, 500, "internal", "%s", err.msg)
 		              : http_reply_error(wsi, 404, "not_found",
@@ -1442,6 +1464,10 @@ int cp_dispatch(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 		return cp_workers(cp, wsi);
 	if (strcmp(p, "/v1/keys") == 0 && !strcmp(m, "GET"))
 		return cp_keys(cp, wsi);
+	if (strcmp(p, "/v1/admin/rotate-keys") == 0 && !strcmp(m, "POST"))
+		return cp_rotate_start(cp, s, wsi);
+	if (strcmp(p, "/v1/admin/keys") == 0 && !strcmp(m, "GET"))
+		return cp_rotate_status(cp, s, wsi);
 	if (strcmp(p, "/v1/sandboxes") == 0) {
 		if (!strcmp(m, "POST"))
 			return cp_create(cp, s, wsi, body);
@@ -1668,12 +1694,20 @@ static int cp_publish_keys(struct cp *cp, struct tt_err *err)
 	if (last == NULL && err->code != TT_OK)
 		return -1;
 	keys = json_object_get(last, "keys");
-	last_kid = json_string_value(json_object_get(json_array_get(keys, 0),
-	                                             "kid"));
-	if (json_array_size(keys) == 1 && last_kid && strcmp(last_kid, kid) == 0) {
-		json_decref(last);
-		log_info("signing key %s already published", kid);
-		return 0;
+	/* The signing key in the bundle and still open: published (beside
+	 * keys a rotation retired, which rotate.c drops once expired). */
+	for (size_t i = 0; i < json_array_size(keys); i++) {
+		json_t *k = json_array_get(keys, i);
+
+		last_kid = json_string_value(json_object_get(k, "kid"));
+		if (last_kid && strcmp(last_kid, kid) == 0 &&
+		    json_is_null(json_object_get(k, "not_after"))) {
+			if (json_array_size(keys) > 1)
+				cp->rot.drop_at = now + TT_CAP_LIFETIME + TT_CAP_SKEW + 1;
+			json_decref(last);
+			log_info("signing key %s already published", kid);
+			return 0;
+		}
 	}
 	json_decref(last);
 	body = json_pack("{s:[{s:s,s:s,s:o,s:n}]}", "keys", "kid", kid,

@@ -13,6 +13,7 @@
 
 #include "cp/db.h"
 #include "err.h"
+#include "feedsig.h"
 #include "http.h"
 #include "paserk.h"
 #include "timefmt.h"
@@ -27,7 +28,8 @@
 #define CP_REBUILD_LEASE_MS 500 /* a rebuilt attempt's execution stays put */
 #define CP_REBUILD_LEASES 32    /* rebuilt attempts leased at once */
 
-/* Client side of the signer process (src/cp/signer.c). Requests are
+/* Client side of the signer process (src/cp/signer.c; the signer itself
+ * is build/tether-signer, src/signer/). Requests are
  * synchronous on the socketpair: a signature costs tens of microseconds,
  * and a receive timeout bounds a stuck signer. A signer that died or
  * stopped answering is replaced at the next request, provided the new
@@ -37,10 +39,17 @@ struct cp_signer {
 	pid_t pid;
 	char key_path[PATH_MAX];
 	char kid[PASERK_K4_PID_LEN + 1];   /* "" until the first public */
+	char feed_pub[PASERK_K4_PUBLIC_LEN + 1]; /* likewise: the feed key */
+	/* A capability key rotation in progress (src/cp/rotate.c): the next
+	 * key's file, given to the signer as --next-key; "" otherwise. */
+	char next_path[PATH_MAX];
 };
 
-/* cp_signer_spawn: starts "tetherd signer --key key_path" with the
- * socketpair end as fd 3; the signer creates the key if absent. */
+/* cp_signer_spawn: starts "tether-signer --key key_path --feed-key
+ * DIR/feed.key --feed-pub DIR/feed.pub" (DIR: key_path's) with the
+ * socketpair end as fd 3; the signer creates the keys if absent and
+ * writes the feed key's public half to DIR/feed.pub (provisioning gives
+ * it to each worker). */
 int cp_signer_spawn(const char *key_path, struct cp_signer *s,
                     struct tt_err *err);
 /* cp_signer_sign: claims (borrowed) without iss/iat/exp/jti; on success
@@ -50,6 +59,17 @@ int cp_signer_sign(struct cp_signer *s, json_t *claims, char **token,
 /* cp_signer_public: the verification key and its kid. */
 int cp_signer_public(struct cp_signer *s, char pub[PASERK_K4_PUBLIC_LEN + 1],
                      char kid[PASERK_K4_PID_LEN + 1], struct tt_err *err);
+/* cp_signer_feed_sign: the feed key's signature over one update body
+ * (feedsig.h); the signer checks the body first. */
+int cp_signer_feed_sign(struct cp_signer *s, const char *body,
+                        char sig[FEEDSIG_SIG_B64_LEN + 1], struct tt_err *err);
+/* cp_signer_next: the next key of a rotation (the signer runs with
+ * --next-key: s->next_path); -1 when it holds none. */
+int cp_signer_next(struct cp_signer *s, char pub[PASERK_K4_PUBLIC_LEN + 1],
+                   char kid[PASERK_K4_PID_LEN + 1], struct tt_err *err);
+/* cp_signer_promote: the next key (kid) signs from now on, and is the key
+ * file a restarted signer loads. */
+int cp_signer_promote(struct cp_signer *s, const char *kid, struct tt_err *err);
 /* cp_signer_stop: EOF to the signer (it zeroes its key and exits), reap. */
 void cp_signer_stop(struct cp_signer *s);
 
@@ -66,6 +86,17 @@ struct cp_lease {
 	uint64_t until; /* uv_now() */
 };
 
+/* A capability key rotation (src/cp/rotate.c). */
+struct cp_rotation {
+	int active;                         /* next key published, not signing */
+	int64_t rev;                        /* the bundle that must be acked */
+	int64_t deadline;                   /* abandoned after (unix s) */
+	int64_t drop_at;                    /* expired keys leave the bundle then */
+	char old_kid[PASERK_K4_PID_LEN + 1];
+	char next_kid[PASERK_K4_PID_LEN + 1];
+	char error[CPDB_ERR_MAX];           /* why the last one did not finish */
+};
+
 /* The control plane daemon (one per process, on one loop). */
 struct cp {
 	uv_loop_t *loop;
@@ -78,6 +109,7 @@ struct cp {
 	                          * besides the newest (--keep-snapshots) */
 	uv_timer_t sweep;       /* fails pauses/resumes that cannot finish */
 	struct cp_lease leases[CP_REBUILD_LEASES];
+	struct cp_rotation rot;
 };
 
 /* Per-HTTP-connection state (lws allocates and zeroes it). */
@@ -181,6 +213,15 @@ void cp_pause_failed(struct cp *cp, const struct cp_sandbox *sb, const char *why
 void cp_resume_returned(struct cp *cp, const struct cp_sandbox *sb);
 /* cp_name_ok: worker ids are short [A-Za-z0-9._-] names. */
 int cp_name_ok(const char *s);
+
+/* rotate.c: capability key rotation through the signed feed (SPEC §3).
+ * cp_rotate_start: POST /v1/admin/rotate-keys (admin): publishes the next
+ * key; it signs once every worker that is up acknowledged it.
+ * cp_rotate_status: GET /v1/admin/keys (admin): the bundle, who signs.
+ * cp_rotate_sweep: advances a rotation, drops expired keys (sweep). */
+int cp_rotate_start(struct cp *cp, struct cp_sess *s, struct lws *wsi);
+int cp_rotate_status(struct cp *cp, struct cp_sess *s, struct lws *wsi);
+void cp_rotate_sweep(struct cp *cp);
 
 /* cp_op_expire: the pause/install under rev of sbx was not acknowledged in
  * time: the sandbox fails (with a retire for its worker). */

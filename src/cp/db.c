@@ -1002,6 +1002,27 @@ int cpdb_feed_latest(struct cpdb *db, int64_t *rev, struct tt_err *err)
 	                   rev, err);
 }
 
+/* cpdb_feed_prev: the worker's update before rev (its own or broadcast),
+ * 0 when none: the "prev" its signed feed update names. */
+int cpdb_feed_prev(struct cpdb *db, const char *worker, int64_t rev,
+                   int64_t *prev, struct tt_err *err)
+{
+	sqlite3_stmt *st = cpdb_prep(db, "SELECT coalesce(max(rev),0) FROM feed"
+	                             " WHERE rev<?1 AND (worker IS NULL OR"
+	                             " worker=?2)", err);
+	int rc;
+
+	if (st == NULL)
+		return -1;
+	sqlite3_bind_int64(st, 1, rev);
+	sqlite3_bind_text(st, 2, worker, -1, SQLITE_TRANSIENT);
+	rc = sqlite3_step(st);
+	if (rc == SQLITE_ROW)
+		*prev = sqlite3_column_int64(st, 0);
+	sqlite3_finalize(st);
+	return rc == SQLITE_ROW ? 0 : cpdb_fail(db, err, "read feed");
+}
+
 /* cpdb_feed_update: row (rev, kind, worker, body) -> update object. */
 static json_t *cpdb_feed_update(sqlite3_stmt *st, struct tt_err *err)
 {

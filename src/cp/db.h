@@ -282,6 +282,10 @@ int cpdb_feed_append(struct cpdb *db, const char *kind, const char *worker,
                      struct tt_err *err);
 /* cpdb_feed_latest: highest rev (0 if empty). */
 int cpdb_feed_latest(struct cpdb *db, int64_t *rev, struct tt_err *err);
+/* cpdb_feed_prev: the rev of worker's update (its own or broadcast)
+ * right before rev, 0 when there is none. */
+int cpdb_feed_prev(struct cpdb *db, const char *worker, int64_t rev,
+                   int64_t *prev, struct tt_err *err);
 /* cpdb_feed_since: array of updates for worker with rev > after (at most
  * limit), each {"rev","kind","worker",...body}. New reference. */
 json_t *cpdb_feed_since(struct cpdb *db, const char *worker, int64_t after,

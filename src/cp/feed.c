@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cleanup.h"
 #include "cp/cp.h"
 #include "log.h"
 #include "metrics.h"
@@ -109,8 +110,65 @@ static struct cp_park *park_new(struct cp *cp, struct cp_sess *s,
 	return p;
 }
 
-/* feed_answer: {"rev":R,"updates":[...]} for worker after rev; NULL when
- * there is nothing and nonempty is asked, or on error (*err set). */
+/* feed_seal: the signed envelope of update u for worker (feedsig.h):
+ * "to" and "prev" added, the body signed by the signer's feed key. A new
+ * reference, or NULL + err. */
+static json_t *feed_seal(struct cp *cp, const char *worker, json_t *u,
+                         int64_t prev, struct tt_err *err)
+{
+	char sig[FEEDSIG_SIG_B64_LEN + 1];
+	_cleanup_free_ char *body = NULL;
+	json_t *inner = json_copy(u);
+
+	if (inner == NULL || json_object_set_new(inner, "to", json_string(worker)) ||
+	    json_object_set_new(inner, "prev", json_integer((json_int_t)prev))) {
+		json_decref(inner);
+		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+		return NULL;
+	}
+	body = json_dumps(inner, JSON_COMPACT | JSON_SORT_KEYS);
+	json_decref(inner);
+	if (body == NULL) {
+		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+		return NULL;
+	}
+	if (cp_signer_feed_sign(&cp->signer, body, sig, err) < 0)
+		return NULL;
+	return json_pack("{s:O,s:O,s:s,s:s}", "rev", json_object_get(u, "rev"),
+	                 "kind", json_object_get(u, "kind"), "body", body, "sig", sig);
+}
+
+/* feed_seal_all: replaces each update of ups (worker's, in rev order) by
+ * its signed envelope, chained by prev. */
+static int feed_seal_all(struct cp *cp, const char *worker, json_t *ups,
+                         struct tt_err *err)
+{
+	int64_t prev = 0;
+	size_t i;
+	json_t *u;
+
+	if (json_array_size(ups) > 0 &&
+	    cpdb_feed_prev(cp->db, worker, json_integer_value(json_object_get(
+	                   json_array_get(ups, 0), "rev")), &prev, err) < 0)
+		return -1;
+	json_array_foreach(ups, i, u) {
+		json_t *env = feed_seal(cp, worker, u, prev, err);
+
+		if (env == NULL) {
+			log_error("feed: cannot sign rev %" JSON_INTEGER_FORMAT " for %s: %s",
+			          json_integer_value(json_object_get(u, "rev")), worker,
+			          err->msg);
+			return -1;
+		}
+		prev = json_integer_value(json_object_get(u, "rev"));
+		json_array_set_new(ups, i, env);
+	}
+	return 0;
+}
+
+/* feed_answer: {"rev":R,"updates":[...]} for worker after rev, each update
+ * signed (feed_seal); NULL when there is nothing and nonempty is asked, or
+ * on error (*err set). */
 static json_t *feed_answer(struct cp *cp, const char *worker, int64_t after,
                            int nonempty, struct tt_err *err)
 {
@@ -139,6 +197,10 @@ static json_t *feed_answer(struct cp *cp, const char *worker, int64_t after,
 	}
 	if (latest < after) /* a node ahead of us (restored cp): echo back */
 		latest = after;
+	if (feed_seal_all(cp, worker, ups, err) < 0) {
+		json_decref(ups);
+		return NULL;
+	}
 	return json_pack("{s:I,s:o}", "rev", (json_int_t)latest, "updates", ups);
 }
 

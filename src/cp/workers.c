@@ -71,7 +71,7 @@ bool cp_worker_auth(struct cp *cp, struct lws *wsi, const char *path,
 {
 	static const char scheme[] = "Worker ";
 	char hdr[CRED_HDR_MAX], hash[CPDB_HASH_HEX + 1], claimed[TT_NAME_MAX + 2];
-	char msg[160];
+	char msg[256];
 	struct tt_err err = { 0 };
 	struct cp_cred cred;
 	int n, found;
@@ -104,8 +104,8 @@ bool cp_worker_auth(struct cp *cp, struct lws *wsi, const char *path,
 	if (strcmp(claimed, cred.id) != 0) {
 		log_warn("worker credential of %s refused for %s (%s)", cred.id, claimed,
 		         path);
-		snprintf(msg, sizeof(msg), "this credential is worker %s's; it cannot act"
-		         " for worker %s", cred.id, claimed);
+		snprintf(msg, sizeof(msg), "this credential is worker %.64s's; it cannot act"
+		         " for worker %.64s", cred.id, claimed);
 		*rc = cred_refuse(wsi, 403, "forbidden", "other_worker", msg);
 		return false;
 	}

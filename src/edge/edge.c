@@ -1120,6 +1120,10 @@ static int route(struct xreq *x)
 		return (strcmp(m, "GET") == 0 || strcmp(m, "POST") == 0) ? 0 : 405;
 	if (strcmp(x->path, "/v1/workers") == 0 || strcmp(x->path, "/v1/keys") == 0)
 		return strcmp(m, "GET") == 0 ? 0 : 405;
+	if (strcmp(x->path, "/v1/admin/rotate-keys") == 0) /* the cp checks admin */
+		return strcmp(m, "POST") == 0 ? 0 : 405;
+	if (strcmp(x->path, "/v1/admin/keys") == 0)
+		return strcmp(m, "GET") == 0 ? 0 : 405;
 	if (strncmp(x->path, "/v1/sandboxes/", 14) != 0 ||
 	    sbx_from_path(x->path, x->sbx, sizeof(x->sbx), &rest) < 0)
 		return 404;

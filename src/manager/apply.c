@@ -347,9 +347,21 @@ static void apply_continue(struct mgr_apply *ap)
 	struct manager *m = ap->m;
 
 	while (ap->i < json_array_size(ap->updates)) {
-		json_t *u = json_array_get(ap->updates, ap->i++);
-		const char *kind = json_string_value(json_object_get(u, "kind"));
+		json_t *env = json_array_get(ap->updates, ap->i++), *u;
 		struct tt_err err = { 0 };
+		const char *why;
+
+		/* Signed by the feed key, for us, in order (lib/feedsig.h); a
+		 * refused update is not consumed, and the rest of the batch
+		 * waits (its chain is broken). From here on the update is the
+		 * verified body. */
+		if (feedsig_open(&m->feed, env, records_applied_rev(m->db), &u, &why,
+		                 &err) == FEEDSIG_REFUSED) {
+			json_array_append_new(ap->results, feedsig_refused(env, why, &err));
+			break;
+		}
+		json_array_set_new(ap->updates, ap->i - 1, u);
+		const char *kind = json_string_value(json_object_get(u, "kind"));
 		uint64_t rev = update_u64(u, "rev");
 		int rc;
 

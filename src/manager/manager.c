@@ -166,6 +166,7 @@ static int parse_args(struct manager *m, int argc, char **argv)
 		{ "disk-inodes", required_argument, NULL, 'I' },
 		{ "uid-base", required_argument, NULL, 'U' },
 		{ "cpu-millis", required_argument, NULL, 'C' },
+		{ "feed-key", required_argument, NULL, 'F' },
 		{ NULL, 0, NULL, 0 },
 	};
 	char *end;
@@ -186,6 +187,7 @@ static int parse_args(struct manager *m, int argc, char **argv)
 		case 'S': snprintf(m->snap_dir, sizeof(m->snap_dir), "%s", optarg); break;
 		case 'L': m->lifeline_fd = atoi(optarg); break;
 		case 'P': m->own_sock_dir = true; break;
+		case 'F': snprintf(m->feed_key, sizeof(m->feed_key), "%s", optarg); break;
 		case 'D':
 		case 'I':
 			errno = 0;
@@ -231,9 +233,9 @@ static int parse_args(struct manager *m, int argc, char **argv)
 		return -1;
 	}
 	if (!m->state_dir[0] || !m->sock_path[0] || !m->worker_id[0] || !have_pid ||
-	    !have_uid || m->peer_pid <= 0) {
+	    !have_uid || m->peer_pid <= 0 || !m->feed_key[0]) {
 		fprintf(stderr, "usage: tetherd manager --state DIR --socket PATH --worker-id W"
-		                " --peer-pid PID --peer-uid UID [--guest-bin PATH]"
+		                " --peer-pid PID --peer-uid UID --feed-key K4PUBLIC [--guest-bin PATH]"
 		                " [--snapshots DIR] [--lifeline FD] [--private-socket-dir]"
 		                " [--disk-mb N] [--disk-inodes N] [--uid-base N]"
 		                " [--cpu-millis N]\n");
@@ -402,6 +404,13 @@ int manager_main(int argc, char **argv)
 	}
 	if (state_lock(m->state_dir, m->lifeline_fd >= 0 ? MGR_LOCK_WAIT_MS : 0) < 0)
 		return 1;
+	/* The feed's root key, pinned at provisioning (the first start). */
+	if (snprintf(path, sizeof(path), "%s/feed.pub", m->state_dir) >= (int)sizeof(path) ||
+	    feedsig_pin(path, m->feed_key, &err) < 0 ||
+	    feedsig_init(&m->feed, m->feed_key, m->worker_id, &err) < 0) {
+		log_error("%s", err.msg[0] ? err.msg : "state directory path too long");
+		return 1;
+	}
 	if (snprintf(path, sizeof(path), "%s/runtime.db", m->state_dir) >=
 	    (int)sizeof(path)) {
 		log_error("state directory path too long");

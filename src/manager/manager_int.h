@@ -14,6 +14,7 @@
 
 #include "claims.h"
 #include "err.h"
+#include "feedsig.h"
 #include "guest/hello.h"
 #include "manager/bridgectl.h"
 #include "manager/records.h"
@@ -115,6 +116,10 @@ struct manager {
 	uid_t peer_uid;
 	struct records *db;
 	struct capcache *cache;
+	/* The feed's pinned root key and order check (lib/feedsig.h): every
+	 * update is verified before it is applied (SPEC §7). */
+	char feed_key[PASERK_K4_PUBLIC_LEN + 1];
+	struct feedsig_state feed;
 	struct mgr_exec *execs;
 	uint64_t exec_serial;      /* last mgr_exec.serial handed out */
 	struct mgr_conn *ops;

@@ -41,6 +41,8 @@ struct node_feed {
 	json_t *updates;          /* updates being applied (owned) */
 	size_t next;
 	json_t *results;          /* ack results being gathered (owned) */
+	bool refused;             /* the manager refused an update (its
+	                           * signature or order): ack, then back off */
 	bool stopping;
 };
 
@@ -334,13 +336,28 @@ static void feed_on_applied(void *arg, json_t *result, const struct tt_err *err)
 	json_array_foreach(res, i, v) {
 		json_t *ok = json_object_get(v, "ok");
 
-		if (json_is_false(ok))
+		if (json_is_string(json_object_get(v, "refused"))) {
+			/* Not from the cp as it was sent, or out of order: not
+			 * applied. Reported in the ack; polled again after a
+			 * backoff (the cp serves what it signed). */
+			log_error("feed: the manager refused update rev %" JSON_INTEGER_FORMAT
+			          ": %s", json_integer_value(json_object_get(v, "rev")),
+			          json_string_value(json_object_get(v, "error")) ?: "?");
+			f->refused = true;
+		} else if (json_is_false(ok))
 			log_warn("feed: update rev %" JSON_INTEGER_FORMAT " failed: %s",
 			         json_integer_value(json_object_get(v, "rev")),
 			         json_string_value(json_object_get(v, "error")) ?: "?");
 		json_array_append(f->results, v);
 	}
 	json_decref(result);
+	if (f->refused) { /* the rest of this answer cannot follow it */
+		json_decref(f->updates);
+		f->updates = NULL;
+		f->st = FS_ACK;
+		feed_ack(f);
+		return;
+	}
 	feed_apply(f);
 }
 
@@ -515,6 +532,12 @@ static void feed_on_http_done(CURL *easy, CURLcode rc, void *arg)
 	case FS_ACK:
 		json_decref(f->results);
 		f->results = NULL;
+		if (f->refused) {
+			f->refused = false;
+			f->st = FS_POLL;
+			feed_retry(f);
+			break;
+		}
 		feed_next(f, FS_POLL, 0);
 		break;
 	}

@@ -23,6 +23,7 @@
 #include "log.h"
 #include "manager/paths.h"
 #include "node/api_int.h"
+#include "paseto.h"
 #include "tetherd/roles.h"
 
 #define API_READY_TIMEOUT_MS 10000
@@ -33,7 +34,9 @@
 
 static const char *const usage_text =
 	"usage: tetherd node --id W --listen 127.0.0.1:PORT --cp URL "
-	"--credential-file FILE --state DIR [--guest-bin PATH] [--snapshots DIR]\n"
+	"--credential-file FILE --feed-key-file FILE --state DIR [--guest-bin PATH]\n"
+	"       [--snapshots DIR]  (--feed-key-file: the control plane's feed key,\n"
+	"       k4.public, given at provisioning; tether up passes STATE/cp/feed.pub)\n"
 	"       [--disk-mb N] [--disk-inodes N]  (each sandbox's disk and inode cap;\n"
 	"       default 1024 MiB, one inode per 16 KiB)\n"
 	"       [--uid-base N]  (this worker's host uid range; default 1000000)\n"
@@ -80,6 +83,29 @@ static int node_read_token(struct node *n, const char *file, struct tt_err *err)
 	return 0;
 }
 
+/* node_read_feed_key: the feed key file: one k4.public line. */
+static int node_read_feed_key(struct node *n, const char *file, struct tt_err *err)
+{
+	_cleanup_close_ int fd = open(file, O_RDONLY | O_CLOEXEC);
+	char buf[PASERK_K4_PUBLIC_LEN + 3];
+	uint8_t pk[PASETO_PK_BYTES];
+	ssize_t got;
+
+	if (fd < 0)
+		return tt_err_sys(err, TT_ERR_IO, "cannot open %s", file);
+	got = read(fd, buf, sizeof(buf) - 1);
+	if (got < 0)
+		return tt_err_sys(err, TT_ERR_IO, "cannot read %s", file);
+	buf[got] = '\0';
+	if (got > PASERK_K4_PUBLIC_LEN && buf[PASERK_K4_PUBLIC_LEN] == '\n')
+		buf[PASERK_K4_PUBLIC_LEN] = '\0';
+	if (paserk_k4_public_decode(buf, pk, err) < 0)
+		return tt_err_set(err, TT_ERR_MALFORMED, "%s: expected one k4.public line",
+		                  file);
+	memcpy(n->feed_key, buf, PASERK_K4_PUBLIC_LEN + 1);
+	return 0;
+}
+
 /* node_id_valid: worker ids are short [a-z0-9_-] names (they go into URLs). */
 static bool node_id_valid(const char *s)
 {
@@ -102,6 +128,7 @@ static int node_parse(struct node *n, int argc, char **argv, struct tt_err *err)
 		{ "listen", required_argument, NULL, 'l' },
 		{ "cp", required_argument, NULL, 'c' },
 		{ "credential-file", required_argument, NULL, 't' },
+		{ "feed-key-file", required_argument, NULL, 'F' },
 		{ "state", required_argument, NULL, 's' },
 		{ "guest-bin", required_argument, NULL, 'g' },
 		{ "snapshots", required_argument, NULL, 'S' },
@@ -114,7 +141,7 @@ static int node_parse(struct node *n, int argc, char **argv, struct tt_err *err)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *listen = NULL, *token_file = NULL, *colon;
+	const char *listen = NULL, *token_file = NULL, *feed_file = NULL, *colon;
 	char *end;
 	long port;
 	int c;
@@ -126,6 +153,7 @@ static int node_parse(struct node *n, int argc, char **argv, struct tt_err *err)
 		case 'l': listen = optarg; break;
 		case 'c': n->cp_url = optarg; break;
 		case 't': token_file = optarg; break;
+		case 'F': feed_file = optarg; break;
 		case 's': n->state_dir = optarg; break;
 		case 'g': n->guest_bin = optarg; break;
 		case 'S': n->snap_dir = optarg; break;
@@ -140,7 +168,7 @@ static int node_parse(struct node *n, int argc, char **argv, struct tt_err *err)
 		}
 	}
 	if (optind != argc || !n->id || !listen || !n->cp_url || !token_file ||
-	    !n->state_dir)
+	    !feed_file || !n->state_dir)
 		return tt_err_set(err, TT_ERR_INVALID, "%s", usage_text);
 	if (!node_id_valid(n->id))
 		return tt_err_set(err, TT_ERR_INVALID, "invalid worker id '%s'", n->id);
@@ -165,6 +193,8 @@ static int node_parse(struct node *n, int argc, char **argv, struct tt_err *err)
 		return tt_err_set(err, TT_ERR_INVALID, "--state is %zu bytes long; at most %d",
 		                  strlen(n->state_dir), TT_WORKER_STATE_MAX);
 	snprintf(n->sock_path, sizeof(n->sock_path), "%s/manager.sock", n->state_dir);
+	if (node_read_feed_key(n, feed_file, err) < 0)
+		return -1;
 	return node_read_token(n, token_file, err);
 }
 
@@ -240,6 +270,8 @@ static int node_spawn_manager(struct node *n, struct tt_err *err)
 		args[i++] = (char *)"--cpu-millis";
 		args[i++] = (char *)n->cpu_millis;
 	}
+	args[i++] = (char *)"--feed-key"; /* the manager pins and verifies with it */
+	args[i++] = n->feed_key;
 	args[i] = NULL;
 	memset(&o, 0, sizeof(o));
 	memset(stdio, 0, sizeof(stdio));

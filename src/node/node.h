@@ -15,6 +15,7 @@
 #include <uv.h>
 
 #include "err.h"
+#include "paserk.h"
 #include "http.h"
 
 #define NODE_TOKEN_MAX 512
@@ -42,6 +43,10 @@ struct node {
 	/* this worker's own credential (--credential-file, provisioned by
 	 * `tetherd worker add`): secret, zeroed on exit */
 	char node_token[NODE_TOKEN_MAX + 1];
+	/* The feed's root key (k4.public), read from --feed-key-file at start
+	 * and handed to the manager, which pins it and verifies every update
+	 * with it: node-api relays updates, it cannot make one. */
+	char feed_key[PASERK_K4_PUBLIC_LEN + 1];
 	char sock_path[PATH_MAX];  /* manager.sock */
 	struct lws_context *lws;
 	struct httpc *httpc;

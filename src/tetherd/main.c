@@ -1,16 +1,15 @@
 /* tetherd: one binary, one daemon role per invocation ("tetherd cp", ...).
  * Roles are linked weakly so that the binary builds while a role is being
  * written; a role that is absent says so instead of failing to link. The
- * host bridge is not a role: it is its own lean binary, tether-bridge. */
+ * host bridge and the signer are not roles: each is a lean binary of its
+ * own (tether-bridge, tether-signer), and tetherd holds no minting code. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tetherd/roles.h"
 
-#pragma weak keygen_main
 #pragma weak cp_main
-#pragma weak signer_main
 #pragma weak worker_main
 #pragma weak edge_main
 #pragma weak node_main
@@ -29,9 +28,7 @@ static const struct role roles[] = {
 	{ "edge", edge_main, "client entry: auth, route cache, proxy to nodes", 0 },
 	{ "node", node_main, "worker: node-api (spawns sbx-manager)", 0 },
 	{ "gateway", gateway_main, "service-port gateway", 0 },
-	{ "keygen", keygen_main, "write a k4.secret key file (mode 0600)", 0 },
 	{ "worker", worker_main, "provision a worker's credential (cp host)", 0 },
-	{ "signer", signer_main, "capability signer (spawned by cp)", 1 },
 	{ "manager", manager_main, "sbx-manager (spawned by node)", 1 },
 };
 

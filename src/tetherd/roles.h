@@ -3,9 +3,7 @@
 #ifndef TT_ROLES_H
 #define TT_ROLES_H
 
-int keygen_main(int argc, char **argv);  /* src/cp/keygen.c */
 int cp_main(int argc, char **argv);      /* src/cp: control plane */
-int signer_main(int argc, char **argv);  /* src/cp: signer, spawned by cp */
 int worker_main(int argc, char **argv);  /* src/cp/workers.c: provisioning */
 int edge_main(int argc, char **argv);    /* src/edge */
 int node_main(int argc, char **argv);    /* src/node: node-api */

@@ -48,7 +48,7 @@ print(eval(sys.argv[2]))' "$1" "$2" 2>/dev/null; }
 
 # ---- this cluster's processes ------------------------------------------------------
 pid_cp() { pgrep -f "tetherd cp --state $STATE/cp --listen 127.0.0.1:$BASE\$"; }
-pid_signer() { pgrep -f "tetherd signer --key $STATE/cp/signer.key\$"; }
+pid_signer() { pgrep -f "tether-signer --key $STATE/cp/signer.key "; }
 pid_edge() { pgrep -f "tetherd edge --listen 127.0.0.1:$((BASE + 1)) "; }
 pid_node() { pgrep -f "tetherd node --id $1 --listen 127.0.0.1:$((BASE + 10 + ${1#w})) "; }
 pid_manager() { pgrep -f "tetherd manager --state $STATE/workers/$1 "; }

@@ -246,7 +246,7 @@ start_w3() {
 		TETHERD=$ROOT/build/tetherd provision "$STATE/cp" w3 "http://127.0.0.1:$((BASE + 13))" \
 			"$STATE/workers/w3/credential" || return 1
 	"$ROOT/build/tetherd" node --id w3 --listen 127.0.0.1:$((BASE + 13)) --cp "$CP" \
-		--credential-file "$STATE/workers/w3/credential" --state "$STATE/workers/w3" \
+		--credential-file "$STATE/workers/w3/credential" --feed-key-file "$STATE/cp/feed.pub" --state "$STATE/workers/w3" \
 		--uid $((900000 + BASE + 13)) \
 		--guest-bin "$ROOT/build/tether-guest" --snapshots "$STATE/snapshots" \
 		"$@" >>"$WORK/w3.log" 2>&1 &

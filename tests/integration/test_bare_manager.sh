@@ -19,9 +19,10 @@ if [ "$(id -u)" != 0 ]; then skip "spare backoff" "needs root"; tap_done; exit; 
 
 mkdir -p "$WORK/snap"
 install -m 0644 "$ROOT/build/tether-guest" "$WORK/guest"
+FEEDKEY=$("$ROOT/build/tether-signer" keygen "$WORK/feed.key" | sed -n 's/^public: //p')
 "$ROOT/build/tetherd" manager --state "$WORK/state" --socket "$WORK/m.sock" \
 	--worker-id wb --peer-pid $$ --peer-uid 0 --snapshots "$WORK/snap" \
-	--guest-bin "$WORK/guest" >"$WORK/mgr.log" 2>&1 &
+	--guest-bin "$WORK/guest" --feed-key "$FEEDKEY" >"$WORK/mgr.log" 2>&1 &
 MGR_PID=$!
 sleep 3
 attempts=$(grep -c "spare sandbox: .*Permission denied" "$WORK/mgr.log")
@@ -50,7 +51,7 @@ spare_pid=$(for p in $(pgrep -x guest-spare); do
 	[ "$(awk '/^PPid:/{print $2}' "/proc/$p/status" 2>/dev/null)" = "$MGR_PID" ] && echo "$p"; done | head -n 1)
 timeout 10 "$ROOT/build/tetherd" manager --state "$WORK/state" --socket "$WORK/m2.sock" \
 	--worker-id wb --peer-pid $$ --peer-uid 0 --snapshots "$WORK/snap" \
-	--guest-bin "$WORK/guest" >"$WORK/mgr2.log" 2>&1
+	--guest-bin "$WORK/guest" --feed-key "$FEEDKEY" >"$WORK/mgr2.log" 2>&1
 rc=$?
 expect "a second manager on the same state directory exits at once with a clear error" \
 	'[ $rc = 1 ] && grep -q "another sbx-manager runs on this state directory" "$WORK/mgr2.log"' \

@@ -1,11 +1,12 @@
 #!/bin/bash
-# "tetherd keygen" and "tether cap inspect" as a user runs them: real
+# "tether-signer keygen" and "tether cap inspect" as a user runs them: real
 # binaries, real key files. Tokens are minted by a small helper compiled
 # here against build/libtethercore.a (cap_mint, the signer's own code path)
 # from the k4.secret file keygen wrote. Prints TAP.
 set -u
 . "$(dirname "$0")/lib.sh"
 TD=${TETHERD:-$ROOT/build/tetherd}
+TS=${TETHER_SIGNER:-$ROOT/build/tether-signer}
 T=${TETHER:-$ROOT/build/tether}
 workdir tether-capcli
 
@@ -23,7 +24,7 @@ fi
 O=$WORK/out E=$WORK/err
 
 # --- keygen ---
-run "$O" "$E" "$TD" keygen "$WORK/a.key"
+run "$O" "$E" "$TS" keygen "$WORK/a.key"
 expect "keygen succeeds" '[ $rc -eq 0 ]' "rc=$rc $(cat "$E")"
 expect "keygen key file has mode 0600" \
 	'[ "$(stat -c %a "$WORK/a.key")" = 600 ]' "$(stat -c %a "$WORK/a.key")"
@@ -36,23 +37,23 @@ expect "keygen prints the k4.public key and the kid" \
 expect "keygen prints no secret" '! grep -q "k4\.secret\|$(cut -c11- "$WORK/a.key")" "$O" "$E"' ""
 
 SUM=$(sha256sum <"$WORK/a.key")
-run "$O" "$E" "$TD" keygen "$WORK/a.key"
+run "$O" "$E" "$TS" keygen "$WORK/a.key"
 expect "keygen refuses to overwrite (exit 1, one line)" \
 	'[ $rc -eq 1 ] && [ "$(lines "$E")" = 1 ] && grep -q "already exists" "$E" && [ ! -s "$O" ]' \
 	"rc=$rc $(cat "$E")"
 expect "refused keygen left the key unchanged" \
 	'[ "$(sha256sum <"$WORK/a.key")" = "$SUM" ] && [ "$(ls "$WORK" | grep -c "a\.key")" = 1 ]' \
 	"$(ls -la "$WORK")"
-run "$O" "$E" "$TD" keygen "$WORK/a.key" --force
+run "$O" "$E" "$TS" keygen "$WORK/a.key" --force
 expect "keygen --force replaces the key" \
 	'[ $rc -eq 0 ] && [ "$(sha256sum <"$WORK/a.key")" != "$SUM" ]' "rc=$rc $(cat "$E")"
 PUB=$(sed -n 's/^public: //p' "$O")
 KID=$(sed -n 's/^kid: //p' "$O")
-run "$O" "$E" "$TD" keygen "$WORK/b.key"
+run "$O" "$E" "$TS" keygen "$WORK/b.key"
 PUB2=$(sed -n 's/^public: //p' "$O")
-run "$O" "$E" "$TD" keygen
+run "$O" "$E" "$TS" keygen
 expect "keygen without FILE is a usage error" \
-	'[ $rc -eq 1 ] && grep -q "^usage: tetherd keygen" "$E"' "rc=$rc $(cat "$E")"
+	'[ $rc -eq 1 ] && grep -q "^usage: tether-signer keygen" "$E"' "rc=$rc $(cat "$E")"
 
 # --- cap inspect ---
 TOK=$("$WORK/mint" "$WORK/a.key")

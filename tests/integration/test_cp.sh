@@ -11,6 +11,9 @@ U=http://127.0.0.1:$PORT
 
 start_cp() { cp_start "$ST" "$PORT"; }
 stop_cp() { cp_stop; }
+# ufield EXPR: EXPR of the first feed update's signed body (lib/feedsig.h:
+# the cp serves each update as {rev,kind,body,sig}).
+ufield() { python3 -c "import json,sys; d=json.loads(json.load(open(sys.argv[2]))['updates'][0]['body']); print(eval('d'+sys.argv[1]))" "$1" "$TT_BODY"; }
 # status METHOD PATH AUTH [BODY]: prints the HTTP status, body in $ST/out.
 status() { req_status "$1" "$U$2" "$3" "${@:4}"; }
 
@@ -52,7 +55,7 @@ okrc "$([ "$(status POST /v1/workers/register "Worker $W1" "{\"id\":\"w1\",\"nod
 	"worker registers with its own credential"
 okrc "$([ "$(status GET "/v1/feed?worker=w1&after=0&wait=5" "Worker $W1")" = 200 ] && [ "$(jfield '["updates"][0]["kind"]')" = keys ]; echo $?)" \
 	"feed returns the keys update at once"
-KID=$(jfield '["updates"][0]["keys"][0]["kid"]'); REV0=$(jfield '["rev"]')
+KID=$(ufield '["keys"][0]["kid"]'); REV0=$(jfield '["rev"]')
 check "the published kid is a k4.pid" test "${KID#k4.pid.}" != "$KID"
 t0=$(date +%s%N)
 okrc "$([ "$(status GET "/v1/feed?worker=w1&after=$REV0&wait=1" "Worker $W1")" = 200 ] && [ "$(jfield '["updates"]')" = "[]" ]; echo $?)" \
@@ -65,8 +68,10 @@ status POST /v1/sandboxes "Bearer $KEY" '{"worker":"w1"}' >"$ST/create.code" &
 CR=$!
 okrc "$([ "$(status GET "/v1/feed?worker=w1&after=$REV0&wait=10" "Worker $W1")" = 200 ] && [ "$(jfield '["updates"][0]["kind"]')" = install ]; echo $?)" \
 	"create wakes the long-poll with an install update"
-SBX=$(jfield '["updates"][0]["sandbox"]'); IREV=$(jfield '["updates"][0]["rev"]')
-check "install names generation 1 on w1" test "$(jfield '["updates"][0]["generation"]') $(jfield '["updates"][0]["worker"]')" = "1 w1"
+SBX=$(ufield '["sandbox"]'); IREV=$(jfield '["updates"][0]["rev"]')
+check "the install comes signed for w1, chained to the keys update" \
+	test "$(ufield '["to"]') $(ufield '["prev"]') $(jfield '["updates"][0]["sig"]' | wc -c)" = "w1 $REV0 87"
+check "install names generation 1 on w1" test "$(ufield '["generation"]') $(ufield '["worker"]')" = "1 w1"
 cp "$ST/out" "$ST/feed.json"
 status POST /v1/feed/ack "Worker $W1" "{\"worker\":\"w1\",\"rev\":$IREV,\"results\":[{\"rev\":$IREV,\"ok\":true}]}" >/dev/null
 wait $CR
@@ -78,7 +83,7 @@ okrc "$([ "$(status GET "/v1/sandboxes/$SBX" "Bearer $KEY")" = 200 ] && [ "$(jfi
 status POST /v1/sandboxes "Bearer $KEY" '{}' >"$ST/create2.code" &
 CR=$!
 status GET "/v1/feed?worker=w1&after=$IREV&wait=10" "Worker $W1" >/dev/null
-FREV=$(jfield '["updates"][0]["rev"]'); FSBX=$(jfield '["updates"][0]["sandbox"]')
+FREV=$(jfield '["updates"][0]["rev"]'); FSBX=$(ufield '["sandbox"]')
 status POST /v1/feed/ack "Worker $W1" "{\"worker\":\"w1\",\"rev\":$FREV,\"results\":[{\"rev\":$FREV,\"ok\":false,\"error\":\"no space\"}]}" >/dev/null
 wait $CR
 check "a failed install answers 503" test "$(cat "$ST/create2.code")" = 503
@@ -109,7 +114,7 @@ okrc "$([ "$(status POST "/v1/sandboxes/$SBX/capabilities" "Bearer $KEY" '{"purp
 
 # The signer dies, or stops answering: the next capability comes from a
 # new signer on the same key (before: every later one failed with 503).
-signer_pid() { pgrep -P "$CP_PID" -f "tetherd signer"; }
+signer_pid() { pgrep -P "$CP_PID" -f "tether-signer --key"; }
 cap_ok() { [ "$(status POST "/v1/sandboxes/$SBX/capabilities" "Bearer $KEY" '{"purpose":"control","ops":["exec"]}')" = 201 ] &&
 	[ "$(python3 -c "import base64,json,sys; t=sys.argv[1].split('.'); print(json.loads(base64.urlsafe_b64decode(t[3]+'='*(-len(t[3])%4)))['kid'])" "$(jfield '["token"]')")" = "$KID" ]; }
 SIG1=$(signer_pid)
@@ -127,7 +132,7 @@ cap_ok && ok "... and later capabilities are fine" || notok "capabilities after 
 # A signer restarted on another key (the file swapped) is refused: the
 # workers know only the published kid. The original file back: served.
 cp "$ST/signer.key" "$WORK/signer.key.orig"
-"$TETHERD" keygen "$ST/signer.key" --force >/dev/null 2>&1
+"$ROOT/build/tether-signer" keygen "$ST/signer.key" --force >/dev/null 2>&1
 kill -KILL "$(signer_pid)"
 code=$(status POST "/v1/sandboxes/$SBX/capabilities" "Bearer $KEY" '{"purpose":"control","ops":["exec"]}')
 if [ "$code" = 503 ] && grep -q "restarted signer holds another key" "$ST/cp.log"; then
@@ -186,7 +191,7 @@ CR=$!
 status GET "/v1/feed?worker=w1&after=$DREV&wait=10" "Worker $W1" >/dev/null
 NREV=$(jfield '["updates"][0]["rev"]')
 check "feed revs continue after restart ($NREV > $DREV)" test "$NREV" -gt "$DREV"
-NS=$(jfield '["updates"][0]["sandbox"]')
+NS=$(ufield '["sandbox"]')
 status POST /v1/feed/ack "Worker $W1" "{\"worker\":\"w1\",\"rev\":$NREV,\"results\":[{\"rev\":$NREV,\"ok\":true}]}" >/dev/null
 wait $CR
 okrc "$([ "$(status POST "/v1/sandboxes/$NS/capabilities" "Bearer $KEY" '{"purpose":"control","ops":["exec"]}')" = 201 ]; echo $?)" \

@@ -101,6 +101,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
 	NB=$(long_dir /tmp/tether-long-nb.$$ 400)
 	at_exit "rm -rf /tmp/tether-long-nb.$$"
 	mkdir -p "$NB/state" "$NB/snap"
+	install -m 0644 "$STATE/cp/feed.pub" "$NB/feed.pub"
 	chown -R nobody "/tmp/tether-long-nb.$$"
 	chmod -R u+rwX,go+rX "/tmp/tether-long-nb.$$"
 	# w9's own credential, 0600 and owned by the uid node-api runs as
@@ -108,7 +109,7 @@ if [ "$(id -u)" = 0 ] && id nobody >/dev/null 2>&1; then
 	chown nobody "$NB/token"
 	setpriv --reuid=nobody --regid="$(id -g nobody)" --clear-groups \
 		"$ROOT/build/tetherd" node --id w9 --listen 127.0.0.1:$((BASE + 19)) --cp "$CP" \
-		--credential-file "$NB/token" --state "$NB/state" --snapshots "$NB/snap" \
+		--credential-file "$NB/token" --feed-key-file "$NB/feed.pub" --state "$NB/state" --snapshots "$NB/snap" \
 		--guest-bin "$ROOT/build/tether-guest" >"$WORK/w9.log" 2>&1 &
 	NB_PID=$!
 	w9_up() { T workers 2>/dev/null | grep -q "^w9 .*up"; }
@@ -131,7 +132,7 @@ rc=$?
 expect "tether up --state <${#TOO} bytes> refuses at once, naming the limit" \
 	'[ $rc = 1 ] && [[ $out == *"at most "* ]] && ! [ -e "$TOO/cp" ]' "rc $rc: $out"
 out=$(timeout 20 "$ROOT/build/tetherd" node --id w8 --listen 127.0.0.1:$((BASE + 18)) --cp "$CP" \
-	--credential-file /dev/null --state "$TOO" 2>&1)
+	--credential-file /dev/null --feed-key-file "$STATE/cp/feed.pub" --state "$TOO" 2>&1)
 rc=$?
 expect "tetherd node --state <${#TOO} bytes> refuses at once, naming the limit" \
 	'[ $rc != 0 ] && [[ $out == *"at most 480"* ]]' "rc $rc: $out"

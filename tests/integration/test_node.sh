@@ -27,14 +27,17 @@ if ! "$bin" manager --help >/dev/null 2>&1 && "$bin" manager --help 2>&1 | grep 
 	tap_done; exit 0
 fi
 echo "ttw_test$RANDOM" >"$dir/node.cred"
+# A feed key of its own (no cp here): node-api hands its public half to
+# the manager, which refuses to start without one.
+"$ROOT/build/tether-signer" keygen "$dir/feed.key" | sed -n 's/^public: //p' >"$dir/feed.pub"
 chmod 0644 "$dir/node.cred"
 "$bin" node --id w1 --listen 127.0.0.1:$port --cp http://127.0.0.1:1 \
-	--credential-file "$dir/node.cred" --state "$dir/w1" 2>"$dir/node.log"; rc=$?
+	--credential-file "$dir/node.cred" --feed-key-file "$dir/feed.pub" --state "$dir/w1" 2>"$dir/node.log"; rc=$?
 expect "a credential file others can read is refused" \
 	'[ $rc = 1 ] && grep -q "mode 0600" "$dir/node.log"' "rc $rc: $(cat "$dir/node.log")"
 chmod 0600 "$dir/node.cred"
 "$bin" node --id w1 --listen 127.0.0.1:$port --cp http://127.0.0.1:1 \
-	--credential-file "$dir/node.cred" --state "$dir/w1" 2>"$dir/node.log" &
+	--credential-file "$dir/node.cred" --feed-key-file "$dir/feed.pub" --state "$dir/w1" 2>"$dir/node.log" &
 node_pid=$!
 wait_until 100 curl -s -o /dev/null "$url/healthz"
 
@@ -119,7 +122,7 @@ except OSError:
 		'[ $rc = 0 ] && ! kill -0 "$mgr_pid" 2>/dev/null && [ ! -e "$(dirname "$sock")" ]' \
 		"rc $rc; $(tail -n 5 "$dir/node.log")"
 	"$bin" node --id w1 --listen 127.0.0.1:$port --cp http://127.0.0.1:1 --user root \
-		--credential-file "$dir/node.cred" --state "$dir/w1" 2>"$dir/node2.log"; rc=$?
+		--credential-file "$dir/node.cred" --feed-key-file "$dir/feed.pub" --state "$dir/w1" 2>"$dir/node2.log"; rc=$?
 	expect "--user root is refused" '[ $rc = 1 ] && grep -q "must not run with uid or gid 0" "$dir/node2.log"' "$(cat "$dir/node2.log")"
 fi
 tap_done

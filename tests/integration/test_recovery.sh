@@ -218,7 +218,7 @@ expect "the honest request for the same sandbox succeeds (and the denied one nev
 mkdir -p "$WORK/w3"
 TETHERD=$ROOT/build/tetherd provision "$STATE/cp" w3 "http://127.0.0.1:$((BASE + 13))" "$WORK/w3.cred"
 "$ROOT/build/tetherd" node --id w3 --listen "127.0.0.1:$((BASE + 13))" --cp "$CP" \
-	--credential-file "$WORK/w3.cred" --state "$WORK/w3" --uid $((900000 + BASE + 13)) \
+	--credential-file "$WORK/w3.cred" --feed-key-file "$STATE/cp/feed.pub" --state "$WORK/w3" --uid $((900000 + BASE + 13)) \
 	--guest-bin "$ROOT/build/tether-guest" >"$WORK/w3.log" 2>&1 &
 W3_PID=$!
 w3_up() { call GET "$CP/v1/workers" >/dev/null; grep -q '"id":"w3"[^}]*"state":"up"' "$WORK/r"; }
@@ -276,7 +276,7 @@ expect "CLI: one clear line, exit 125 (tether's own failure)" '[ $rc = 125 ] && 
 # Its manager left the sandbox running (node-api died without a stop):
 # the next w3 adopts it, and an orderly stop then pauses it and cleans up.
 "$ROOT/build/tetherd" node --id w3 --listen "127.0.0.1:$((BASE + 13))" --cp "$CP" \
-	--credential-file "$WORK/w3.cred" --state "$WORK/w3" --uid $((900000 + BASE + 13)) \
+	--credential-file "$WORK/w3.cred" --feed-key-file "$STATE/cp/feed.pub" --state "$WORK/w3" --uid $((900000 + BASE + 13)) \
 	--guest-bin "$ROOT/build/tether-guest" >>"$WORK/w3.log" 2>&1 &
 W3_PID=$!
 code=$(call POST "$EDGE/v1/sandboxes/$S3/exec" '{"cmd":["sh","-c","wc -l </tmp/log"]}')

@@ -29,6 +29,8 @@
 #include <cmocka.h>
 
 #include "capcache.h"
+#include "feedsig.h"
+#include "signer/signer.h"
 #include "claims.h"
 #include "keyring.h"
 #include "paserk.h"
@@ -135,9 +137,54 @@ static void read_answer(int fd, struct answer *a)
 }
 
 /* call: one REQUEST (req is stolen), the whole answer. */
+/* The feed key the manager under test is provisioned with. Every update
+ * a test sends goes out signed, as the cp serves it (lib/feedsig.h):
+ * "to" w1 and "prev" the highest revision sealed before it, which is
+ * what the cp's chain gives (a replay gets the prev it had the first
+ * time). The refusals themselves are tested in test_feedsig and
+ * tests/integration/test_feed_sign.sh. */
+static uint8_t feed_sk[PASETO_SK_BYTES];
+static char feed_pub[PASERK_K4_PUBLIC_LEN + 1];
+static uint64_t sealed[1024];
+static size_t n_sealed;
+
+/* seal: the signed envelope of update u (u is consumed). */
+static json_t *seal(json_t *u)
+{
+	uint64_t rev = (uint64_t)json_integer_value(json_object_get(u, "rev")), prev = 0;
+	char sig[FEEDSIG_SIG_B64_LEN + 1];
+	struct tt_err err = { 0 };
+	bool known = false;
+	char *body;
+	json_t *env;
+
+	for (size_t i = 0; i < n_sealed; i++) {
+		if (sealed[i] < rev && sealed[i] > prev)
+			prev = sealed[i];
+		known |= sealed[i] == rev;
+	}
+	if (!known && n_sealed < sizeof(sealed) / sizeof(sealed[0]))
+		sealed[n_sealed++] = rev;
+	json_object_set_new(u, "to", json_string("w1"));
+	json_object_set_new(u, "prev", json_integer((json_int_t)prev));
+	body = json_dumps(u, JSON_COMPACT | JSON_SORT_KEYS);
+	assert_non_null(body);
+	assert_int_equal(signer_feed_sig(feed_sk, body, strlen(body), sig, &err), 0);
+	env = json_pack("{s:O,s:O,s:s,s:s}", "rev", json_object_get(u, "rev"), "kind",
+	                json_object_get(u, "kind"), "body", body, "sig", sig);
+	free(body);
+	json_decref(u);
+	return env;
+}
+
+/* call: one request, its answer; a feed.apply's updates are sealed. */
 static void call(json_t *req, struct answer *a)
 {
 	int fd = connect_mgr();
+	json_t *ups = json_object_get(req, "updates");
+
+	for (size_t i = 0; json_is_array(ups) && i < json_array_size(ups); i++)
+		json_array_set_new(ups, i, seal(json_incref(json_array_get(ups, i))));
 
 	memset(a, 0, sizeof(*a));
 	assert_true(fd >= 0);
@@ -258,7 +305,8 @@ static void start_manager(void)
 		snprintf(snaps, sizeof(snaps), "%s/snapshots", state_dir);
 		execl(bin, "tetherd", "manager", "--state", state_dir, "--socket", sock_path,
 		      "--worker-id", "w1", "--peer-pid", ppid, "--peer-uid", "0",
-		      "--guest-bin", guest_abs, "--snapshots", snaps, (char *)NULL);
+		      "--guest-bin", guest_abs, "--snapshots", snaps, "--feed-key", feed_pub,
+		      (char *)NULL);
 		_exit(127);
 	}
 	for (int i = 0; i < 500 && fd < 0; i++) {
@@ -314,6 +362,8 @@ static int group_setup(void **state)
 	crypto_sign_keypair(pk, sk);
 	crypto_sign_keypair(other_pk, forged_sk);
 	paserk_k4_pid(pk, kid);
+	crypto_sign_keypair(other_pk, feed_sk);
+	paserk_k4_public_encode(other_pk, feed_pub);
 	return 0;
 }
 
@@ -1274,7 +1324,7 @@ static void test_pause_answer_lost(void **state)
 	assert_true(fd >= 0);
 	{
 		json_t *req = json_pack("{s:s,s:[o]}", "op", "feed.apply", "updates",
-		                        pause_update(51, 1));
+		                        seal(pause_update(51, 1)));
 
 		assert_int_equal(wire_send_json(fd, WIRE_REQUEST, req, NULL), 0);
 		json_decref(req);

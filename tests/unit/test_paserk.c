@@ -1,6 +1,6 @@
 /* PASERK k4.public / k4.secret / k4.pid against the official vectors
  * (including the expected failures), key files on a real filesystem, and
- * "tetherd keygen" run in a child process. */
+ * "tether-signer keygen" run in a child process. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,7 +20,7 @@
 
 #include "b64url.h"
 #include "paserk.h"
-#include "tetherd/roles.h"
+#include "signer/signer.h"
 #include "testutil.h"
 
 /* encode_raw: prefix || b64url(raw) for feeding wrong-sized keys to the
@@ -386,7 +386,7 @@ static void test_keygen(void **state)
 	/* usage errors */
 	char *argvh[] = { "keygen", "--help", NULL };
 	assert_int_equal(run_keygen(argvh, 2, out2, sizeof(out2)), 0);
-	assert_non_null(strstr(out2, "usage: tetherd keygen FILE"));
+	assert_non_null(strstr(out2, "usage: tether-signer keygen FILE"));
 	char *argv3[] = { "keygen", NULL };
 	assert_int_equal(run_keygen(argv3, 1, out2, sizeof(out2)), 1);
 	char *argv4[] = { "keygen", path, "--bogus", NULL };

@@ -1,23 +1,23 @@
-/* tetherd keygen FILE [--force]: creates the signer's Ed25519 key as a
+/* tether-signer keygen FILE [--force]: creates the signer's Ed25519 key as a
  * k4.secret file (mode 0600) and prints its public key and kid. */
 #include <sodium.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "paserk.h"
-#include "tetherd/roles.h"
+#include "signer/signer.h"
 
 /* keygen_usage: one line on stderr; exit status 1. */
 static int keygen_usage(void)
 {
-	fprintf(stderr, "usage: tetherd keygen FILE [--force]\n");
+	fprintf(stderr, "usage: tether-signer keygen FILE [--force]\n");
 	return 1;
 }
 
 /* keygen_help: asked-for help goes to stdout, and is not an error. */
 static int keygen_help(void)
 {
-	printf("usage: tetherd keygen FILE [--force]\n"
+	printf("usage: tether-signer keygen FILE [--force]\n"
 	       "Creates the signer's Ed25519 key as a k4.secret file (mode 0600,\n"
 	       "never replacing FILE unless --force) and prints its k4.public key\n"
 	       "and kid (k4.pid) for the receivers' key bundle.\n");
@@ -34,21 +34,21 @@ static int keygen_write(const char *path, int force)
 	int rc = 1;
 
 	if (crypto_sign_keypair(pk, sk) != 0) {
-		fprintf(stderr, "tetherd: keygen: key generation failed\n");
+		fprintf(stderr, "tether-signer: keygen: key generation failed\n");
 		goto out;
 	}
 	if (paserk_secret_file_write(path, sk, force, &err) < 0 ||
 	    paserk_secret_file_read(path, back, &err) < 0) {
-		fprintf(stderr, "tetherd: keygen: %s%s\n", err.msg,
+		fprintf(stderr, "tether-signer: keygen: %s%s\n", err.msg,
 		        err.code == TT_ERR_CONFLICT ? " (--force replaces it)" : "");
 		goto out;
 	}
 	if (sodium_memcmp(back, sk, sizeof(sk)) != 0) {
-		fprintf(stderr, "tetherd: keygen: %s does not read back\n", path);
+		fprintf(stderr, "tether-signer: keygen: %s does not read back\n", path);
 		goto out;
 	}
 	if (paserk_k4_public_encode(pk, pub) < 0 || paserk_k4_pid(pk, kid) < 0) {
-		fprintf(stderr, "tetherd: keygen: cannot encode the public key\n");
+		fprintf(stderr, "tether-signer: keygen: cannot encode the public key\n");
 		goto out;
 	}
 	printf("public: %s\nkid: %s\n", pub, kid);
@@ -78,7 +78,7 @@ int keygen_main(int argc, char **argv)
 	if (path == NULL)
 		return keygen_usage();
 	if (sodium_init() < 0) {
-		fprintf(stderr, "tetherd: keygen: libsodium failed to initialise\n");
+		fprintf(stderr, "tether-signer: keygen: libsodium failed to initialise\n");
 		return 1;
 	}
 	return keygen_write(path, force);

@@ -141,6 +141,7 @@ static void test_level(void **state)
  * after a drop says how many were dropped. */
 static void test_access_lines(void **state)
 {
+	static const char rec[] = "{\"rid\":\"r1\",\"status\":200}";
 	FILE *f;
 	char line[2048];
 	int n = 0;
@@ -148,7 +149,7 @@ static void test_access_lines(void **state)
 	(void)state;
 	log_info("dated %d", 1);
 	for (int i = 0; i < TT_LOG_ACCESS_BURST + 5; i++)
-		tt_log_access("{\"rid\":\"r1\",\"status\":200}", 28);
+		tt_log_access(rec, sizeof(rec) - 1);
 	assert_int_equal(count("\"rid\":\"r1\""), TT_LOG_ACCESS_BURST);
 	sleep_ms(TT_LOG_WINDOW_MS + 100);
 	tt_log_access("{}", 2);

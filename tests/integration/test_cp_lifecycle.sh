@@ -41,9 +41,16 @@ BGP=()
 go() { bg "$@" & BGP+=($!); }
 waitgo() { for p in "${BGP[@]}"; do wait "$p"; done; BGP=(); }
 # feed W [WAIT]: W's next updates into $ST/feed.W (AFTER[W] advances).
+# Each update arrives signed (lib/feedsig.h): feed.W holds the signed
+# bodies, which is what a manager applies after verifying them.
 feed() {
 	tcurl -o "$ST/feed.$1" -H "Authorization: Worker ${CR[$1]}" \
 		"$U/v1/feed?worker=$1&after=${AFTER[$1]}&wait=${2:-5}"
+	python3 -c "
+import json,sys
+d=json.load(open(sys.argv[1]))
+d['updates']=[json.loads(u['body']) for u in d.get('updates',[])]
+json.dump(d,open(sys.argv[1],'w'))" "$ST/feed.$1" 2>/dev/null
 	AFTER[$1]=$(jfield '["rev"]' "$ST/feed.$1")
 }
 # feedfor W KIND SBX: polls as W until a KIND update for SBX arrived (a

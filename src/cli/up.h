@@ -11,7 +11,7 @@
 
 #define UP_MAX_WORKERS 16
 #define UP_MAX_CHILDREN (UP_MAX_WORKERS + 2)
-#define UP_MAX_ARGS 24
+#define UP_MAX_ARGS 32
 #define UP_OLD_GROUPS 8 /* a worker's earlier process groups still alive */
 
 enum up_role { UP_CP, UP_WORKER, UP_EDGE };

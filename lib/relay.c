@@ -89,7 +89,7 @@ static void reader_put(struct wire_reader *rd)
 static void relay_end(struct relay *r, enum relay_end how, const char *msg);
 static void side_resume(struct relay_side *sd);
 static void finish_with_error(struct relay *r, enum relay_end how,
-                              const char *code, const char *message);
+                              enum wire_code code, const char *message);
 
 /* relay_end_name: stable names for logs. */
 const char *relay_end_name(enum relay_end how)
@@ -160,20 +160,20 @@ int relay_write_json(uv_stream_t *s, uint8_t type, json_t *obj, struct tt_err *e
 }
 
 /* error_json: {"error":code,"message":message}; caller decrefs. */
-static json_t *error_json(const char *code, const char *message)
+static json_t *error_json(enum wire_code code, const char *message)
 {
-	return json_pack("{s:s,s:s}", "error", code, "message", message);
+	return json_pack("{s:s,s:s}", "error", wirecode_name(code), "message", message);
 }
 
 /* closing_error_json: the same, for an ERROR the connection's end follows
  * (see wire_error_closing): the receiver does not pool the connection. */
-static json_t *closing_error_json(const char *code, const char *message)
+static json_t *closing_error_json(enum wire_code code, const char *message)
 {
-	return json_pack("{s:s,s:s,s:b}", "error", code, "message", message, "closing", 1);
+	return json_pack("{s:s,s:s,s:b}", "error", wirecode_name(code), "message", message, "closing", 1);
 }
 
 /* relay_write_error: queues an ERROR frame. */
-int relay_write_error(uv_stream_t *s, const char *code, const char *message)
+int relay_write_error(uv_stream_t *s, enum wire_code code, const char *message)
 {
 	json_t *o = error_json(code, message);
 	int rc;
@@ -219,7 +219,7 @@ void relay_close_after_writes(uv_stream_t *s)
 
 /* relay_error_close: the ERROR is queued before the shutdown, so it goes
  * out first. */
-void relay_error_close(uv_stream_t *s, const char *code, const char *message)
+void relay_error_close(uv_stream_t *s, enum wire_code code, const char *message)
 {
 	json_t *o = closing_error_json(code, message);
 
@@ -249,7 +249,7 @@ static void relay_write_cb(uv_write_t *req, int status)
 		if (dst == SIDE_OPENER)
 			relay_end(r, RELAY_OPENER_GONE, uv_strerror(status));
 		else
-			finish_with_error(r, RELAY_FAR_GONE, "transport",
+			finish_with_error(r, RELAY_FAR_GONE, WIRE_E_TRANSPORT,
 			                  "the far side stopped reading");
 		return;
 	}
@@ -327,7 +327,7 @@ static int side_write(struct relay *r, int dst, uint8_t type, const void *payloa
 /* finish_with_error: stops reading and sends the opener a last ERROR; the
  * relay ends when it is written (or at once if it cannot be queued). */
 static void finish_with_error(struct relay *r, enum relay_end how,
-                              const char *code, const char *message)
+                              enum wire_code code, const char *message)
 {
 	json_t *o;
 	char *text = NULL;
@@ -358,11 +358,11 @@ static void handle_frame(struct relay *r, int src, const struct wire_frame *f)
 		if (f->type != WIRE_DATA_IN && f->type != WIRE_EOF_IN) {
 			snprintf(msg, sizeof(msg), "unexpected %s frame from the opener",
 			         wire_type_name(f->type));
-			finish_with_error(r, RELAY_MALFORMED, "bad_request", msg);
+			finish_with_error(r, RELAY_MALFORMED, WIRE_E_BAD_REQUEST, msg);
 			return;
 		}
 		if (side_write(r, SIDE_FAR, f->type, f->payload, f->len, false, RELAY_DONE) < 0)
-			finish_with_error(r, RELAY_FAR_GONE, "transport", "cannot forward input");
+			finish_with_error(r, RELAY_FAR_GONE, WIRE_E_TRANSPORT, "cannot forward input");
 		return;
 	}
 	switch (f->type) {
@@ -389,7 +389,7 @@ static void handle_frame(struct relay *r, int src, const struct wire_frame *f)
 	default:
 		snprintf(msg, sizeof(msg), "unexpected %s frame from the far side",
 		         wire_type_name(f->type));
-		finish_with_error(r, RELAY_MALFORMED, "transport", msg);
+		finish_with_error(r, RELAY_MALFORMED, WIRE_E_TRANSPORT, msg);
 	}
 }
 
@@ -410,7 +410,7 @@ static void side_feed(struct relay *r, int src, const uint8_t *data, size_t len)
 			snprintf(msg, sizeof(msg), "%s sent a bad frame: %s",
 			         src == SIDE_OPENER ? "opener" : "far side", err.msg);
 			finish_with_error(r, RELAY_MALFORMED,
-			                  src == SIDE_OPENER ? "bad_request" : "transport", msg);
+			                  src == SIDE_OPENER ? WIRE_E_BAD_REQUEST : WIRE_E_TRANSPORT, msg);
 			return;
 		}
 		data += used;
@@ -426,7 +426,7 @@ static void side_feed(struct relay *r, int src, const uint8_t *data, size_t len)
 		return;
 	if (batch_flush(r, 1 - src, false, RELAY_DONE) < 0) {
 		if (src == SIDE_OPENER)
-			finish_with_error(r, RELAY_FAR_GONE, "transport", "cannot forward input");
+			finish_with_error(r, RELAY_FAR_GONE, WIRE_E_TRANSPORT, "cannot forward input");
 		else
 			relay_end(r, RELAY_OPENER_GONE, "cannot write to the opener");
 	}
@@ -457,7 +457,7 @@ static void relay_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	if (nread == 0)
 		return;
 	if (src == SIDE_FAR)
-		finish_with_error(r, RELAY_FAR_GONE, "transport",
+		finish_with_error(r, RELAY_FAR_GONE, WIRE_E_TRANSPORT,
 		                  nread == UV_EOF ? "the far side closed before the result"
 		                                  : uv_strerror((int)nread));
 	else
@@ -566,7 +566,7 @@ static void relay_end(struct relay *r, enum relay_end how, const char *msg)
 }
 
 /* relay_abort: cancels the operation and tells the opener why. */
-void relay_abort(struct relay *r, const char *code, const char *message)
+void relay_abort(struct relay *r, enum wire_code code, const char *message)
 {
 	finish_with_error(r, RELAY_ABORTED, code, message);
 }

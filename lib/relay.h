@@ -33,6 +33,7 @@
 
 #include "err.h"
 #include "wire.h"
+#include "wirecode.h"
 
 #define RELAY_HIGH_WATER (256u * 1024u)
 #define RELAY_LOW_WATER (64u * 1024u)
@@ -90,7 +91,7 @@ struct relay *relay_start_keep(uv_stream_t *opener, uv_stream_t *far,
                                struct tt_err *err);
 /* relay_abort: stops both directions at once, sends the opener ERROR
  * {"error":code,"message":message}, then ends (RELAY_ABORTED). */
-void relay_abort(struct relay *r, const char *code, const char *message);
+void relay_abort(struct relay *r, enum wire_code code, const char *message);
 /* relay_end_name: "done", "far_gone", ... for logs. */
 const char *relay_end_name(enum relay_end how);
 
@@ -103,7 +104,7 @@ int relay_write_frame(uv_stream_t *s, uint8_t type, const void *payload,
 int relay_write_json(uv_stream_t *s, uint8_t type, json_t *obj,
                      struct tt_err *err);
 /* relay_write_error: queues ERROR {"error":code,"message":message}. */
-int relay_write_error(uv_stream_t *s, const char *code, const char *message);
+int relay_write_error(uv_stream_t *s, enum wire_code code, const char *message);
 /* relay_close_free: uv_close + free() of a heap-allocated stream; pending
  * writes are flushed or cancelled by libuv first. */
 void relay_close_free(uv_stream_t *s);
@@ -112,6 +113,6 @@ void relay_close_free(uv_stream_t *s);
 void relay_close_after_writes(uv_stream_t *s);
 /* relay_error_close: relay_write_error, then relay_close_after_writes (the
  * usual way to turn an operation down before a relay starts). */
-void relay_error_close(uv_stream_t *s, const char *code, const char *message);
+void relay_error_close(uv_stream_t *s, enum wire_code code, const char *message);
 
 #endif

@@ -57,13 +57,13 @@
 #include "bridge/args.h"
 #include "bridge/drop.h"
 #include "bridge/guestsock.h"
-#include "bridge/reason.h"
 #include "claims.h"
 #include "cleanup.h"
 #include "guest/hello.h"
 #include "log.h"
 #include "metrics.h"
 #include "procid.h"
+#include "refusal.h"
 #include "relay.h"
 #include "sockdiag.h"
 #include "unixaddr.h"
@@ -166,31 +166,23 @@ static void bconn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void bconn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
 /* bconn_fail: ERROR to the manager, then close. */
-static void bconn_fail(struct bconn *c, const char *code, const char *msg)
+static void bconn_fail(struct bconn *c, enum wire_code code, const char *msg)
 {
-	log_warn("operation failed: %s: %s", code, msg);
+	log_warn("operation failed: %s: %s", wirecode_name(code), msg);
 	relay_error_close((uv_stream_t *)c->conn, code, msg);
 	c->conn = NULL;
 	bconn_free(c);
 }
 
-/* refusal_count: the metric of one refusal, by reason. */
-static void refusal_count(const char *reason)
-{
-	char labels[64];
-
-	snprintf(labels, sizeof(labels), "reason=\"%s\"", reason);
-	metrics_inc("tether_bridge_refusals_total", labels);
-}
-
 /* bconn_refuse: a verification refusal: specific log line, counted by
  * reason, ERROR verify_failed to the manager; nothing was forwarded. */
-static void bconn_refuse(struct bconn *c, const char *reason, const char *msg)
+static void bconn_refuse(struct bconn *c, enum refusal reason, const char *msg)
 {
 	refusal_count(reason);
 	log_warn("refused guest of %s generation %" PRIu64 " activation %" PRIu32
-	         " (%s): %s", c->b->arg.sbx, c->b->arg.gen, c->b->arg.att, reason, msg);
-	relay_error_close((uv_stream_t *)c->conn, "verify_failed", msg);
+	         " (%s): %s", c->b->arg.sbx, c->b->arg.gen, c->b->arg.att,
+	         refusal_name(reason), msg);
+	relay_error_close((uv_stream_t *)c->conn, WIRE_E_VERIFY_FAILED, msg);
 	c->conn = NULL;
 	bconn_free(c);
 }
@@ -243,13 +235,13 @@ static void forward_and_relay(struct bconn *c)
 
 	if (relay_write_frame((uv_stream_t *)c->guest, WIRE_REQUEST, c->req, c->req_len,
 	                      &err) < 0) {
-		bconn_fail(c, "transport", err.msg);
+		bconn_fail(c, WIRE_E_TRANSPORT, err.msg);
 		return;
 	}
 	r = relay_start_keep((uv_stream_t *)c->conn, (uv_stream_t *)c->guest, c->pending,
 	                     c->pending_len, NULL, relay_kept, c, &err);
 	if (r == NULL) {
-		bconn_fail(c, "internal", err.msg);
+		bconn_fail(c, WIRE_E_INTERNAL, err.msg);
 		return;
 	}
 	c->conn = NULL;
@@ -258,7 +250,7 @@ static void forward_and_relay(struct bconn *c)
 
 /* hello_check: judges the guest's first frame. 0 = valid proof; else -1
  * with the refusal reason (metric label) and a message. */
-static int hello_check(struct bconn *c, const struct wire_frame *f, const char **reason,
+static int hello_check(struct bconn *c, const struct wire_frame *f, enum refusal *reason,
                        char *msg, size_t cap)
 {
 	const struct bridge *b = c->b;
@@ -268,7 +260,7 @@ static int hello_check(struct bconn *c, const struct wire_frame *f, const char *
 	const char *code;
 	int rc = -1;
 
-	*reason = "handshake_malformed";
+	*reason = REFUSAL_HANDSHAKE_MALFORMED;
 	if (o == NULL) {
 		snprintf(msg, cap, "guest handshake: %.160s", err.msg);
 		return -1;
@@ -277,8 +269,8 @@ static int hello_check(struct bconn *c, const struct wire_frame *f, const char *
 		/* e.g. wrong_activation: an agent of another execution or
 		 * activation behind this socket. */
 		code = json_string_value(json_object_get(o, "error"));
-		*reason = code && strcmp(code, "wrong_activation") == 0 ? "wrong_activation"
-		                                                          : "guest_refused";
+		*reason = wirecode_parse(code) == WIRE_E_WRONG_ACTIVATION
+		              ? REFUSAL_WRONG_ACTIVATION : REFUSAL_GUEST_REFUSED;
 		snprintf(msg, cap, "guest handshake: guest refused: %.64s",
 		         code ? code : "?");
 	} else if (f->type != WIRE_HELLO) {
@@ -292,7 +284,7 @@ static int hello_check(struct bconn *c, const struct wire_frame *f, const char *
 		if (sodium_memcmp(got, want, HELLO_PROOF_LEN) == 0) {
 			rc = 0;
 		} else {
-			*reason = "bad_proof";
+			*reason = REFUSAL_BAD_PROOF;
 			snprintf(msg, cap, "guest handshake: wrong proof for this activation");
 		}
 		sodium_memzero(want, sizeof(want));
@@ -317,7 +309,7 @@ static void hello_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	struct bconn *c = s->data;
 	struct tt_err err = { 0 };
 	struct wire_frame f;
-	const char *reason;
+	enum refusal reason;
 	char msg[200];
 	size_t used = 0;
 	int rc;
@@ -329,7 +321,7 @@ static void hello_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 		uv_read_stop(s);
 		snprintf(msg, sizeof(msg), "guest handshake: connection closed (%s)",
 		         uv_strerror((int)nread));
-		bconn_refuse(c, "handshake_closed", msg);
+		bconn_refuse(c, REFUSAL_HANDSHAKE_CLOSED, msg);
 		return;
 	}
 	rc = wire_reader_feed(&c->hrd, c->hbuf, (size_t)nread, &used, &f, &err);
@@ -338,11 +330,11 @@ static void hello_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	uv_read_stop(s);
 	if (rc < 0) {
 		snprintf(msg, sizeof(msg), "guest handshake: %.160s", err.msg);
-		bconn_refuse(c, "handshake_malformed", msg);
+		bconn_refuse(c, REFUSAL_HANDSHAKE_MALFORMED, msg);
 		return;
 	}
 	if ((size_t)nread > used) {
-		bconn_refuse(c, "handshake_malformed", "guest handshake: bytes after HELLO");
+		bconn_refuse(c, REFUSAL_HANDSHAKE_MALFORMED, "guest handshake: bytes after HELLO");
 		return;
 	}
 	if (hello_check(c, &f, &reason, msg, sizeof(msg)) < 0) {
@@ -359,7 +351,7 @@ static void hello_timeout_cb(uv_timer_t *t)
 	struct bconn *c = t->data;
 
 	uv_read_stop((uv_stream_t *)c->guest);
-	bconn_refuse(c, "handshake_timeout", "guest handshake: no answer within 2 s");
+	bconn_refuse(c, REFUSAL_HANDSHAKE_TIMEOUT, "guest handshake: no answer within 2 s");
 }
 
 /* hello_start: sends the HELLO with a fresh challenge and waits (bounded)
@@ -380,12 +372,12 @@ static void hello_start(struct bconn *c)
 	rc = hello ? relay_write_json((uv_stream_t *)c->guest, WIRE_HELLO, hello, &err) : -1;
 	json_decref(hello);
 	if (rc < 0) {
-		bconn_fail(c, "transport", hello ? err.msg : "out of memory");
+		bconn_fail(c, WIRE_E_TRANSPORT, hello ? err.msg : "out of memory");
 		return;
 	}
 	c->htimer = malloc(sizeof(*c->htimer));
 	if (c->htimer == NULL) {
-		bconn_fail(c, "internal", "out of memory");
+		bconn_fail(c, WIRE_E_INTERNAL, "out of memory");
 		return;
 	}
 	uv_timer_init(b->loop, c->htimer);
@@ -407,16 +399,16 @@ static void guest_connected(uv_connect_t *req, int status)
 
 	if (status < 0) {
 		snprintf(msg, sizeof(msg), "cannot reach the guest: %s", uv_strerror(status));
-		bconn_fail(c, "transport", msg);
+		bconn_fail(c, WIRE_E_TRANSPORT, msg);
 		return;
 	}
 	if (uv_fileno((uv_handle_t *)c->guest, &fd) < 0) {
-		bconn_fail(c, "internal", "guest connection has no fd");
+		bconn_fail(c, WIRE_E_INTERNAL, "guest connection has no fd");
 		return;
 	}
 	if (verify_peer(fd, &c->b->init_id, &err) < 0) {
 		snprintf(msg, sizeof(msg), "guest peer: %s", err.msg);
-		bconn_refuse(c, bridge_refusal_reason(&err), msg);
+		bconn_refuse(c, refusal_of(&err), msg);
 		return;
 	}
 	hello_start(c);
@@ -469,18 +461,18 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 	bool other = sbx != NULL && strcmp(sbx, c->b->arg.sbx) != 0;
 
 	if (!has_op) {
-		bconn_fail(c, "bad_request", o ? "request without op" : err.msg);
+		bconn_fail(c, WIRE_E_BAD_REQUEST, o ? "request without op" : err.msg);
 		json_decref(o);
 		return;
 	}
 	json_decref(o);
 	if (other) {
-		bconn_fail(c, "other_sandbox", "this bridge serves another sandbox");
+		bconn_fail(c, WIRE_E_OTHER_SANDBOX, "this bridge serves another sandbox");
 		return;
 	}
 	c->req = malloc(f->len ? f->len : 1);
 	if (c->req == NULL) {
-		bconn_fail(c, "internal", "out of memory");
+		bconn_fail(c, WIRE_E_INTERNAL, "out of memory");
 		return;
 	}
 	memcpy(c->req, f->payload, f->len);
@@ -497,7 +489,7 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 	if (c->guest == NULL || uv_pipe_init(c->b->loop, c->guest, 0) < 0) {
 		free(c->guest);
 		c->guest = NULL;
-		bconn_fail(c, "internal", "out of memory");
+		bconn_fail(c, WIRE_E_INTERNAL, "out of memory");
 		return;
 	}
 	/* The listener first: whoever now listens at the path must be the
@@ -511,7 +503,7 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 		char msg[300];
 
 		snprintf(msg, sizeof(msg), "guest listener: no socket file: %.200s", err.msg);
-		bconn_refuse(c, "listener_replaced", msg);
+		bconn_refuse(c, REFUSAL_LISTENER_REPLACED, msg);
 		return;
 	}
 	if (listener_verified(c->b, ua.fd, &err) < 0) {
@@ -519,7 +511,7 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 
 		unixaddr_done(&ua);
 		snprintf(msg, sizeof(msg), "guest listener: %s", err.msg);
-		bconn_refuse(c, bridge_refusal_reason(&err), msg);
+		bconn_refuse(c, refusal_of(&err), msg);
 		return;
 	}
 	c->connect.data = c;
@@ -557,7 +549,7 @@ static void bconn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 		bconn_free(c);
 		return;
 	case UVUTIL_REQ_NOMEM:
-		bconn_fail(c, "internal", "out of memory");
+		bconn_fail(c, WIRE_E_INTERNAL, "out of memory");
 		return;
 	case UVUTIL_REQ_CLOSED:
 		break;
@@ -612,17 +604,17 @@ static int adopt_accept(void *data, int conn_fd, pid_t peer, char *msg, size_t c
 }
 
 /* adopt_done: logs and counts how an adoption ended. */
-static void adopt_done(void *data, pid_t peer, const char *reason, const char *msg)
+static void adopt_done(void *data, pid_t peer, enum refusal reason, const char *msg)
 {
 	struct bridge *b = data;
 
-	if (reason == NULL) {
+	if (reason == REFUSAL_NONE) {
 		log_info("bridge for %s generation %" PRIu64 " adopted by manager pid %d",
 		         b->arg.sbx, b->arg.gen, (int)peer);
 		return;
 	}
 	refusal_count(reason);
-	log_warn("refused adoption by pid %d (%s): %s", (int)peer, reason, msg);
+	log_warn("refused adoption by pid %d (%s): %s", (int)peer, refusal_name(reason), msg);
 }
 
 /* may_adopt: the connection on fd may try to adopt us: the pinned manager
@@ -656,7 +648,7 @@ static void on_connection(uv_stream_t *server, int status)
 	if (status < 0 || (p = uvutil_accept(server, b->loop)) == NULL)
 		return;
 	if (uv_fileno((uv_handle_t *)p, &fd) < 0 || verify_peer(fd, &b->mgr_id, &err) < 0) {
-		const char *reason = bridge_refusal_reason(&err);
+		enum refusal reason = refusal_of(&err);
 		pid_t peer = 0;
 
 		if (fd >= 0 && may_adopt(b, fd, &peer)) {
@@ -668,7 +660,7 @@ static void on_connection(uv_stream_t *server, int status)
 		}
 
 		refusal_count(reason);
-		log_warn("refused peer (%s): not the manager pid %d: %s", reason,
+		log_warn("refused peer (%s): not the manager pid %d: %s", refusal_name(reason),
 		         (int)b->mgr_id.pid, err.msg[0] ? err.msg : "no fd");
 		relay_close_free((uv_stream_t *)p);
 		return;
@@ -726,13 +718,13 @@ static int pin_peers(struct bridge *b, struct tt_err *err)
 	if (procid_pin(b->arg.manager_pid, &b->mgr_id, &b->mgr_pidfd, err) < 0)
 		return -1;
 	if (b->mgr_id.uid != geteuid())
-		return tt_err_set(err, TT_ERR_VERIFY, "manager pid %d runs as uid %u, not ours",
+		return tt_err_verify(err, REFUSAL_UID, "manager pid %d runs as uid %u, not ours",
 		                  (int)b->arg.manager_pid, (unsigned)b->mgr_id.uid);
 	b->mgr_uid = b->mgr_id.uid;
 	if (procid_pin(b->arg.init_pid, &b->init_id, &b->init_pidfd, err) < 0)
 		return -1;
 	if (b->init_id.start_time != b->arg.init_start)
-		return tt_err_set(err, TT_ERR_VERIFY, "sandbox init pid %d: pid reused: start "
+		return tt_err_verify(err, REFUSAL_PID_REUSED, "sandbox init pid %d: pid reused: start "
 		                  "time %llu, recorded %llu", (int)b->arg.init_pid,
 		                  b->init_id.start_time, b->arg.init_start);
 	snprintf(path, sizeof(path), "/proc/%d/ns/net", (int)b->arg.init_pid);
@@ -751,7 +743,7 @@ static int pin_peers(struct bridge *b, struct tt_err *err)
 	 * start time. */
 	if (procid_pidfd_alive(b->init_pidfd, err) != 1 ||
 	    procid_start_time(b->arg.init_pid, &again, NULL) < 0 || again != b->arg.init_start)
-		return tt_err_set(err, TT_ERR_VERIFY, "sandbox init pid %d exited at start",
+		return tt_err_verify(err, REFUSAL_PEER_EXITED, "sandbox init pid %d exited at start",
 		                  (int)b->arg.init_pid);
 	return 0;
 }

@@ -180,12 +180,12 @@ static void signer_serve_one(const struct signer_key *k, int fd,
 	const char *op;
 
 	if (f->type != WIRE_REQUEST) {
-		wire_send_error(fd, "bad_request", "REQUEST frame expected");
+		wire_send_error(fd, WIRE_E_BAD_REQUEST, "REQUEST frame expected");
 		return;
 	}
 	req = wire_frame_json(f, &err);
 	if (req == NULL) {
-		wire_send_error(fd, "bad_request", "%s", err.msg);
+		wire_send_error(fd, WIRE_E_BAD_REQUEST, "%s", err.msg);
 		return;
 	}
 	op = json_string_value(json_object_get(req, "op"));
@@ -198,8 +198,8 @@ static void signer_serve_one(const struct signer_key *k, int fd,
 	json_decref(req);
 	if (res == NULL) {
 		log_warn("refused request: %s", err.msg);
-		wire_send_error(fd, err.code == TT_ERR_INVALID ? "bad_request"
-		                                               : "invalid_claims",
+		wire_send_error(fd, err.code == TT_ERR_INVALID ? WIRE_E_BAD_REQUEST
+		                                               : WIRE_E_INVALID_CLAIMS,
 		                "%s", err.msg[0] ? err.msg : "out of memory");
 		return;
 	}
@@ -231,7 +231,7 @@ static int signer_loop(const struct signer_key *k, int fd)
 			               (uint32_t)hdr[10] << 8 | hdr[11];
 
 			if (err.code != TT_ERR_TOO_LARGE || raw > SIGNER_DRAIN_MAX) {
-				wire_send_error(fd, "bad_request", "%s", err.msg);
+				wire_send_error(fd, WIRE_E_BAD_REQUEST, "%s", err.msg);
 				return -1;
 			}
 			while (raw > 0) { /* skip the oversized payload */
@@ -241,7 +241,7 @@ static int signer_loop(const struct signer_key *k, int fd)
 					return -1;
 				raw -= n;
 			}
-			wire_send_error(fd, "too_large", "request over %u bytes",
+			wire_send_error(fd, WIRE_E_TOO_LARGE, "request over %u bytes",
 			                WIRE_PAYLOAD_MAX);
 			continue;
 		}

@@ -8,12 +8,12 @@
 #include <string.h>
 #include <uv.h>
 
-#include "bridge/reason.h"
 #include "capcache.h"
 #include "cleanup.h"
 #include "log.h"
 #include "manager/manager_int.h"
 #include "metrics.h"
+#include "refusal.h"
 #include "relay.h"
 #include "timefmt.h"
 #include "uvutil.h"
@@ -57,7 +57,7 @@ static void conn_refresh(struct mgr_conn *c, const struct rec_exec *rec)
 	_cleanup_free_ char *body = NULL;
 
 	if (c->decision == NULL) {
-		conn_fail(c, "refresh_route", "execution replaced or retired");
+		conn_fail(c, WIRE_E_REFRESH_ROUTE, "execution replaced or retired");
 		return;
 	}
 	d.installed_generation = rec != NULL ? rec->id.gen : 0;
@@ -153,7 +153,7 @@ static void bridge_forward(struct mgr_conn *c)
 	c->streamed = json_is_true(json_object_get(c->req, "stream"));
 	json_object_del(c->req, "stream");
 	if (relay_write_json((uv_stream_t *)c->bridge, WIRE_REQUEST, c->req, &err) < 0) {
-		conn_fail(c, "transport", err.msg);
+		conn_fail(c, WIRE_E_TRANSPORT, err.msg);
 		return;
 	}
 	if (c->decision != NULL)
@@ -163,7 +163,7 @@ static void bridge_forward(struct mgr_conn *c)
 	                            c->pending, c->pending_len,
 	                            c->decision != NULL ? &first : NULL, relay_kept, c, &err);
 	if (c->relay == NULL) {
-		conn_fail(c, "internal", err.msg);
+		conn_fail(c, WIRE_E_INTERNAL, err.msg);
 		return;
 	}
 	free(c->decision); /* the relay copied it */
@@ -188,11 +188,11 @@ static void bridge_connected(uv_connect_t *req, int status)
 	uv_os_fd_t fd;
 	char why[160];
 	struct tt_err err = { 0 };
-	const char *reason;
+	enum refusal reason;
 
 	if (status < 0) {
 		snprintf(why, sizeof(why), "cannot reach the bridge: %s", uv_strerror(status));
-		conn_fail(c, "transport", why);
+		conn_fail(c, WIRE_E_TRANSPORT, why);
 		return;
 	}
 	/* The execution may have been replaced or stopped while connecting
@@ -205,21 +205,20 @@ static void bridge_connected(uv_connect_t *req, int status)
 		return;
 	}
 	if (uv_fileno((uv_handle_t *)c->bridge, &fd) < 0) {
-		conn_fail(c, "internal", "bridge connection has no fd");
+		conn_fail(c, WIRE_E_INTERNAL, "bridge connection has no fd");
 		return;
 	}
 	/* Whatever listens at bridge.sock must be the process pinned at
 	 * spawn (SPEC §5) before a single byte of the operation goes out. */
 	if (verify_peer(fd, &ex->bridge_id, &err) < 0) {
-		char msg[300], labels[64];
+		char msg[300];
 
-		reason = bridge_refusal_reason(&err);
+		reason = refusal_of(&err);
 		snprintf(msg, sizeof(msg), "bridge verification failed: %s", err.msg);
-		snprintf(labels, sizeof(labels), "reason=\"%s\"", reason);
-		log_warn("refused bridge of %s (%s): %s", c->sbx, reason, err.msg);
+		log_warn("refused bridge of %s (%s): %s", c->sbx, refusal_name(reason), err.msg);
 		metrics_inc("tether_bridge_verify_failed_total", NULL);
-		metrics_inc("tether_bridge_refusals_total", labels);
-		conn_fail(c, "transport", msg);
+		refusal_count(reason);
+		conn_fail(c, WIRE_E_TRANSPORT, msg);
 		return;
 	}
 	bridge_forward(c);
@@ -256,7 +255,7 @@ void admit_data_op(struct mgr_conn *c)
 	char labels[128], path[PATH_MAX];
 
 	if (sbx == NULL || !sbx_id_valid(sbx) || op == NULL || cap_op_of(op) == 0) {
-		conn_fail(c, "bad_request", "request needs a valid sbx and a known op");
+		conn_fail(c, WIRE_E_BAD_REQUEST, "request needs a valid sbx and a known op");
 		return;
 	}
 	snprintf(c->sbx, sizeof(c->sbx), "%s", sbx);
@@ -275,7 +274,7 @@ void admit_data_op(struct mgr_conn *c)
 	metrics_inc("tether_admission_total", labels);
 	body = decision_body_json(&d, sbx);
 	if (body == NULL) {
-		conn_fail(c, "internal", "cannot encode the decision");
+		conn_fail(c, WIRE_E_INTERNAL, "cannot encode the decision");
 		return;
 	}
 	if (d.verdict == TT_ALLOW && decision_may_wait(op, c->req)) {
@@ -311,7 +310,7 @@ void admit_data_op(struct mgr_conn *c)
 		}
 	}
 	if (ex == NULL || sandbox_dir(m, sbx, path, sizeof(path) - sizeof("/bridge.sock")) < 0) {
-		conn_fail(c, "transport", "no bridge for this execution");
+		conn_fail(c, WIRE_E_TRANSPORT, "no bridge for this execution");
 		return;
 	}
 	strcat(path, "/bridge.sock");
@@ -319,7 +318,7 @@ void admit_data_op(struct mgr_conn *c)
 	if (c->bridge == NULL || uv_pipe_init(m->loop, c->bridge, 0) < 0) {
 		free(c->bridge);
 		c->bridge = NULL;
-		conn_fail(c, "internal", "out of memory");
+		conn_fail(c, WIRE_E_INTERNAL, "out of memory");
 		return;
 	}
 	c->connect.data = c;

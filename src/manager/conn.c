@@ -62,9 +62,10 @@ void conn_free(struct mgr_conn *c)
 }
 
 /* conn_fail: see manager_int.h. */
-void conn_fail(struct mgr_conn *c, const char *code, const char *msg)
+void conn_fail(struct mgr_conn *c, enum wire_code code, const char *msg)
 {
-	log_warn("operation on %s failed: %s: %s", c->sbx[0] ? c->sbx : "-", code, msg);
+	log_warn("operation on %s failed: %s: %s", c->sbx[0] ? c->sbx : "-",
+	         wirecode_name(code), msg);
 	/* node-api reads the DECISION first, always. */
 	if (c->decision != NULL)
 		relay_write_frame((uv_stream_t *)c->conn, WIRE_DECISION, c->decision,
@@ -103,7 +104,7 @@ static void handle_control(struct mgr_conn *c, const char *op)
 
 	if (strcmp(op, "status") != 0) {
 		if (apply_feed(c) < 0)
-			conn_fail(c, "bad_request", "feed.apply needs an updates array (<= 1000)");
+			conn_fail(c, WIRE_E_BAD_REQUEST, "feed.apply needs an updates array (<= 1000)");
 		return;
 	}
 	res = handle_status(c->m);
@@ -146,7 +147,7 @@ void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 		conn_free(c);
 		return;
 	case UVUTIL_REQ_NOMEM:
-		conn_fail(c, "internal", "out of memory");
+		conn_fail(c, WIRE_E_INTERNAL, "out of memory");
 		return;
 	case UVUTIL_REQ_CLOSED:
 		conn_free(c);
@@ -155,7 +156,7 @@ void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	c->req = wire_frame_json(&f, &err);
 	op = c->req ? json_string_value(json_object_get(c->req, "op")) : NULL;
 	if (op == NULL) {
-		conn_fail(c, "bad_request", c->req ? "request without op" : err.msg);
+		conn_fail(c, WIRE_E_BAD_REQUEST, c->req ? "request without op" : err.msg);
 		return;
 	}
 	if (strcmp(op, "feed.apply") == 0 || strcmp(op, "status") == 0)

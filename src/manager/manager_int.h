@@ -21,6 +21,7 @@
 #include "procid.h"
 #include "substrate/ns/ns.h"
 #include "wire.h"
+#include "wirecode.h"
 
 struct relay;
 struct uvutil_pool;
@@ -233,7 +234,7 @@ void waiting_add(struct mgr_conn *c);
 /* conn_free: releases a connection context and whatever it still owns. */
 void conn_free(struct mgr_conn *c);
 /* conn_fail: tells the opener why (ERROR), then closes. */
-void conn_fail(struct mgr_conn *c, const char *code, const char *msg);
+void conn_fail(struct mgr_conn *c, enum wire_code code, const char *msg);
 /* conn_alloc_cb: reads go straight into the connection's buffer. */
 void conn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 /* conn_read_cb: waits for the connection's next REQUEST frame, then

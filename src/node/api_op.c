@@ -16,6 +16,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "node/api_int.h"
+#include "wirecode.h"
 
 /* api_now_us: see api_int.h. */
 uint64_t api_now_us(void)
@@ -110,22 +111,6 @@ void api_count(enum api_route r, unsigned status, uint64_t t0_us)
 	snprintf(labels, sizeof(labels), "route=\"%s\"", api_route_names[r]);
 	metrics_observe_us("tether_node_request_duration_seconds", labels,
 	                   api_now_us() - t0_us);
-}
-
-/* guest_error_status: HTTP status for a guest/manager ERROR code. */
-static unsigned guest_error_status(const char *code)
-{
-	static const struct { const char *code; unsigned status; } map[] = {
-		{ "not_found", 404 }, { "path_invalid", 400 },
-		{ "bad_request", 400 }, { "exists", 409 }, { "not_dir", 409 },
-		{ "is_dir", 409 }, { "permission", 403 }, { "too_large", 413 },
-		{ "no_space", 507 }, { "transport", 502 },
-	};
-
-	for (size_t i = 0; code != NULL && i < sizeof(map) / sizeof(map[0]); i++)
-		if (strcmp(code, map[i].code) == 0)
-			return map[i].status;
-	return 500;
 }
 
 /* op_free: see api_int.h. */
@@ -359,6 +344,7 @@ static void op_on_error(struct api_op *op, const struct wire_frame *f)
 	                         JSON_REJECT_DUPLICATES, &jerr);
 	const char *code = json_string_value(json_object_get(obj, "error"));
 	const char *msg = json_string_value(json_object_get(obj, "message"));
+	enum wire_code wc = wirecode_parse(code);
 
 	if (op->route == R_FILES_GET && op->headers_sent) {
 		/* The headers promised a length: only a broken transfer tells
@@ -371,7 +357,7 @@ static void op_on_error(struct api_op *op, const struct wire_frame *f)
 	}
 	/* A stream that got no byte yet answers like any other error. */
 	op->state = OP_RUNNING;
-	if (code != NULL && strcmp(code, "refresh_route") == 0) {
+	if (wc == WIRE_E_REFRESH_ROUTE) {
 		/* admitted, then its execution was retired while it ran: it may
 		 * have run, so it is a transport failure to the caller (a read
 		 * is retried, a write or exec never repeated), not a refusal */
@@ -380,7 +366,7 @@ static void op_on_error(struct api_op *op, const struct wire_frame *f)
 		json_decref(obj);
 		return;
 	}
-	op_reply_error(op, guest_error_status(code), code ? code : "internal",
+	op_reply_error(op, wirecode_status(wc), wirecode_name(wc),
 	               msg ? msg : "operation failed");
 	json_decref(obj);
 }

@@ -34,6 +34,7 @@
 #include "node/mgrconn.h"
 #include "node/node.h"
 #include "wire.h"
+#include "wirecode.h"
 #include "wsutil.h"
 
 #define WSX_START_MAX (60u << 10)   /* the start message (fits one REQUEST) */
@@ -218,7 +219,7 @@ error:
 		const char *msg = json_string_value(json_object_get(obj, "message"));
 		char c[48], m[256];
 
-		snprintf(c, sizeof(c), "%s", code ? code : "internal");
+		snprintf(c, sizeof(c), "%s", wirecode_name(wirecode_parse(code)));
 		snprintf(m, sizeof(m), "%s", msg ? msg : "operation failed");
 		json_decref(obj);
 		wsx_fail(x, c, m);

@@ -12,6 +12,7 @@
 #include "cleanup.h"
 #include "guest/guest.h"
 #include "guest/hello.h"
+#include "wireop.h"
 #include "log.h"
 #include "wire_json.h"
 
@@ -97,17 +98,15 @@ static void set_rcvtimeo(int conn, int seconds)
 	(void)setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 }
 
-static const struct {
-	const char *name;
-	int (*run)(const struct guest_ctx *, int, json_t *);
-} guest_ops[] = {
-	{ "exec", exec_run },
-	{ "fs.read", fs_read },
-	{ "fs.write", fs_write },
-	{ "fs.stat", fs_stat },
-	{ "fs.list", fs_list },
-	{ "fs.mkdir", fs_mkdir },
-	{ "fs.remove", fs_remove },
+/* The data operations the agent runs (lib/wireop.h), by operation. */
+static int (*const guest_ops[WIRE_OP_COUNT])(const struct guest_ctx *, int, json_t *) = {
+	[WIRE_OP_EXEC] = exec_run,
+	[WIRE_OP_FS_READ] = fs_read,
+	[WIRE_OP_FS_WRITE] = fs_write,
+	[WIRE_OP_FS_STAT] = fs_stat,
+	[WIRE_OP_FS_LIST] = fs_list,
+	[WIRE_OP_FS_MKDIR] = fs_mkdir,
+	[WIRE_OP_FS_REMOVE] = fs_remove,
 };
 
 /* guest_handshake: the first frame must be the bridge's HELLO naming this
@@ -239,15 +238,15 @@ static int serve_next(const struct guest_ctx *g, int conn, uint8_t *buf, bool fi
 static int serve_op(const struct guest_ctx *g, int conn, json_t *req)
 {
 	json_t *op = json_object_get(req, "op");
+	enum wire_op wop;
 
 	/* A well-formed frame with an unusable request is the request's
 	 * failure, not the connection's: ERROR, and the next one may follow. */
 	if (!json_is_string(op))
 		return wire_send_error(conn, WIRE_E_BAD_REQUEST, "\"op\" (string) is required");
-	for (size_t i = 0; i < sizeof(guest_ops) / sizeof(guest_ops[0]); i++) {
-		if (strcmp(json_string_value(op), guest_ops[i].name) == 0)
-			return guest_ops[i].run(g, conn, req);
-	}
+	wop = wireop_parse(json_string_value(op));
+	if (guest_ops[wop] != NULL)
+		return guest_ops[wop](g, conn, req);
 	return wire_send_error(conn, WIRE_E_BAD_REQUEST, "unknown op");
 }
 

@@ -17,6 +17,7 @@
 #include "relay.h"
 #include "timefmt.h"
 #include "uvutil.h"
+#include "wireop.h"
 
 /* installed_of: the §4 record admission compares against. Anything that is
  * not a running, unretired execution answers as retired (RefreshRoute). */
@@ -31,20 +32,6 @@ static struct tt_installed installed_of(const struct rec_exec *r)
 	in.retired = r->retired || r->state != REC_RUNNING;
 	in.epoch = r->epoch;
 	return in;
-}
-
-/* cap_op_of: node operation -> capability operation bit (0 = unknown). */
-static uint32_t cap_op_of(const char *op)
-{
-	if (strcmp(op, "exec") == 0)
-		return TT_OP_EXEC;
-	if (strcmp(op, "fs.read") == 0 || strcmp(op, "fs.stat") == 0 ||
-	    strcmp(op, "fs.list") == 0)
-		return TT_OP_FS_READ;
-	if (strcmp(op, "fs.write") == 0 || strcmp(op, "fs.mkdir") == 0 ||
-	    strcmp(op, "fs.remove") == 0)
-		return TT_OP_FS_WRITE;
-	return 0;
 }
 
 /* conn_refresh: an admitted operation whose execution was replaced before
@@ -230,13 +217,11 @@ static void bridge_connected(uv_connect_t *req, int status)
  * said so ("allow_with_answer": an HTTP exec without stdin). A streamed
  * exec shows its decision at once, and fs.write (node-api streams the
  * body only once allowed) gets its at once. */
-static bool decision_may_wait(const char *op, const json_t *req)
+static bool decision_may_wait(enum wire_op op, const json_t *req)
 {
-	if (strcmp(op, "exec") == 0)
+	if (op == WIRE_OP_EXEC)
 		return json_is_true(json_object_get(req, "allow_with_answer"));
-	return strcmp(op, "fs.read") == 0 || strcmp(op, "fs.stat") == 0 ||
-	       strcmp(op, "fs.list") == 0 || strcmp(op, "fs.mkdir") == 0 ||
-	       strcmp(op, "fs.remove") == 0;
+	return !wireop_input(op);
 }
 
 /* admit_data_op: see manager_int.h. */
@@ -246,6 +231,7 @@ void admit_data_op(struct mgr_conn *c)
 	const char *token = json_string_value(json_object_get(c->req, "token"));
 	const char *sbx = json_string_value(json_object_get(c->req, "sbx"));
 	const char *op = json_string_value(json_object_get(c->req, "op"));
+	enum wire_op wop = wireop_parse(op);
 	const struct rec_exec *rec;
 	struct mgr_exec *ex;
 	struct tt_installed inst;
@@ -254,7 +240,7 @@ void admit_data_op(struct mgr_conn *c)
 	_cleanup_free_ char *body = NULL;
 	char labels[128], path[PATH_MAX];
 
-	if (sbx == NULL || !sbx_id_valid(sbx) || op == NULL || cap_op_of(op) == 0) {
+	if (sbx == NULL || !sbx_id_valid(sbx) || wireop_needs(wop) == 0) {
 		conn_fail(c, WIRE_E_BAD_REQUEST, "request needs a valid sbx and a known op");
 		return;
 	}
@@ -263,7 +249,7 @@ void admit_data_op(struct mgr_conn *c)
 	inst = installed_of(rec);
 	rq.receiver = TT_RCV_NODE;
 	rq.sbx = sbx;
-	rq.op = cap_op_of(op);
+	rq.op = wireop_needs(wop);
 	rq.new_open = true;
 	if (token == NULL)
 		token = "";
@@ -277,7 +263,7 @@ void admit_data_op(struct mgr_conn *c)
 		conn_fail(c, WIRE_E_INTERNAL, "cannot encode the decision");
 		return;
 	}
-	if (d.verdict == TT_ALLOW && decision_may_wait(op, c->req)) {
+	if (d.verdict == TT_ALLOW && decision_may_wait(wop, c->req)) {
 		c->decision = tt_steal_ptr(&body);
 	} else {
 		relay_write_frame((uv_stream_t *)c->conn, WIRE_DECISION, body,

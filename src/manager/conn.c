@@ -12,6 +12,7 @@
 #include "metrics.h"
 #include "relay.h"
 #include "uvutil.h"
+#include "wireop.h"
 #include "wire_json.h"
 
 /* waiting_add: see manager_int.h. */
@@ -97,19 +98,19 @@ static json_t *handle_status(struct manager *m)
 
 /* handle_control: feed.apply / status; answers RESULT and closes (a
  * feed.apply holding a pause answers when the pause ends). */
-static void handle_control(struct mgr_conn *c, const char *op)
+static void handle_control(struct mgr_conn *c, enum wire_op op)
 {
 	struct tt_err err = { 0 };
 	json_t *res;
 
-	if (strcmp(op, "status") != 0) {
+	if (op == WIRE_OP_FEED_APPLY) {
 		if (apply_feed(c) < 0)
 			conn_fail(c, WIRE_E_BAD_REQUEST, "feed.apply needs an updates array (<= 1000)");
 		return;
 	}
 	res = handle_status(c->m);
 	if (relay_write_json((uv_stream_t *)c->conn, WIRE_RESULT, res, &err) < 0)
-		log_warn("answering %s: %s", op, err.msg);
+		log_warn("answering %s: %s", wireop_name(op), err.msg);
 	json_decref(res);
 	relay_close_after_writes((uv_stream_t *)c->conn);
 	c->conn = NULL;
@@ -131,6 +132,7 @@ void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	struct mgr_conn *c = s->data;
 	struct wire_frame f;
 	struct tt_err err = { 0 };
+	enum wire_op wop;
 	const char *op;
 
 	(void)buf;
@@ -159,10 +161,11 @@ void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 		conn_fail(c, WIRE_E_BAD_REQUEST, c->req ? "request without op" : err.msg);
 		return;
 	}
-	if (strcmp(op, "feed.apply") == 0 || strcmp(op, "status") == 0)
-		handle_control(c, op);
-	else if (strcmp(op, "watch") == 0)
+	wop = wireop_parse(op);
+	if (wop == WIRE_OP_WATCH)
 		watch_start(c);
+	else if (wireop_control(wop))
+		handle_control(c, wop);
 	else
 		admit_data_op(c);
 }

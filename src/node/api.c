@@ -14,10 +14,19 @@
 #include "node/api_int.h"
 #include "node/ws_exec.h"
 #include "paseto.h"
+#include "wireop.h"
 
 const char *const api_route_names[R_COUNT] = {
 	"exec", "files_get", "files_put", "files_delete", "stat", "list",
 	"mkdir", "metrics", "healthz", "other",
+};
+
+/* The operation each sandbox route sends its manager (lib/wireop.h). */
+static const enum wire_op api_route_ops[R_COUNT] = {
+	[R_EXEC] = WIRE_OP_EXEC, [R_FILES_GET] = WIRE_OP_FS_READ,
+	[R_FILES_PUT] = WIRE_OP_FS_WRITE, [R_FILES_DELETE] = WIRE_OP_FS_REMOVE,
+	[R_STAT] = WIRE_OP_FS_STAT, [R_LIST] = WIRE_OP_FS_LIST,
+	[R_MKDIR] = WIRE_OP_FS_MKDIR,
 };
 
 /* exec_build: validates the exec body and builds the guest REQUEST. */
@@ -165,7 +174,6 @@ static int api_on_http(struct lws *wsi, struct api_pss *pss, const char *uri)
 	uint64_t t0 = api_now_us();
 	char sbx[TT_SBX_ID_LEN + 2], path[API_PATH_MAX], v[32];
 	char tok[PASETO_TOKEN_MAX + 1];
-	const char *op_name_s = NULL;
 	bool bad_method, has_body;
 	enum http_framing framing;
 	long long clen;
@@ -227,17 +235,8 @@ static int api_on_http(struct lws *wsi, struct api_pss *pss, const char *uri)
 	op->t0_us = t0;
 	op->body.max = HTTP_BODY_MAX_DEFAULT;
 	memcpy(op->sbx, sbx, TT_SBX_ID_LEN + 1); /* validated above */
-	switch (r) {
-	case R_EXEC: op_name_s = "exec"; break;
-	case R_FILES_GET: op_name_s = "fs.read"; break;
-	case R_FILES_PUT: op_name_s = "fs.write"; break;
-	case R_FILES_DELETE: op_name_s = "fs.remove"; break;
-	case R_STAT: op_name_s = "fs.stat"; break;
-	case R_LIST: op_name_s = "fs.list"; break;
-	default: op_name_s = "fs.mkdir"; break;
-	}
 	op->req = json_pack("{s:s,s:s,s:s}", "token", tok, "sbx", sbx, "op",
-	                    op_name_s);
+	                    wireop_name(api_route_ops[r]));
 	sodium_memzero(tok, sizeof(tok));
 	pss->op = op;
 	if (op->req == NULL)

@@ -27,6 +27,7 @@
 #include "node/mgrconn.h"
 #include "node/node.h"
 #include "wire.h"
+#include "wireop.h"
 
 #define EV_RETRY_MS 1000u         /* a failed report, a lost watch */
 #define EV_PENDING_MAX 4096       /* lost reports held for the cp */
@@ -289,7 +290,7 @@ static void ev_watch_open(struct node_events *ev)
 {
 	static const struct mgrconn_cbs cbs = { ev_on_frame, ev_on_end, NULL };
 	struct tt_err err = { 0 };
-	json_t *req = json_pack("{s:s}", "op", "watch");
+	json_t *req = json_pack("{s:s}", "op", wireop_name(WIRE_OP_WATCH));
 
 	if (ev->stopping || ev->watch != NULL)
 		goto out;

@@ -16,6 +16,7 @@
 #include "node/mgrconn.h"
 #include "node/node.h"
 #include "wire.h"
+#include "wireop.h"
 
 #define FEED_WAIT_S 25
 #define FEED_POLL_TIMEOUT_MS ((FEED_WAIT_S + 15) * 1000L)
@@ -378,7 +379,7 @@ static void feed_apply(struct node_feed *f)
 
 		for (size_t i = 0; i < count; i++)
 			json_array_append(arr, json_array_get(f->updates, f->next + i));
-		req = json_pack("{s:s,s:o}", "op", "feed.apply", "updates", arr);
+		req = json_pack("{s:s,s:o}", "op", wireop_name(WIRE_OP_FEED_APPLY), "updates", arr);
 		enc = req ? json_dumps(req, JSON_COMPACT) : NULL;
 		if (enc != NULL && strlen(enc) <= WIRE_PAYLOAD_MAX)
 			break;

@@ -10,6 +10,7 @@
 #include "metrics.h"
 #include "uvutil.h"
 #include "wire_json.h"
+#include "wireop.h"
 
 #define MGRCONN_READ_CHUNK (64u * 1024u)
 
@@ -556,14 +557,12 @@ static void mgrconn_on_connect(uv_connect_t *req, int status)
 		mgrconn_read_set(c, true);
 }
 
-/* req_is_control: status and feed.apply get no DECISION and the manager
- * closes their connection after the RESULT: they never use the pool. */
+/* req_is_control: control requests (lib/wireop.h) get no DECISION and
+ * the manager closes their connection after the RESULT (a watch never
+ * ends): they never use the pool. */
 static bool req_is_control(json_t *req)
 {
-	const char *op = json_string_value(json_object_get(req, "op"));
-
-	return op != NULL &&
-	       (strcmp(op, "status") == 0 || strcmp(op, "feed.apply") == 0);
+	return wireop_control(wireop_parse(json_string_value(json_object_get(req, "op"))));
 }
 
 /* mgrconn_reuse: sends the REQUEST on an idle pooled connection, which

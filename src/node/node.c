@@ -24,6 +24,7 @@
 #include "manager/paths.h"
 #include "node/api_int.h"
 #include "tetherd/roles.h"
+#include "wireop.h"
 
 #define API_READY_TIMEOUT_MS 10000
 #define API_READY_RETRY_MS 50
@@ -386,7 +387,7 @@ static void node_ready_try(uv_timer_t *t)
 {
 	struct node *n = t->data;
 	struct tt_err err = { 0 };
-	json_t *req = json_pack("{s:s}", "op", "status");
+	json_t *req = json_pack("{s:s}", "op", wireop_name(WIRE_OP_STATUS));
 
 	if (req == NULL ||
 	    mgrconn_call(n->loop, n->sock_path, req, node_on_status, n, &err) < 0)

@@ -35,6 +35,7 @@
 #include "node/node.h"
 #include "wire.h"
 #include "wirecode.h"
+#include "wireop.h"
 #include "wsutil.h"
 
 #define WSX_START_MAX (60u << 10)   /* the start message (fits one REQUEST) */
@@ -298,7 +299,7 @@ static void wsx_start(struct wsexec *x)
 	/* "stream": the manager cancels it at a retirement like any stream
 	 * (it strips the field before the bridge) */
 	req = json_pack("{s:s,s:s,s:s,s:O,s:b,s:b}", "token", x->token, "sbx", x->sbx,
-	                "op", "exec", "cmd", cmd, "stdin", x->want_stdin, "stream", 1);
+	                "op", wireop_name(WIRE_OP_EXEC), "cmd", cmd, "stdin", x->want_stdin, "stream", 1);
 	sodium_memzero(x->token, sizeof(x->token));
 	if (req != NULL && env != NULL)
 		json_object_set(req, "env", env);

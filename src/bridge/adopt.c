@@ -1,4 +1,4 @@
-/* The bridge's side of an adoption (adopt.h, guest/hello.h): a fresh
+/* The bridge's side of an adoption (adopt.h, lib/hello.h): a fresh
  * challenge, one HELLO back within HELLO_TIMEOUT_MS holding the proof and
  * nothing else, then {"adopted":true} or ERROR, and the connection closes
  * either way: operations come on new connections, verified against the
@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "bridge/adopt.h"
-#include "guest/hello.h"
+#include "hello.h"
 #include "log.h"
 #include "relay.h"
 #include "wire.h"
@@ -140,7 +140,6 @@ static void adopt_timeout_cb(uv_timer_t *t)
 void adopt_start(uv_pipe_t *conn, pid_t peer, const struct adopt_spec *spec)
 {
 	struct adopt *a = calloc(1, sizeof(*a));
-	char chal[HELLO_B64_LEN + 1];
 	struct tt_err err = { 0 };
 	json_t *hello;
 
@@ -157,8 +156,7 @@ void adopt_start(uv_pipe_t *conn, pid_t peer, const struct adopt_spec *spec)
 	uv_timer_init(spec->loop, &a->timer);
 	a->timer.data = a;
 	randombytes_buf(a->challenge, sizeof(a->challenge));
-	hello_b64_encode(a->challenge, chal);
-	hello = json_pack("{s:i,s:s}", "v", HELLO_VERSION, "adopt_challenge", chal);
+	hello = hello_adopt_challenge_json(a->challenge);
 	if (hello == NULL || relay_write_json((uv_stream_t *)conn, WIRE_HELLO, hello, &err) < 0) {
 		json_decref(hello);
 		adopt_end(a, REFUSAL_ADOPT_INTERNAL, hello ? err.msg : "out of memory");

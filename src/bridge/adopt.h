@@ -1,5 +1,5 @@
 /* A restarted sbx-manager taking over a bridge whose manager died (the
- * protocol is in guest/hello.h, "Adoption"): the bridge's side of one
+ * protocol is in lib/hello.h, "Adoption"): the bridge's side of one
  * adoption connection, on its libuv loop. bridge.c decides when a
  * connection may adopt (the pinned manager has exited, the peer runs as
  * our uid) and re-pins its manager when the proof holds. */

@@ -9,14 +9,14 @@
  *    (verify_peer: SO_PEERCRED + SO_PEERPIDFD, start time, executable, uid
  *    against the identity pinned at start from --manager-pid), or, once
  *    that process has exited, a successor of our uid that proves the
- *    activation's adoption key (adopt.c; guest/hello.h) and is pinned in
+ *    activation's adoption key (adopt.c; lib/hello.h) and is pinned in
  *    its place;
  *  - bridge -> guest: every new connection is verified: verify_listener
  *    (socket file owner + inode, sock_diag UDIAG_SHOW_VFS inside the
  *    sandbox's network namespace, on a netlink socket created there once at
  *    start, the listening inode held by the sandbox
  *    init pinned at start), connect, verify_peer on the connection, then the
- *    handshake of guest/hello.h (per-activation secret from the manager on
+ *    handshake of lib/hello.h (per-activation secret from the manager on
  *    --secret-fd, fresh challenge). Only then the REQUEST and the relay.
  * Connections carry operations in sequence: the manager's, and the guest
  * connections, which go back to a small idle pool after a clean end
@@ -59,7 +59,7 @@
 #include "bridge/guestsock.h"
 #include "claims.h"
 #include "cleanup.h"
-#include "guest/hello.h"
+#include "hello.h"
 #include "log.h"
 #include "metrics.h"
 #include "procid.h"
@@ -89,7 +89,7 @@ struct bridge {
 	uid_t mgr_uid;                    /* the first manager's uid: a successor
 	                                   * adopting us must have it too */
 	/* Proven by a restarted manager to take over once the pinned one has
-	 * exited (guest/hello.h, "Adoption"); derived from the secret. */
+	 * exited (lib/hello.h, "Adoption"); derived from the secret. */
 	uint8_t adopt_key[HELLO_PROOF_LEN];
 	int netns_fd;                     /* the init's network namespace */
 	/* A sock_diag socket created once inside that namespace (a socket
@@ -276,8 +276,7 @@ static int hello_check(struct bconn *c, const struct wire_frame *f, enum refusal
 	} else if (f->type != WIRE_HELLO) {
 		snprintf(msg, cap, "guest handshake: expected HELLO, got %s",
 		         wire_type_name(f->type));
-	} else if (json_object_size(o) != 1 ||
-	           hello_b64_decode(json_string_value(json_object_get(o, "proof")), got) < 0) {
+	} else if (hello_proof_parse(o, got) < 0) {
 		snprintf(msg, cap, "guest handshake: malformed proof");
 	} else {
 		hello_proof(b->secret, b->arg.sbx, b->arg.gen, b->arg.att, c->challenge, want);
@@ -359,16 +358,12 @@ static void hello_timeout_cb(uv_timer_t *t)
 static void hello_start(struct bconn *c)
 {
 	const struct bridge *b = c->b;
-	char chal[HELLO_B64_LEN + 1];
 	struct tt_err err = { 0 };
 	json_t *hello;
 	int rc;
 
 	randombytes_buf(c->challenge, sizeof(c->challenge));
-	hello_b64_encode(c->challenge, chal);
-	hello = json_pack("{s:i,s:s,s:s,s:I,s:I}", "v", HELLO_VERSION, "challenge", chal,
-	                  "sbx", b->arg.sbx, "generation", (json_int_t)b->arg.gen, "activation",
-	                  (json_int_t)b->arg.att);
+	hello = hello_challenge_json(b->arg.sbx, b->arg.gen, b->arg.att, c->challenge);
 	rc = hello ? relay_write_json((uv_stream_t *)c->guest, WIRE_HELLO, hello, &err) : -1;
 	json_decref(hello);
 	if (rc < 0) {

@@ -39,7 +39,7 @@
 #include "cleanup.h"
 #include "fsutil.h"
 #include "guest/guest.h"
-#include "guest/hello.h"
+#include "hello.h"
 #include "log.h"
 #include "wire_json.h"
 

@@ -11,7 +11,7 @@
 
 #include "cleanup.h"
 #include "guest/guest.h"
-#include "guest/hello.h"
+#include "hello.h"
 #include "wireop.h"
 #include "log.h"
 #include "wire_json.h"
@@ -115,7 +115,6 @@ static int (*const guest_ops[WIRE_OP_COUNT])(const struct guest_ctx *, int, json
 static int guest_handshake(const struct guest_ctx *g, int conn, uint8_t *buf)
 {
 	uint8_t proof[HELLO_PROOF_LEN];
-	char proof_b64[HELLO_B64_LEN + 1];
 	struct hello_challenge hc;
 	struct tt_err err = { 0 };
 	struct wire_frame f;
@@ -181,8 +180,7 @@ static int guest_handshake(const struct guest_ctx *g, int conn, uint8_t *buf)
 	hello_proof(g->secret, g->sbx, g->gen, g->att, hc.challenge, proof);
 	/* This handler needs the secret no more. */
 	sodium_memzero(g->secret, HELLO_SECRET_LEN);
-	hello_b64_encode(proof, proof_b64);
-	ans = json_pack("{s:s}", "proof", proof_b64);
+	ans = hello_proof_json(proof);
 	rc = ans ? wire_send_json(conn, WIRE_HELLO, ans, &err) : -1;
 	json_decref(ans);
 	return rc;

@@ -14,7 +14,7 @@
 
 #include "claims.h"
 #include "err.h"
-#include "guest/hello.h"
+#include "hello.h"
 #include "manager/bridgectl.h"
 #include "manager/records.h"
 #include "manager/uids.h"
@@ -58,7 +58,7 @@ struct mgr_exec {
 	 * sandbox up to its init's exec, the bridge's spawn, then the wait
 	 * for both to be ready. */
 	int64_t launch_us, spawn_us, ready_us;
-	/* The activation's adoption key (guest/hello.h): recorded, so that a
+	/* The activation's adoption key (lib/hello.h): recorded, so that a
 	 * successor of ours can take over the bridge. */
 	uint8_t adopt_key[HELLO_PROOF_LEN];
 	struct mgr_exec *next;

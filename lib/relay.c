@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "decision.h"
 #include "wire.h"
 #include "wire_json.h"
 
@@ -27,8 +28,7 @@ struct relay {
 	relay_done_fn done;
 	relay_keep_fn keep;       /* keep mode: instead of done */
 	void *data;
-	unsigned far_writes;      /* queued writes to the far side */
-	bool far_dirty;           /* bytes came after the far side's last frame */
+	struct relay_judge far;   /* may the far connection be reused */
 	bool have_kept;           /* kept: handed back once the far side closed */
 	struct relay_kept kept;
 	/* Frames decoded from one read, gathered per destination and written
@@ -242,7 +242,7 @@ static void relay_write_cb(uv_write_t *req, int status)
 
 	free(w);
 	if (dst == SIDE_FAR)
-		r->far_writes--;
+		r->far.writes--;
 	if (r->ending)
 		return;
 	if (status < 0) {
@@ -283,7 +283,7 @@ static int batch_flush(struct relay *r, int dst, bool final, enum relay_end how)
 		return -1;
 	}
 	if (dst == SIDE_FAR)
-		r->far_writes++;
+		r->far.writes++;
 	if (!final && !src->bp_paused &&
 	    uv_stream_get_write_queue_size(r->side[dst].s) > RELAY_HIGH_WATER) {
 		uv_read_stop(src->s);
@@ -376,9 +376,8 @@ static void handle_frame(struct relay *r, int src, const struct wire_frame *f)
 	case WIRE_RESULT:
 	case WIRE_ERROR:
 		/* An ERROR its sender closes after: the operation ended
-		 * cleanly, the far connection did not. */
-		if (wire_error_closing(f))
-			r->far_dirty = true;
+		 * cleanly, the far connection did not (relay_judge_frame). */
+		relay_judge_frame(&r->far, f);
 		r->finishing = true;
 		uv_read_stop(r->side[SIDE_OPENER].s);
 		uv_read_stop(r->side[SIDE_FAR].s);
@@ -421,7 +420,7 @@ static void side_feed(struct relay *r, int src, const uint8_t *data, size_t len)
 	/* The far side sent more after its RESULT/ERROR: it breaks the
 	 * sequence, so its connection is not reused. */
 	if (src == SIDE_FAR && len > 0)
-		r->far_dirty = true;
+		relay_judge_taint(&r->far);
 	if (r->ending)
 		return;
 	if (batch_flush(r, 1 - src, false, RELAY_DONE) < 0) {
@@ -502,12 +501,44 @@ static void relay_close_cb(uv_handle_t *h)
 	relay_finish(r, r->have_kept ? &r->kept : NULL);
 }
 
-/* far_reusable: the far side ended exactly on its RESULT/ERROR frame and
- * nothing is still being written to it. */
-static bool far_reusable(const struct relay *r)
+/* decision_frame_allows: f is a DECISION whose verdict is allow. */
+static bool decision_frame_allows(const struct wire_frame *f)
 {
-	return !r->far_dirty && r->far_writes == 0 &&
-	       r->side[SIDE_FAR].rd->hdr_have == 0;
+	json_t *o = wire_frame_json(f, NULL);
+	const char *d = json_string_value(json_object_get(o, "decision"));
+	bool allow = d != NULL && strcmp(d, decision_verdict_name(TT_ALLOW)) == 0;
+
+	json_decref(o);
+	return allow;
+}
+
+/* relay_judge_frame: see relay.h. */
+void relay_judge_frame(struct relay_judge *j, const struct wire_frame *f)
+{
+	if (j->ended) {
+		j->dirty = true; /* the far side sends nothing after the end */
+		return;
+	}
+	if (f->type == WIRE_DECISION && !decision_frame_allows(f))
+		j->dirty = true; /* the manager closes after a refusal */
+	if (f->type == WIRE_RESULT || f->type == WIRE_ERROR) {
+		j->ended = true;
+		if (wire_error_closing(f))
+			j->dirty = true;
+	}
+}
+
+/* relay_judge_taint: see relay.h. */
+void relay_judge_taint(struct relay_judge *j)
+{
+	j->dirty = true;
+}
+
+/* relay_judge_clean: see relay.h. */
+bool relay_judge_clean(const struct relay_judge *j, const struct wire_reader *rd)
+{
+	return j->ended && !j->dirty && j->writes == 0 && rd->hdr_have == 0 &&
+	       rd->have == 0;
 }
 
 /* relay_kept_reader: copies the 64 KiB reader only when it holds part of a
@@ -532,7 +563,7 @@ static void relay_end_keep(struct relay *r)
 	r->side[SIDE_OPENER].rd = NULL;
 	uv_read_stop(r->side[SIDE_OPENER].s);
 	uv_read_stop(r->side[SIDE_FAR].s);
-	if (far_reusable(r)) {
+	if (relay_judge_clean(&r->far, r->side[SIDE_FAR].rd)) {
 		kept.far = r->side[SIDE_FAR].s;
 		relay_finish(r, &kept);
 		return;

@@ -170,6 +170,8 @@ struct uvutil_pool {
 	unsigned max_idle, n;
 	uint64_t idle_ms;
 	struct pool_ent *head;   /* most recently idle first */
+	unsigned holds;          /* uvutil_pool_hold without its release */
+	bool closing;            /* uvutil_pool_free ran: takes nothing more */
 };
 
 /* uvutil_pool_new: an empty pool. */
@@ -247,7 +249,8 @@ void uvutil_pool_put(struct uvutil_pool *p, uv_stream_t *s)
 {
 	struct pool_ent *e;
 
-	if (p == NULL || p->n >= p->max_idle || (e = calloc(1, sizeof(*e))) == NULL) {
+	if (p == NULL || p->closing || p->n >= p->max_idle ||
+	    (e = calloc(1, sizeof(*e))) == NULL) {
 		relay_close_free(s);
 		return;
 	}
@@ -261,6 +264,9 @@ void uvutil_pool_put(struct uvutil_pool *p, uv_stream_t *s)
 		ent_drop(e);
 		return;
 	}
+	/* An idle pool never keeps the loop running on its own. */
+	uv_unref((uv_handle_t *)s);
+	uv_unref((uv_handle_t *)&e->timer);
 	e->next = p->head;
 	p->head = e;
 	p->n++;
@@ -277,6 +283,7 @@ uv_stream_t *uvutil_pool_get(struct uvutil_pool *p)
 	pool_unlink(e);
 	s = e->s;
 	uv_read_stop(s);
+	uv_ref((uv_handle_t *)s);
 	s->data = NULL;
 	uv_close((uv_handle_t *)&e->timer, ent_timer_closed);
 	return s;
@@ -288,12 +295,33 @@ unsigned uvutil_pool_size(const struct uvutil_pool *p)
 	return p != NULL ? p->n : 0;
 }
 
-/* uvutil_pool_free: every entry closes on its own after this. */
+/* uvutil_pool_free: every entry closes on its own after this; the pool
+ * itself goes with its last hold. */
 void uvutil_pool_free(struct uvutil_pool *p)
 {
 	if (p == NULL)
 		return;
 	while (p->head != NULL)
 		ent_drop(p->head);
-	free(p);
+	p->closing = true;
+	if (p->holds == 0)
+		free(p);
+}
+
+/* uvutil_pool_hold: see uvutil.h. */
+struct uvutil_pool *uvutil_pool_hold(struct uvutil_pool *p)
+{
+	if (p != NULL)
+		p->holds++;
+	return p;
+}
+
+/* uvutil_pool_release: see uvutil.h. */
+void uvutil_pool_release(struct uvutil_pool *p)
+{
+	if (p == NULL)
+		return;
+	p->holds--;
+	if (p->closing && p->holds == 0)
+		free(p);
 }

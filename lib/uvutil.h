@@ -52,9 +52,13 @@ enum uvutil_req uvutil_read_request(uv_stream_t *s, uint64_t served,
                                     uint8_t **pending, size_t *pending_len,
                                     struct tt_err *err);
 
-/* A bounded set of idle, verified connections towards one next hop. An idle
- * connection is read: any byte or EOF from it (the far side may send
- * nothing between operations) closes it, as does its idle deadline. */
+/* A bounded set of idle, verified connections towards one next hop, the
+ * one pool of every hop: node-api -> manager (lib/wireconn), manager ->
+ * bridge and bridge -> guest (lib/relay keep mode). What goes in is decided
+ * by one rule (struct relay_judge, relay.h). An idle connection is read:
+ * any byte or EOF from it (the far side may send nothing between
+ * operations) closes it, as does its idle deadline. Idle connections are
+ * unreferenced: they never keep uv_run going on their own. */
 struct uvutil_pool;
 /* uvutil_pool_new: at most max_idle connections, each kept idle_ms. */
 struct uvutil_pool *uvutil_pool_new(uv_loop_t *loop, unsigned max_idle,
@@ -67,7 +71,12 @@ void uvutil_pool_put(struct uvutil_pool *p, uv_stream_t *s);
 uv_stream_t *uvutil_pool_get(struct uvutil_pool *p);
 /* uvutil_pool_size: idle connections held now. */
 unsigned uvutil_pool_size(const struct uvutil_pool *p);
-/* uvutil_pool_free: closes every idle connection; p may be NULL. */
+/* uvutil_pool_free: closes every idle connection and takes no more; p
+ * may be NULL. The memory goes now, or with the last hold. */
 void uvutil_pool_free(struct uvutil_pool *p);
+/* uvutil_pool_hold / uvutil_pool_release: a connection in use that may
+ * come back keeps its pool alive (p may be NULL; hold returns p). */
+struct uvutil_pool *uvutil_pool_hold(struct uvutil_pool *p);
+void uvutil_pool_release(struct uvutil_pool *p);
 
 #endif

@@ -328,7 +328,7 @@ static int api_on_body(struct lws *wsi, struct api_op *op, const void *in,
 	}
 	if (!op_send(op, WIRE_DATA_IN, in, len))
 		return 0;
-	if (mgrconn_queued(op->mc) > MGRCONN_HIGH_WATER && !op->rx_paused) {
+	if (wireconn_queued(op->mc) > WIRECONN_HIGH_WATER && !op->rx_paused) {
 		op->rx_paused = true;
 		lws_rx_flow_control(wsi, 0);
 	}

@@ -63,7 +63,7 @@ enum op_state { OP_BODY, OP_DECISION, OP_RUNNING, OP_REPLY, OP_STREAM, OP_DRAIN 
 struct api_op {
 	struct node *n;
 	struct lws *wsi;
-	struct mgrconn *mc;
+	struct wireconn *mc;
 	enum api_route route;
 	enum op_state state;
 	char sbx[TT_SBX_ID_LEN + 1];

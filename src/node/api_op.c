@@ -120,7 +120,7 @@ void op_free(struct api_op *op)
 
 	if (op == NULL)
 		return;
-	mgrconn_close(op->mc);
+	wireconn_close(op->mc);
 	http_rxguard_stop(op->rxg);
 	json_decref(op->req);
 	http_body_free(&op->body);
@@ -155,7 +155,7 @@ static void op_rx_resume(struct api_op *op)
  * (replies are written from LWS_CALLBACK_HTTP_WRITEABLE). body is taken. */
 static void op_reply(struct api_op *op, unsigned status, char *body)
 {
-	mgrconn_close(op->mc);
+	wireconn_close(op->mc);
 	op->mc = NULL;
 	free(op->reply);
 	op->status = status;
@@ -206,8 +206,8 @@ bool op_send(struct api_op *op, uint8_t type, const void *data,
              size_t len)
 {
 	struct tt_err err = { 0 };
-	int rc = len == 0 ? mgrconn_send(op->mc, type, data, 0, &err)
-	                  : mgrconn_send_data(op->mc, type, data, len, &err);
+	int rc = len == 0 ? wireconn_send(op->mc, type, data, 0, &err)
+	                  : wireconn_send_data(op->mc, type, data, len, &err);
 
 	if (rc == 0)
 		return true;
@@ -236,7 +236,7 @@ void put_flush(struct api_op *op)
 		op_rx_resume(op);
 		return;
 	}
-	if (mgrconn_queued(op->mc) < MGRCONN_HIGH_WATER)
+	if (wireconn_queued(op->mc) < WIRECONN_HIGH_WATER)
 		op_rx_resume(op);
 }
 
@@ -312,7 +312,7 @@ static void op_on_result(struct api_op *op, const struct wire_frame *f)
 			return;
 		}
 		json_decref(res);
-		mgrconn_close(op->mc);
+		wireconn_close(op->mc);
 		op->mc = NULL;
 		op->stream_end = true;
 		op->state = OP_STREAM;
@@ -452,7 +452,7 @@ static void op_on_drain(void *arg)
 /* op_start: see api_int.h. */
 void op_start(struct api_op *op)
 {
-	static const struct mgrconn_cbs cbs = {
+	static const struct wireconn_cbs cbs = {
 		.on_frame = op_on_frame,
 		.on_end = op_on_end,
 		.on_drain = op_on_drain,
@@ -460,7 +460,7 @@ void op_start(struct api_op *op)
 	struct tt_err err = { 0 };
 
 	op->state = OP_DECISION;
-	op->mc = mgrconn_open(op->n->loop, op->n->sock_path, op->req, &cbs, op, &err);
+	op->mc = mgrconn_open(op->n, op->req, &cbs, op, &err);
 	if (op->mc == NULL)
 		op_reply_error(op, err.code == TT_ERR_TOO_LARGE ? 413 : 500,
 		               err.code == TT_ERR_TOO_LARGE ? "too_large" : "internal",

@@ -21,7 +21,7 @@ void stream_fail(struct api_op *op, unsigned status, const char *code,
 		return;
 	}
 	log_warn("files_get %s: broken after the headers: %s", op->sbx, msg);
-	mgrconn_close(op->mc);
+	wireconn_close(op->mc);
 	op->mc = NULL;
 	op->stream_abort = true;
 	op->state = OP_STREAM;
@@ -83,7 +83,7 @@ void stream_push(struct api_op *op, const uint8_t *data, size_t len)
 	op->state = OP_STREAM;
 	if (op->q_bytes > API_STREAM_HIGH && !op->mc_paused) {
 		op->mc_paused = true;
-		mgrconn_pause(op->mc);
+		wireconn_pause(op->mc);
 	}
 }
 
@@ -247,7 +247,7 @@ int stream_write(struct lws *wsi, struct api_pss *pss, struct api_op *op)
 			return stream_done(wsi, pss, op);
 		if (op->mc_paused && op->q_bytes < API_STREAM_LOW && op->mc != NULL) {
 			op->mc_paused = false;
-			mgrconn_resume(op->mc);
+			wireconn_resume(op->mc);
 		}
 		if (op->q_head != NULL)
 			lws_callback_on_writable(wsi);

@@ -223,7 +223,7 @@ static void feed_progress(struct node_feed *f, json_t *frame)
 /* Context of the feed.apply call in flight (one at a time). */
 struct feed_callst {
 	struct node_feed *f;
-	struct mgrconn *c;
+	struct wireconn *c;
 };
 
 /* call_end: reports the call's outcome once and closes it. */
@@ -231,7 +231,7 @@ static void call_end(struct feed_callst *st, json_t *result, const struct tt_err
 {
 	struct node_feed *f = st->f;
 
-	mgrconn_close(st->c);
+	wireconn_close(st->c);
 	free(st);
 	feed_on_applied(f, result, err);
 }
@@ -281,13 +281,13 @@ static void call_gone(void *arg, const struct tt_err *err)
  * progress frames) lands in feed_on_applied. */
 static int feed_call(struct node_feed *f, json_t *req, struct tt_err *err)
 {
-	static const struct mgrconn_cbs cbs = { .on_frame = call_frame, .on_end = call_gone };
+	static const struct wireconn_cbs cbs = { .on_frame = call_frame, .on_end = call_gone };
 	struct feed_callst *st = calloc(1, sizeof(*st));
 
 	if (st == NULL)
 		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 	st->f = f;
-	st->c = mgrconn_open(f->n->loop, f->n->sock_path, req, &cbs, st, err);
+	st->c = mgrconn_open(f->n, req, &cbs, st, err);
 	if (st->c == NULL) {
 		free(st);
 		return -1;

@@ -24,6 +24,8 @@ struct node_events; /* events.c */
 struct node;
 typedef void (*node_drained_fn)(struct node *n);
 
+struct uvutil_pool;
+
 struct node {
 	uv_loop_t *loop;
 	const char *id;            /* worker id ("w1") */
@@ -43,6 +45,7 @@ struct node {
 	 * `tetherd worker add`): secret, zeroed on exit */
 	char node_token[NODE_TOKEN_MAX + 1];
 	char sock_path[PATH_MAX];  /* manager.sock */
+	struct uvutil_pool *mgr_pool; /* idle connections to the manager (mgrconn.h) */
 	struct lws_context *lws;
 	struct httpc *httpc;
 	uv_process_t manager;

@@ -13,7 +13,7 @@
  *
  * Backpressure: the manager is paused while more than WSX_OUT_HIGH bytes
  * wait for lws; the client is not read while the manager's write queue is
- * above MGRCONN_HIGH_WATER (or before the decision). */
+ * above WIRECONN_HIGH_WATER (or before the decision). */
 #include "node/ws_exec.h"
 
 #include <inttypes.h>
@@ -50,7 +50,7 @@ enum wsx_state { WSX_START, WSX_DECISION, WSX_RUNNING, WSX_CLOSING };
 struct wsexec {
 	struct node *n;
 	struct lws *wsi;
-	struct mgrconn *mc;          /* owned; NULL once closed */
+	struct wireconn *mc;          /* owned; NULL once closed */
 	enum wsx_state state;
 	char sbx[TT_SBX_ID_LEN + 1];
 	char token[PASETO_TOKEN_MAX + 1]; /* secret: zeroed once sent / on free */
@@ -69,7 +69,7 @@ static void wsx_free(struct wsexec *x)
 	if (x == NULL)
 		return;
 	ws_close_cancel(&x->close);
-	mgrconn_close(x->mc);
+	wireconn_close(x->mc);
 	ws_queue_clear(&x->q);
 	free(x->start);
 	sodium_memzero(x->token, sizeof(x->token));
@@ -100,7 +100,7 @@ static void wsx_finish(struct wsexec *x, json_t *obj, uint16_t code,
 		return;
 	}
 	x->state = WSX_CLOSING;
-	mgrconn_close(x->mc);
+	wireconn_close(x->mc);
 	x->mc = NULL;
 	if (s != NULL && wsx_queue(x, LWS_WRITE_TEXT, 0, s, strlen(s)) < 0)
 		code = LWS_CLOSE_STATUS_UNEXPECTED_CONDITION;
@@ -193,7 +193,7 @@ static void wsx_on_frame(void *arg, const struct wire_frame *f)
 		}
 		if (x->q.bytes > WSX_OUT_HIGH && !x->mc_paused) {
 			x->mc_paused = true;
-			mgrconn_pause(x->mc);
+			wireconn_pause(x->mc);
 		}
 		return;
 	case WIRE_RESULT:
@@ -256,7 +256,7 @@ static void wsx_on_drain(void *arg)
  * REQUEST (token included, for the manager only) and open the connection. */
 static void wsx_start(struct wsexec *x)
 {
-	static const struct mgrconn_cbs cbs = {
+	static const struct wireconn_cbs cbs = {
 		.on_frame = wsx_on_frame,
 		.on_end = wsx_on_end,
 		.on_drain = wsx_on_drain,
@@ -314,7 +314,7 @@ static void wsx_start(struct wsexec *x)
 	/* stdin waits for the decision: nothing is forwarded before Allow */
 	x->rx_paused = true;
 	lws_rx_flow_control(x->wsi, 0);
-	x->mc = mgrconn_open(x->n->loop, x->n->sock_path, req, &cbs, x, &err);
+	x->mc = mgrconn_open(x->n, req, &cbs, x, &err);
 	/* the encoded REQUEST (with the token) lives in mc until it is sent */
 	json_object_set_new(req, "token", json_string(""));
 	json_decref(req);
@@ -362,11 +362,11 @@ static int wsx_receive(struct lws *wsi, struct wsexec *x, const void *in,
 			wsx_fail(x, "bad_request", "stdin was not requested or is closed");
 			return 0;
 		}
-		if (len > 0 && mgrconn_send_data(x->mc, WIRE_DATA_IN, in, len, &err) < 0) {
+		if (len > 0 && wireconn_send_data(x->mc, WIRE_DATA_IN, in, len, &err) < 0) {
 			wsx_fail(x, "transport", "lost the manager connection");
 			return 0;
 		}
-		if (mgrconn_queued(x->mc) > MGRCONN_HIGH_WATER && !x->rx_paused) {
+		if (wireconn_queued(x->mc) > WIRECONN_HIGH_WATER && !x->rx_paused) {
 			x->rx_paused = true;
 			lws_rx_flow_control(wsi, 0);
 		}
@@ -378,7 +378,7 @@ static int wsx_receive(struct lws *wsi, struct wsexec *x, const void *in,
 			uint8_t none = 0;
 
 			x->eof_sent = true;
-			if (mgrconn_send(x->mc, WIRE_EOF_IN, &none, 0, &err) < 0)
+			if (wireconn_send(x->mc, WIRE_EOF_IN, &none, 0, &err) < 0)
 				wsx_fail(x, "transport", "lost the manager connection");
 		}
 		return 0;
@@ -397,7 +397,7 @@ static int wsx_writeable(struct lws *wsi, struct wsexec *x)
 	if (rc == 1) {
 		if (x->mc_paused && x->q.bytes < WSX_OUT_LOW && x->mc != NULL) {
 			x->mc_paused = false;
-			mgrconn_resume(x->mc);
+			wireconn_resume(x->mc);
 		}
 		if (x->q.head != NULL || x->state == WSX_CLOSING)
 			lws_callback_on_writable(wsi);

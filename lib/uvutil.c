@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "relay.h"
 #include "unixaddr.h"
 #include "uvutil.h"
@@ -150,6 +151,82 @@ enum uvutil_req uvutil_read_request(uv_stream_t *s, uint64_t served,
                                     struct tt_err *err)
 {
 	return request_scan(s, rd, buf, nread, f, pending, pending_len, served > 0, err);
+}
+
+/* ---- server skeleton ----------------------------------------------------- */
+
+/* reqconn_alloc: reads land in the role's buffer. */
+static void reqconn_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+	struct uvutil_reqconn *rc = h->data;
+
+	(void)hint;
+	*buf = uv_buf_init((char *)rc->buf, (unsigned)rc->cap);
+}
+
+/* reqconn_read: waits for the connection's next REQUEST frame. */
+static void reqconn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+	struct uvutil_reqconn *rc = s->data;
+	struct wire_frame f;
+	struct tt_err err = { 0 };
+
+	(void)buf;
+	switch (uvutil_read_request(s, rc->served, &rc->rd, rc->buf, nread, &f, &rc->pending,
+	                            &rc->pending_len, &err)) {
+	case UVUTIL_REQ_MORE:
+		return;
+	case UVUTIL_REQ_READY:
+		rc->ops->request(rc, &f);
+		return;
+	case UVUTIL_REQ_BAD:
+		log_warn("closing a connection: %s", err.msg);
+		rc->ops->gone(rc, &err);
+		return;
+	case UVUTIL_REQ_NOMEM:
+		rc->ops->fail(rc, WIRE_E_INTERNAL, "out of memory");
+		return;
+	case UVUTIL_REQ_CLOSED:
+		break;
+	}
+	rc->ops->gone(rc, NULL);
+}
+
+/* uvutil_server_accept: accept, the peer hook, the role's connection,
+ * then its first REQUEST. */
+void uvutil_server_accept(uv_stream_t *server, int status)
+{
+	struct uvutil_server *srv = server->data;
+	struct uvutil_reqconn *rc;
+	uv_pipe_t *p;
+
+	if (status < 0 || (p = uvutil_accept(server, srv->loop)) == NULL)
+		return;
+	if (!srv->ops->peer(srv->data, p))
+		return;
+	rc = srv->ops->conn(srv->data, p);
+	if (rc == NULL) {
+		relay_close_free((uv_stream_t *)p);
+		return;
+	}
+	rc->ops = srv->ops;
+	wire_reader_init(&rc->rd);
+	if (uv_read_start((uv_stream_t *)p, reqconn_alloc, reqconn_read) < 0)
+		rc->ops->gone(rc, NULL);
+}
+
+/* uvutil_reqconn_next: see uvutil.h. */
+int uvutil_reqconn_next(struct uvutil_reqconn *rc, struct relay_kept *kept,
+                        uv_pipe_t **conn)
+{
+	free(rc->pending);
+	rc->pending = NULL;
+	rc->pending_len = 0;
+	rc->served++;
+	*conn = (uv_pipe_t *)kept->opener;
+	relay_kept_reader(kept, &rc->rd);
+	kept->opener->data = rc;
+	return uv_read_start(kept->opener, reqconn_alloc, reqconn_read) < 0 ? -1 : 0;
 }
 
 /* ---- idle connection pool ------------------------------------------------ */

@@ -105,6 +105,7 @@ struct bridge {
 	/* Idle guest connections, verified when they were opened. */
 	struct uvutil_pool *pool;
 	uv_pipe_t server;
+	struct uvutil_server srv;  /* server.data: the skeleton's hooks */
 	uv_poll_t init_poll;
 	uv_signal_t sigterm, sigint;
 	bool stopping;
@@ -115,15 +116,14 @@ struct bridge {
  * come last: bconn_new clears only what precedes them (they are always
  * filled before being read). */
 struct bconn {
+	/* First: the server skeleton's part (lib/uvutil.h): served, the
+	 * REQUEST decoder, the bytes after the REQUEST (owned). */
+	struct uvutil_reqconn rc;
 	struct bridge *b;
-	uint64_t served;          /* operations done on this connection */
 	uv_pipe_t *conn;          /* owned until the relay */
 	uv_pipe_t *guest;         /* owned until the relay */
-	struct wire_reader rd;
 	uint8_t *req;             /* REQUEST payload copy (owned) */
 	uint32_t req_len;
-	uint8_t *pending;         /* bytes after the REQUEST (owned) */
-	size_t pending_len;
 	uv_connect_t connect;
 	/* Handshake phase: the challenge sent, the guest's answer being read
 	 * into hbuf, and its deadline (heap, freed by its close callback). */
@@ -158,12 +158,9 @@ static void bconn_free(struct bconn *c)
 	if (c->guest)
 		relay_close_free((uv_stream_t *)c->guest);
 	free(c->req);
-	free(c->pending);
+	free(c->rc.pending);
 	free(c);
 }
-
-static void bconn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
-static void bconn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 
 /* bconn_fail: ERROR to the manager, then close. */
 static void bconn_fail(struct bconn *c, enum wire_code code, const char *msg)
@@ -192,16 +189,9 @@ static void bconn_refuse(struct bconn *c, enum refusal reason, const char *msg)
 static void bconn_next(struct bconn *c, struct relay_kept *kept)
 {
 	free(c->req);
-	free(c->pending);
 	c->req = NULL;
-	c->pending = NULL;
 	c->req_len = 0;
-	c->pending_len = 0;
-	c->served++;
-	c->conn = (uv_pipe_t *)kept->opener;
-	relay_kept_reader(kept, &c->rd);
-	c->conn->data = c;
-	if (uv_read_start((uv_stream_t *)c->conn, bconn_alloc_cb, bconn_read_cb) < 0)
+	if (uvutil_reqconn_next(&c->rc, kept, &c->conn) < 0)
 		bconn_free(c);
 }
 
@@ -218,7 +208,7 @@ static void relay_kept(struct relay *r, enum relay_end how, const char *msg,
 		if (how != RELAY_DONE)
 			log_info("operation ended: %s: %s", relay_end_name(how), msg);
 		free(c->req);
-		free(c->pending);
+		free(c->rc.pending);
 		free(c);
 		return;
 	}
@@ -238,8 +228,8 @@ static void forward_and_relay(struct bconn *c)
 		bconn_fail(c, WIRE_E_TRANSPORT, err.msg);
 		return;
 	}
-	r = relay_start_keep((uv_stream_t *)c->conn, (uv_stream_t *)c->guest, c->pending,
-	                     c->pending_len, NULL, relay_kept, c, &err);
+	r = relay_start_keep((uv_stream_t *)c->conn, (uv_stream_t *)c->guest, c->rc.pending,
+	                     c->rc.pending_len, NULL, relay_kept, c, &err);
 	if (r == NULL) {
 		bconn_fail(c, WIRE_E_INTERNAL, err.msg);
 		return;
@@ -515,41 +505,23 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 	unixaddr_done(&ua);
 }
 
-/* bconn_alloc_cb: reads land in the operation's buffer. */
-static void bconn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+/* bconn_request: the connection's next REQUEST (server skeleton hook). */
+static void bconn_request(struct uvutil_reqconn *rc, const struct wire_frame *f)
 {
-	struct bconn *c = h->data;
-
-	(void)suggested;
-	*buf = uv_buf_init((char *)c->buf, sizeof(c->buf));
+	handle_request((struct bconn *)rc, f);
 }
 
-/* bconn_read_cb: waits for the connection's next REQUEST frame. */
-static void bconn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+/* bconn_turn_down: the skeleton turns the connection down (no memory). */
+static void bconn_turn_down(struct uvutil_reqconn *rc, enum wire_code code, const char *msg)
 {
-	struct bconn *c = s->data;
-	struct wire_frame f;
-	struct tt_err err = { 0 };
+	bconn_fail((struct bconn *)rc, code, msg);
+}
 
-	(void)buf;
-	switch (uvutil_read_request(s, c->served, &c->rd, c->buf, nread, &f, &c->pending,
-	                            &c->pending_len, &err)) {
-	case UVUTIL_REQ_MORE:
-		return;
-	case UVUTIL_REQ_READY:
-		handle_request(c, &f);
-		return;
-	case UVUTIL_REQ_BAD:
-		log_warn("closing a connection: %s", err.msg);
-		bconn_free(c);
-		return;
-	case UVUTIL_REQ_NOMEM:
-		bconn_fail(c, WIRE_E_INTERNAL, "out of memory");
-		return;
-	case UVUTIL_REQ_CLOSED:
-		break;
-	}
-	bconn_free(c);
+/* bconn_gone: the manager closed the connection or broke the protocol. */
+static void bconn_gone(struct uvutil_reqconn *rc, const struct tt_err *err)
+{
+	(void)err;
+	bconn_free((struct bconn *)rc);
 }
 
 /* bconn_new: an operation with every field but the read buffers zeroed
@@ -628,49 +600,58 @@ static bool may_adopt(struct bridge *b, int fd, pid_t *peer)
 	return true;
 }
 
-/* on_connection: only the manager pinned at start (pid, start time,
+/* bridge_peer: only the manager pinned at start (pid, start time,
  * executable, uid); anyone else is refused before a byte is read, except
  * a successor once that manager has exited, which must prove the
  * adoption key first (adopt.c). */
-static void on_connection(uv_stream_t *server, int status)
+static bool bridge_peer(void *data, uv_pipe_t *p)
 {
-	struct bridge *b = server->data;
+	struct bridge *b = data;
 	struct tt_err err = { 0 };
 	uv_os_fd_t fd = -1;
-	struct bconn *c;
-	uv_pipe_t *p;
+	enum refusal reason;
+	pid_t peer = 0;
 
-	if (status < 0 || (p = uvutil_accept(server, b->loop)) == NULL)
-		return;
-	if (uv_fileno((uv_handle_t *)p, &fd) < 0 || verify_peer(fd, &b->mgr_id, &err) < 0) {
-		enum refusal reason = refusal_of(&err);
-		pid_t peer = 0;
-
-		if (fd >= 0 && may_adopt(b, fd, &peer)) {
-			adopt_start(p, peer, &(struct adopt_spec){
-				.loop = b->loop, .sbx = b->arg.sbx, .gen = b->arg.gen,
-				.att = b->arg.att, .key = b->adopt_key,
-				.accept = adopt_accept, .done = adopt_done, .data = b });
-			return;
-		}
-
-		refusal_count(reason);
-		log_warn("refused peer (%s): not the manager pid %d: %s", refusal_name(reason),
-		         (int)b->mgr_id.pid, err.msg[0] ? err.msg : "no fd");
-		relay_close_free((uv_stream_t *)p);
-		return;
+	if (uv_fileno((uv_handle_t *)p, &fd) == 0 && verify_peer(fd, &b->mgr_id, &err) == 0)
+		return true;
+	reason = refusal_of(&err);
+	if (fd >= 0 && may_adopt(b, fd, &peer)) {
+		adopt_start(p, peer, &(struct adopt_spec){
+			.loop = b->loop, .sbx = b->arg.sbx, .gen = b->arg.gen,
+			.att = b->arg.att, .key = b->adopt_key,
+			.accept = adopt_accept, .done = adopt_done, .data = b });
+		return false;
 	}
-	c = bconn_new();
-	if (c == NULL) {
-		relay_close_free((uv_stream_t *)p);
-		return;
-	}
-	c->b = b;
+	refusal_count(reason);
+	log_warn("refused peer (%s): not the manager pid %d: %s", refusal_name(reason),
+	         (int)b->mgr_id.pid, err.msg[0] ? err.msg : "no fd");
+	relay_close_free((uv_stream_t *)p);
+	return false;
+}
+
+/* bridge_conn: a connection from the manager, waiting for its REQUEST. */
+static struct uvutil_reqconn *bridge_conn(void *data, uv_pipe_t *p)
+{
+	struct bconn *c = bconn_new();
+
+	if (c == NULL)
+		return NULL;
+	c->b = data;
 	c->conn = p;
 	p->data = c;
-	wire_reader_init(&c->rd);
-	uv_read_start((uv_stream_t *)p, bconn_alloc_cb, bconn_read_cb);
+	c->rc.buf = c->buf;
+	c->rc.cap = sizeof(c->buf);
+	return &c->rc;
 }
+
+/* The manager's connections on the server skeleton (lib/uvutil.h). */
+static const struct uvutil_server_ops bridge_server_ops = {
+	.peer = bridge_peer,
+	.conn = bridge_conn,
+	.request = bconn_request,
+	.fail = bconn_turn_down,
+	.gone = bconn_gone,
+};
 
 /* bridge_stop: ends the loop; in-flight operations die with the process
  * (their openers see the connection drop: never a silent retry). */
@@ -748,9 +729,11 @@ static int pin_peers(struct bridge *b, struct tt_err *err)
  * waiting (and pins us as we will stay: uid included). */
 static int listen_ready(struct bridge *b, struct tt_err *err)
 {
-	b->server.data = b;
+	b->srv = (struct uvutil_server){ .loop = b->loop, .ops = &bridge_server_ops,
+	                                 .data = b };
+	b->server.data = &b->srv;
 	if (bridge_listen_as(b->loop, &b->server, b->arg.listen_path, b->arg.run_as,
-	                     on_connection, err) < 0)
+	                     uvutil_server_accept, err) < 0)
 		return -1;
 	if (b->arg.ready_fd >= 0) {
 		/* 6 bytes into an empty pipe: never blocks, never short. */

@@ -110,16 +110,9 @@ static void relay_kept(struct relay *r, enum relay_end how, const char *msg,
 		uvutil_pool_put(bridge_pool_of(c->m, c->sbx, c->exec_serial, c->epoch),
 		                kept->far);
 	json_decref(c->req);
-	free(c->pending);
 	c->req = NULL;
-	c->pending = NULL;
-	c->pending_len = 0;
 	c->sbx[0] = '\0';
-	c->served++;
-	c->conn = (uv_pipe_t *)kept->opener;
-	relay_kept_reader(kept, &c->rd);
-	c->conn->data = c;
-	if (uv_read_start((uv_stream_t *)c->conn, conn_alloc_cb, conn_read_cb) < 0) {
+	if (uvutil_reqconn_next(&c->rc, kept, &c->conn) < 0) {
 		conn_free(c);
 		return;
 	}
@@ -147,7 +140,7 @@ static void bridge_forward(struct mgr_conn *c)
 		first = (struct wire_out){ WIRE_DECISION, c->decision,
 		                           (uint32_t)strlen(c->decision) };
 	c->relay = relay_start_keep((uv_stream_t *)c->conn, (uv_stream_t *)c->bridge,
-	                            c->pending, c->pending_len,
+	                            c->rc.pending, c->rc.pending_len,
 	                            c->decision != NULL ? &first : NULL, relay_kept, c, &err);
 	if (c->relay == NULL) {
 		conn_fail(c, WIRE_E_INTERNAL, err.msg);

@@ -21,6 +21,7 @@
 #include "procid.h"
 #include "substrate/ns/ns.h"
 #include "wire.h"
+#include "uvutil.h"
 #include "wirecode.h"
 
 struct relay;
@@ -67,14 +68,13 @@ struct mgr_exec {
 /* One accepted node-api connection, serving its operations in sequence;
  * a relay holds both streams while an admitted operation runs. */
 struct mgr_conn {
+	/* First: the server skeleton's part (lib/uvutil.h): served, the
+	 * REQUEST decoder, the bytes after the REQUEST (owned). */
+	struct uvutil_reqconn rc;
 	struct manager *m;
-	uint64_t served;          /* operations done on this connection */
 	uint64_t exec_serial;     /* mgr_exec.serial of the bridge in use */
 	uv_pipe_t *conn;          /* owned until handed to the relay */
 	uv_pipe_t *bridge;        /* owned until handed to the relay */
-	struct wire_reader rd;
-	uint8_t *pending;         /* bytes after the REQUEST (owned) */
-	size_t pending_len;
 	json_t *req;              /* the REQUEST (owned) */
 	char *decision;           /* an Allow DECISION held back to go out with
 	                           * the answer (owned), or NULL */
@@ -126,6 +126,7 @@ struct manager {
 	struct mgr_conn *watcher;
 	struct mgr_lost *lost;
 	uv_pipe_t server;
+	struct uvutil_server srv;  /* server.data: the skeleton's hooks */
 	uv_signal_t sigterm, sigint;
 	bool stopping;
 	/* The node-api's end of a socketpair (--lifeline): EOF means node-api
@@ -235,13 +236,9 @@ void waiting_add(struct mgr_conn *c);
 void conn_free(struct mgr_conn *c);
 /* conn_fail: tells the opener why (ERROR), then closes. */
 void conn_fail(struct mgr_conn *c, enum wire_code code, const char *msg);
-/* conn_alloc_cb: reads go straight into the connection's buffer. */
-void conn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
-/* conn_read_cb: waits for the connection's next REQUEST frame, then
- * dispatches. */
-void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
-/* conn_accept_cb: accept, check the peer, start reading its REQUEST. */
-void conn_accept_cb(uv_stream_t *server, int status);
+/* conn_server_ops: node-api's connections on the server skeleton
+ * (lib/uvutil.h): the peer check, then one REQUEST at a time. */
+extern const struct uvutil_server_ops conn_server_ops;
 
 /* ---- admit.c ---------------------------------------------------------- */
 

@@ -83,6 +83,15 @@ void lost_note(struct manager *m, const struct rec_exec *r,
 	lost_send(m, r->id.sbx, r->id.gen, r->id.att, reason, reactivate);
 }
 
+/* watch_alloc_cb: a watcher's reads land in its connection's buffer. */
+static void watch_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+	struct mgr_conn *c = h->data;
+
+	(void)suggested;
+	*buf = uv_buf_init((char *)c->buf, sizeof(c->buf));
+}
+
 /* watch_read_cb: a watcher sends nothing more: EOF (or any byte) ends it. */
 static void watch_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
@@ -100,7 +109,7 @@ void watch_start(struct mgr_conn *c)
 		conn_free(m->watcher);
 	m->watcher = c;
 	uv_read_stop((uv_stream_t *)c->conn);
-	if (uv_read_start((uv_stream_t *)c->conn, conn_alloc_cb, watch_read_cb) < 0) {
+	if (uv_read_start((uv_stream_t *)c->conn, watch_alloc_cb, watch_read_cb) < 0) {
 		conn_free(c);
 		return;
 	}

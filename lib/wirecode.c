@@ -28,6 +28,8 @@ static const struct {
 	[WIRE_E_WRONG_ACTIVATION] = { "wrong_activation", 500 },
 	[WIRE_E_NO_SECRET] = { "no_secret", 500 },
 	[WIRE_E_INVALID_CLAIMS] = { "invalid_claims", 500 },
+	[WIRE_E_LENGTH_REQUIRED] = { "length_required", 411 },
+	[WIRE_E_METHOD_NOT_ALLOWED] = { "method_not_allowed", 405 },
 };
 
 /* wirecode_name: see wirecode.h. */

@@ -3,7 +3,7 @@
  * (lib/wirecode.c). Senders name a code by its enum value; receivers parse
  * the string through the table, and a code the table does not know is
  * WIRE_E_INTERNAL, never undefined. node-api answers HTTP with the status
- * the table gives (docs/API.md). No libuv, no jansson: the guest links it
+ * the table gives (docs/API.md), with the same codes. No libuv, no jansson: the guest links it
  * statically. */
 #ifndef TT_WIRECODE_H
 #define TT_WIRECODE_H
@@ -30,6 +30,8 @@ enum wire_code {
 	WIRE_E_WRONG_ACTIVATION,
 	WIRE_E_NO_SECRET,
 	WIRE_E_INVALID_CLAIMS,   /* the signer refused a claim set */
+	WIRE_E_LENGTH_REQUIRED,  /* node-api's HTTP answers only */
+	WIRE_E_METHOD_NOT_ALLOWED,
 	WIRE_E_COUNT,
 };
 

@@ -183,11 +183,10 @@ static void op_reply_json(struct api_op *op, unsigned status, json_t *obj)
 }
 
 /* op_reply_error: see api_int.h. */
-void op_reply_error(struct api_op *op, unsigned status,
-                    const char *code, const char *msg)
+void op_reply_error(struct api_op *op, enum wire_code code, const char *msg)
 {
-	op_reply_json(op, status, json_pack("{s:s,s:s}", "error", code,
-	                                    "message", msg));
+	op_reply_json(op, wirecode_status(code),
+	              json_pack("{s:s,s:s}", "error", wirecode_name(code), "message", msg));
 }
 
 /* deny_malformed_json: see api_int.h. */
@@ -212,7 +211,7 @@ bool op_send(struct api_op *op, uint8_t type, const void *data,
 	if (rc == 0)
 		return true;
 	log_warn("%s %s: %s", api_route_names[op->route], op->sbx, err.msg);
-	op_reply_error(op, 502, "transport", "lost the manager connection");
+	op_reply_error(op, WIRE_E_TRANSPORT, "lost the manager connection");
 	return false;
 }
 
@@ -248,7 +247,7 @@ static void op_on_decision(struct api_op *op, const struct wire_frame *f)
 	json_t *obj = mgrconn_decision(f, &v);
 
 	if (obj == NULL) {
-		op_reply_error(op, 502, "transport", "manager sent an invalid decision");
+		op_reply_error(op, WIRE_E_TRANSPORT, "manager sent an invalid decision");
 		return;
 	}
 	json_decref(obj);
@@ -286,10 +285,10 @@ static void op_on_result(struct api_op *op, const struct wire_frame *f)
 	if (!json_is_object(res)) {
 		json_decref(res);
 		if (op->route == R_FILES_GET) {
-			stream_fail(op, 502, "transport", "manager sent an invalid result");
+			stream_fail(op, WIRE_E_TRANSPORT, "manager sent an invalid result");
 			return;
 		}
-		op_reply_error(op, 502, "transport", "manager sent an invalid result");
+		op_reply_error(op, WIRE_E_TRANSPORT, "manager sent an invalid result");
 		return;
 	}
 	switch (op->route) {
@@ -307,7 +306,7 @@ static void op_on_result(struct api_op *op, const struct wire_frame *f)
 		    (uint64_t)json_integer_value(json_object_get(res, "size")) !=
 		            op->content_len) {
 			json_decref(res);
-			stream_fail(op, 502, "transport",
+			stream_fail(op, WIRE_E_TRANSPORT,
 			            "the sandbox ended the read short of its size");
 			return;
 		}
@@ -322,7 +321,7 @@ static void op_on_result(struct api_op *op, const struct wire_frame *f)
 		entries = list_build(op, json_object_get(res, "entries_total"));
 		if (entries == NULL) {
 			json_decref(res);
-			op_reply_error(op, 502, "transport",
+			op_reply_error(op, WIRE_E_TRANSPORT,
 			               "the sandbox sent an invalid listing");
 			return;
 		}
@@ -352,7 +351,7 @@ static void op_on_error(struct api_op *op, const struct wire_frame *f)
 		log_warn("files_get %s: error after the headers: %s: %s", op->sbx,
 		         code ? code : "?", msg ? msg : "");
 		json_decref(obj);
-		stream_fail(op, 500, "internal", "error after the headers");
+		stream_fail(op, WIRE_E_INTERNAL, "error after the headers");
 		return;
 	}
 	/* A stream that got no byte yet answers like any other error. */
@@ -361,13 +360,12 @@ static void op_on_error(struct api_op *op, const struct wire_frame *f)
 		/* admitted, then its execution was retired while it ran: it may
 		 * have run, so it is a transport failure to the caller (a read
 		 * is retried, a write or exec never repeated), not a refusal */
-		op_reply_error(op, 502, "transport", "the execution was retired while "
+		op_reply_error(op, WIRE_E_TRANSPORT, "the execution was retired while "
 		               "this operation ran: it may or may not have run");
 		json_decref(obj);
 		return;
 	}
-	op_reply_error(op, wirecode_status(wc), wirecode_name(wc),
-	               msg ? msg : "operation failed");
+	op_reply_error(op, wc, msg ? msg : "operation failed");
 	json_decref(obj);
 }
 
@@ -384,7 +382,7 @@ static void op_on_frame(void *arg, const struct wire_frame *f)
 		else if (f->type == WIRE_ERROR)
 			op_on_error(op, f);
 		else
-			op_reply_error(op, 502, "transport",
+			op_reply_error(op, WIRE_E_TRANSPORT,
 			               "manager answered before its decision");
 		return;
 	}
@@ -396,7 +394,7 @@ static void op_on_frame(void *arg, const struct wire_frame *f)
 	case WIRE_DATA_OUT:
 		if (op->route == R_EXEC) {
 			if (buf_append(&op->out, f->payload, f->len, API_OUT_MAX) < 0)
-				op_reply_error(op, 500, "internal", "out of memory");
+				op_reply_error(op, WIRE_E_INTERNAL, "out of memory");
 		} else if (op->route == R_FILES_GET && f->len > 0) {
 			stream_push(op, f->payload, f->len);
 			if (op->state == OP_STREAM && !op->stream_abort &&
@@ -409,7 +407,7 @@ static void op_on_frame(void *arg, const struct wire_frame *f)
 	case WIRE_STDERR:
 		if (op->route == R_EXEC &&
 		    buf_append(&op->err, f->payload, f->len, API_OUT_MAX) < 0)
-			op_reply_error(op, 500, "internal", "out of memory");
+			op_reply_error(op, WIRE_E_INTERNAL, "out of memory");
 		break;
 	case WIRE_RESULT:
 		op_on_result(op, f);
@@ -431,13 +429,13 @@ static void op_on_end(void *arg, const struct tt_err *err)
 		return;
 	log_warn("%s %s: %s", api_route_names[op->route], op->sbx, err->msg);
 	if (op->route == R_FILES_GET && op->headers_sent) {
-		stream_fail(op, 502, "transport", "lost the manager connection");
+		stream_fail(op, WIRE_E_TRANSPORT, "lost the manager connection");
 		return;
 	}
 	if (err->code == TT_ERR_IO)
-		op_reply_error(op, 503, "unavailable", "the sandbox manager is not reachable");
+		op_reply_error(op, WIRE_E_UNAVAILABLE, "the sandbox manager is not reachable");
 	else
-		op_reply_error(op, 502, "transport", "lost the manager connection");
+		op_reply_error(op, WIRE_E_TRANSPORT, "lost the manager connection");
 }
 
 /* op_on_drain: PUT bytes went out to the manager; read the client again. */
@@ -462,7 +460,6 @@ void op_start(struct api_op *op)
 	op->state = OP_DECISION;
 	op->mc = mgrconn_open(op->n, op->req, &cbs, op, &err);
 	if (op->mc == NULL)
-		op_reply_error(op, err.code == TT_ERR_TOO_LARGE ? 413 : 500,
-		               err.code == TT_ERR_TOO_LARGE ? "too_large" : "internal",
-		               err.msg);
+		op_reply_error(op, err.code == TT_ERR_TOO_LARGE ? WIRE_E_TOO_LARGE
+		                                                : WIRE_E_INTERNAL, err.msg);
 }

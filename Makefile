@@ -84,10 +84,10 @@ $(BUILD)/tether-signer: $(call obj,$(SIGNER_SRC)) $(CORE)
 	$(CC) $(LDFLAGS) -o $@ $(call obj,$(SIGNER_SRC)) $(CORE) $(SIGNER_LIBS)
 # The guest agent runs inside sandboxes with no host libraries: static, and
 # built from its own objects (no sanitizers: they need a runtime).
-$(BUILD)/tether-guest: $(GUEST_SRC) $(wildcard src/guest/*.h) $(LIB_SRC)
+$(BUILD)/tether-guest: $(GUEST_SRC) $(wildcard src/guest/*.h) $(LIB_SRC) $(wildcard lib/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c17 -D_GNU_SOURCE -O2 -g $(WARN) -Ilib -Isrc -static -o $@ \
-	  $(GUEST_SRC) $(filter lib/wire.c lib/wire_json.c lib/err.c lib/log.c lib/fsutil.c,$(LIB_SRC)) -l:libsodium.a -l:libjansson.a
+	  $(GUEST_SRC) $(filter lib/wire.c lib/wire_json.c lib/wirecode.c lib/wireop.c lib/hello.c lib/err.c lib/log.c lib/fsutil.c,$(LIB_SRC)) -l:libsodium.a -l:libjansson.a
 
 # The churn harness is a plain client of the edge's HTTP API: libcurl,
 # jansson and threads only.

@@ -27,7 +27,7 @@
 #include <sodium.h>
 
 #include "client/tether.h"
-#include "guest/hello.h"
+#include "hello.h"
 #include "wire.h"
 
 #define BENCH_SBX "sbx_benchbenchbenchbenchbenchb"

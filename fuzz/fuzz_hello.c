@@ -1,4 +1,4 @@
-/* Fuzzes the HELLO handshake decoders (src/guest/hello.h): the input is a
+/* Fuzzes the HELLO handshake decoders (lib/hello.h): the input is a
  * stream of wire frames (as a guest or a bridge reads them, split at
  * pseudo-random points); each complete HELLO goes through wire_frame_json
  * and then the guest's challenge decoder (hello_challenge_parse) and the
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "guest/hello.h"
+#include "hello.h"
 #include "wire.h"
 #include "wire_json.h"
 

@@ -19,41 +19,11 @@
 
 #define OPS_MAX_ENTRIES 32 /* more operation names than this is malformed */
 
-static const struct {
-	const char *name;
-	uint32_t bit;
-} op_table[] = {
-	{ "exec", TT_OP_EXEC },     { "fs.read", TT_OP_FS_READ },
-	{ "fs.write", TT_OP_FS_WRITE }, { "pty", TT_OP_PTY },
-	{ "watch", TT_OP_WATCH },
-};
-#define OP_COUNT (sizeof(op_table) / sizeof(op_table[0]))
-
 /* Claim names the parser knows; anything else at the root is malformed. */
 static const char *const known_claims[] = {
 	"iss", "sub", "jti", "iat", "exp", "aud", "sbx", "gen",
 	"wrk", "sst", "pod", "att", "pur", "ops", "port", "proto",
 };
-
-/* op_name: the wire name of one operation bit, or NULL. */
-const char *op_name(enum tt_op op)
-{
-	for (size_t i = 0; i < OP_COUNT; i++)
-		if (op_table[i].bit == (uint32_t)op)
-			return op_table[i].name;
-	return NULL;
-}
-
-/* op_from_name: the bit of a named operation, or 0 if unknown. */
-uint32_t op_from_name(const char *name)
-{
-	if (name == NULL)
-		return 0;
-	for (size_t i = 0; i < OP_COUNT; i++)
-		if (strcmp(op_table[i].name, name) == 0)
-			return op_table[i].bit;
-	return 0;
-}
 
 /* ops_parse: "exec,fs.read" -> bits; an empty string is no operations, an
  * unknown or empty element is an error (operators should hear of typos). */
@@ -75,7 +45,7 @@ int ops_parse(const char *csv, uint32_t *ops, struct tt_err *err)
 			                  "ops: empty or overlong operation name");
 		memcpy(name, p, n);
 		name[n] = '\0';
-		bit = op_from_name(name);
+		bit = wireop_cap(wireop_parse(name));
 		if (bit == 0)
 			return tt_err_set(err, TT_ERR_INVALID,
 			                  "ops: unknown operation '%s'", name);
@@ -100,19 +70,20 @@ int ops_format(uint32_t ops, char *out, size_t cap)
 	if (out == NULL || cap == 0)
 		return -1;
 	out[0] = '\0';
-	for (size_t i = 0; i < OP_COUNT; i++) {
+	for (unsigned i = 1; i < WIRE_OP_COUNT; i++) {
+		const char *name = wireop_name((enum wire_op)i);
 		size_t n;
 
-		if (!(ops & op_table[i].bit))
+		if (!(ops & wireop_cap((enum wire_op)i)))
 			continue;
-		n = strlen(op_table[i].name);
+		n = strlen(name);
 		if (len + (len > 0) + n + 1 > cap) {
 			out[0] = '\0';
 			return -1;
 		}
 		if (len > 0)
 			out[len++] = ',';
-		memcpy(out + len, op_table[i].name, n + 1);
+		memcpy(out + len, name, n + 1);
 		len += n;
 	}
 	return 0;
@@ -315,7 +286,7 @@ static int ops_claim(json_t *root, uint32_t *ops, struct tt_err *err)
 			return tt_err_set(err, TT_ERR_MALFORMED,
 			                  "claims: 'ops' entry too long");
 		if (strlen(json_string_value(item)) == json_string_length(item))
-			*ops |= op_from_name(json_string_value(item));
+			*ops |= wireop_cap(wireop_parse(json_string_value(item)));
 	}
 	return 0;
 }
@@ -473,10 +444,10 @@ static json_t *claims_build(const struct tt_claims *c)
 			c->proto == TT_PROTO_TCP ? "tcp" : ""));
 	} else {
 		ops = json_array();
-		for (size_t i = 0; ops != NULL && i < OP_COUNT; i++)
-			if (c->ops & op_table[i].bit)
+		for (unsigned i = 1; ops != NULL && i < WIRE_OP_COUNT; i++)
+			if (c->ops & wireop_cap((enum wire_op)i))
 				bad |= json_array_append_new(
-					ops, json_string(op_table[i].name));
+					ops, json_string(wireop_name((enum wire_op)i)));
 		bad |= json_object_set_new(o, "ops", ops);
 	}
 	if (bad) {

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "err.h"
+#include "wireop.h"
 
 #define TT_SBX_ID_LEN 30 /* "sbx_" + 26 lowercase base32 */
 #define TT_NAME_MAX 64   /* worker ids, substrate, pod uid, iss, jti */
@@ -17,16 +18,6 @@
 enum tt_aud { TT_AUD_NODE = 1, TT_AUD_GATEWAY = 2 };
 enum tt_purpose { TT_PUR_CONTROL = 1, TT_PUR_PORT = 2 };
 enum tt_proto { TT_PROTO_NONE = 0, TT_PROTO_TCP = 1, TT_PROTO_HTTP = 2 };
-
-/* Operations a control capability may permit (bit set in ops). Unknown
- * names in a token are ignored: they grant nothing. */
-enum tt_op {
-	TT_OP_EXEC = 1u << 0,     /* "exec" */
-	TT_OP_FS_READ = 1u << 1,  /* "fs.read" */
-	TT_OP_FS_WRITE = 1u << 2, /* "fs.write" */
-	TT_OP_PTY = 1u << 3,      /* "pty" */
-	TT_OP_WATCH = 1u << 4,    /* "watch" */
-};
 
 /* identity: (sandbox, generation, worker, substrate, pod uid, activation). */
 struct tt_identity {
@@ -69,8 +60,5 @@ void sbx_id_new(char out[TT_SBX_ID_LEN + 1]);
  * is for operators and config, not tokens). ops_format: bits -> "a,b". */
 int ops_parse(const char *csv, uint32_t *ops, struct tt_err *err);
 int ops_format(uint32_t ops, char *out, size_t cap);
-/* op_name / op_from_name: one operation. */
-const char *op_name(enum tt_op op);
-uint32_t op_from_name(const char *name);
 
 #endif

@@ -12,6 +12,7 @@ static void tt_err_vset(struct tt_err *err, enum tt_errc code, int sys_errno,
 {
 	err->code = code;
 	err->sys_errno = sys_errno;
+	err->detail = 0;
 	vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
 }
 
@@ -25,6 +26,20 @@ int tt_err_set(struct tt_err *err, enum tt_errc code, const char *fmt, ...)
 	va_start(ap, fmt);
 	tt_err_vset(err, code, 0, fmt, ap);
 	va_end(ap);
+	return -1;
+}
+
+/* tt_err_verify: records a failed verification and what failed. */
+int tt_err_verify(struct tt_err *err, int detail, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err == NULL)
+		return -1;
+	va_start(ap, fmt);
+	tt_err_vset(err, TT_ERR_VERIFY, 0, fmt, ap);
+	va_end(ap);
+	err->detail = detail;
 	return -1;
 }
 
@@ -55,6 +70,7 @@ void tt_err_clear(struct tt_err *err)
 		return;
 	err->code = TT_OK;
 	err->sys_errno = 0;
+	err->detail = 0;
 	err->msg[0] = '\0';
 }
 

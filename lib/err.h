@@ -25,6 +25,8 @@ enum tt_errc {
 struct tt_err {
 	enum tt_errc code;
 	int sys_errno;      /* errno when code is TT_ERR_SYS/IO, else 0 */
+	int detail;         /* TT_ERR_VERIFY: what failed, an enum refusal
+	                     * (lib/refusal.h); else 0 */
 	char msg[256];
 };
 
@@ -33,6 +35,10 @@ int tt_err_set(struct tt_err *err, enum tt_errc code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* tt_err_sys: like tt_err_set, appends strerror(errno) and keeps errno. */
 int tt_err_sys(struct tt_err *err, enum tt_errc code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* tt_err_verify: TT_ERR_VERIFY with its detail (enum refusal); returns
+ * -1. err may be NULL. */
+int tt_err_verify(struct tt_err *err, int detail, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* tt_err_clear: resets to TT_OK. */
 void tt_err_clear(struct tt_err *err);

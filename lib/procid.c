@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cleanup.h"
+#include "refusal.h"
 
 /* /proc/<pid>/stat is well under 1 KiB (comm is at most 16 bytes). */
 #define STAT_MAX 2048
@@ -295,6 +296,18 @@ const char *procid_verify_reason(const char *field)
 	return "identity differs";
 }
 
+/* procid_verify_detail: the refusal reason for a differing field. */
+int procid_verify_detail(const char *field)
+{
+	if (field != NULL && strcmp(field, "start_time") == 0)
+		return REFUSAL_PID_REUSED;
+	if (field != NULL && strcmp(field, "exe") == 0)
+		return REFUSAL_EXE_CHANGED;
+	if (field != NULL && (strcmp(field, "uid") == 0 || strcmp(field, "gid") == 0))
+		return REFUSAL_UID;
+	return REFUSAL_WRONG_PEER;
+}
+
 /* procid_pidfd_alive: 1 while the pidfd's process has not exited. */
 int procid_pidfd_alive(int pidfd, struct tt_err *err)
 {
@@ -359,7 +372,7 @@ static int pin_checked(pid_t pid, int pidfd, struct proc_identity *out,
 
 	if (identity_read_pidfd(pid, pidfd, out, err) < 0) {
 		if (err != NULL && err->code == TT_ERR_NOT_FOUND)
-			return tt_err_set(err, TT_ERR_VERIFY, "peer exited (pid %d)",
+			return tt_err_verify(err, REFUSAL_PEER_EXITED, "peer exited (pid %d)",
 			                  (int)pid);
 		return -1;
 	}
@@ -367,11 +380,11 @@ static int pin_checked(pid_t pid, int pidfd, struct proc_identity *out,
 	if (alive < 0)
 		return -1;
 	if (alive == 0)
-		return tt_err_set(err, TT_ERR_VERIFY, "peer exited (pid %d)", (int)pid);
+		return tt_err_verify(err, REFUSAL_PEER_EXITED, "peer exited (pid %d)", (int)pid);
 	if (procid_start_time(pid, &again, err) < 0)
-		return tt_err_set(err, TT_ERR_VERIFY, "peer exited (pid %d)", (int)pid);
+		return tt_err_verify(err, REFUSAL_PEER_EXITED, "peer exited (pid %d)", (int)pid);
 	if (again != out->start_time)
-		return tt_err_set(err, TT_ERR_VERIFY,
+		return tt_err_verify(err, REFUSAL_PID_REUSED,
 		                  "pid reused: start time changed during check (pid %d)",
 		                  (int)pid);
 	return 0;
@@ -425,21 +438,21 @@ static int peer_pidfd(int fd, pid_t cr_pid, bool *exact, struct tt_err *err)
 		if (pidfd_pid(owned, &fdpid, err) < 0)
 			return -1;
 		if (fdpid <= 0)
-			return tt_err_set(err, TT_ERR_VERIFY, "peer exited (pid %d)",
+			return tt_err_verify(err, REFUSAL_PEER_EXITED, "peer exited (pid %d)",
 			                  (int)cr_pid);
 		if (fdpid != cr_pid)
-			return tt_err_set(err, TT_ERR_VERIFY,
+			return tt_err_verify(err, REFUSAL_WRONG_PEER,
 			                  "peer pidfd names pid %d, SO_PEERCRED %d",
 			                  (int)fdpid, (int)cr_pid);
 		return tt_steal_fd(&owned);
 	}
 	if (errno == ESRCH)
-		return tt_err_set(err, TT_ERR_VERIFY, "peer exited (pid %d)", (int)cr_pid);
+		return tt_err_verify(err, REFUSAL_PEER_EXITED, "peer exited (pid %d)", (int)cr_pid);
 	if (errno != ENOPROTOOPT && errno != EINVAL)
 		return tt_err_sys(err, TT_ERR_SYS, "SO_PEERPIDFD");
 	pidfd = sys_pidfd_open(cr_pid);
 	if (pidfd < 0 && errno == ESRCH)
-		return tt_err_set(err, TT_ERR_VERIFY, "peer exited (pid %d)", (int)cr_pid);
+		return tt_err_verify(err, REFUSAL_PEER_EXITED, "peer exited (pid %d)", (int)cr_pid);
 	if (pidfd < 0)
 		return tt_err_sys(err, TT_ERR_SYS, "pidfd_open %d", (int)cr_pid);
 	return pidfd;
@@ -460,7 +473,7 @@ int peer_identity(int fd, struct proc_identity *out, int *out_pidfd,
 		return tt_err_sys(err, TT_ERR_SYS, "SO_PEERCRED");
 	/* pid 0: the peer lives in a pid namespace we cannot see into. */
 	if (cr.pid <= 0)
-		return tt_err_set(err, TT_ERR_VERIFY, "peer pid not visible");
+		return tt_err_verify(err, REFUSAL_WRONG_PEER, "peer pid not visible");
 	pidfd = peer_pidfd(fd, cr.pid, &exact, err);
 	if (pidfd < 0)
 		return -1;
@@ -492,26 +505,26 @@ int verify_peer_pidfd(int fd, const struct proc_identity *expected,
 		return -1;
 	field = proc_identity_diff(expected, &got);
 	if (field != NULL && strcmp(field, "pid") == 0)
-		return tt_err_set(err, TT_ERR_VERIFY, "peer pid differs (pid %d, want %d)",
+		return tt_err_verify(err, REFUSAL_WRONG_PEER, "peer pid differs (pid %d, want %d)",
 		                  (int)got.pid, (int)expected->pid);
 	if (field != NULL && strcmp(field, "start_time") == 0)
-		return tt_err_set(err, TT_ERR_VERIFY,
+		return tt_err_verify(err, REFUSAL_PID_REUSED,
 		                  "pid reused: start time differs (pid %d: %llu, want %llu)",
 		                  (int)got.pid, got.start_time, expected->start_time);
 	if (field != NULL && (strcmp(field, "uid") == 0 || strcmp(field, "gid") == 0))
-		return tt_err_set(err, TT_ERR_VERIFY, "%s (pid %d: %u:%u, want %u:%u)",
+		return tt_err_verify(err, REFUSAL_UID, "%s (pid %d: %u:%u, want %u:%u)",
 		                  procid_verify_reason(field), (int)got.pid,
 		                  (unsigned)got.uid, (unsigned)got.gid,
 		                  (unsigned)expected->uid, (unsigned)expected->gid);
 	if (field != NULL)
-		return tt_err_set(err, TT_ERR_VERIFY, "%s (pid %d)",
+		return tt_err_verify(err, procid_verify_detail(field), "%s (pid %d)",
 		                  procid_verify_reason(field), (int)got.pid);
 	/* Last look: still the same live process after the comparison. */
 	alive = procid_pidfd_alive(pidfd, err);
 	if (alive < 0)
 		return -1;
 	if (alive == 0)
-		return tt_err_set(err, TT_ERR_VERIFY, "peer exited (pid %d)", (int)got.pid);
+		return tt_err_verify(err, REFUSAL_PEER_EXITED, "peer exited (pid %d)", (int)got.pid);
 	if (out_pidfd != NULL)
 		*out_pidfd = tt_steal_fd(&pidfd);
 	return 0;

@@ -92,5 +92,8 @@ int verify_peer_pidfd(int fd, const struct proc_identity *expected,
 /* procid_verify_reason: the TT_ERR_VERIFY message for a field name from
  * proc_identity_diff ("pid reused: start time differs", ...). */
 const char *procid_verify_reason(const char *field);
+/* procid_verify_detail: the enum refusal (lib/refusal.h) for a field name
+ * from proc_identity_diff (REFUSAL_WRONG_PEER for pid or an unknown one). */
+int procid_verify_detail(const char *field);
 
 #endif

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "decision.h"
 #include "wire.h"
 #include "wire_json.h"
 
@@ -27,8 +28,7 @@ struct relay {
 	relay_done_fn done;
 	relay_keep_fn keep;       /* keep mode: instead of done */
 	void *data;
-	unsigned far_writes;      /* queued writes to the far side */
-	bool far_dirty;           /* bytes came after the far side's last frame */
+	struct relay_judge far;   /* may the far connection be reused */
 	bool have_kept;           /* kept: handed back once the far side closed */
 	struct relay_kept kept;
 	/* Frames decoded from one read, gathered per destination and written
@@ -89,7 +89,7 @@ static void reader_put(struct wire_reader *rd)
 static void relay_end(struct relay *r, enum relay_end how, const char *msg);
 static void side_resume(struct relay_side *sd);
 static void finish_with_error(struct relay *r, enum relay_end how,
-                              const char *code, const char *message);
+                              enum wire_code code, const char *message);
 
 /* relay_end_name: stable names for logs. */
 const char *relay_end_name(enum relay_end how)
@@ -160,20 +160,20 @@ int relay_write_json(uv_stream_t *s, uint8_t type, json_t *obj, struct tt_err *e
 }
 
 /* error_json: {"error":code,"message":message}; caller decrefs. */
-static json_t *error_json(const char *code, const char *message)
+static json_t *error_json(enum wire_code code, const char *message)
 {
-	return json_pack("{s:s,s:s}", "error", code, "message", message);
+	return json_pack("{s:s,s:s}", "error", wirecode_name(code), "message", message);
 }
 
 /* closing_error_json: the same, for an ERROR the connection's end follows
  * (see wire_error_closing): the receiver does not pool the connection. */
-static json_t *closing_error_json(const char *code, const char *message)
+static json_t *closing_error_json(enum wire_code code, const char *message)
 {
-	return json_pack("{s:s,s:s,s:b}", "error", code, "message", message, "closing", 1);
+	return json_pack("{s:s,s:s,s:b}", "error", wirecode_name(code), "message", message, "closing", 1);
 }
 
 /* relay_write_error: queues an ERROR frame. */
-int relay_write_error(uv_stream_t *s, const char *code, const char *message)
+int relay_write_error(uv_stream_t *s, enum wire_code code, const char *message)
 {
 	json_t *o = error_json(code, message);
 	int rc;
@@ -219,7 +219,7 @@ void relay_close_after_writes(uv_stream_t *s)
 
 /* relay_error_close: the ERROR is queued before the shutdown, so it goes
  * out first. */
-void relay_error_close(uv_stream_t *s, const char *code, const char *message)
+void relay_error_close(uv_stream_t *s, enum wire_code code, const char *message)
 {
 	json_t *o = closing_error_json(code, message);
 
@@ -242,14 +242,14 @@ static void relay_write_cb(uv_write_t *req, int status)
 
 	free(w);
 	if (dst == SIDE_FAR)
-		r->far_writes--;
+		r->far.writes--;
 	if (r->ending)
 		return;
 	if (status < 0) {
 		if (dst == SIDE_OPENER)
 			relay_end(r, RELAY_OPENER_GONE, uv_strerror(status));
 		else
-			finish_with_error(r, RELAY_FAR_GONE, "transport",
+			finish_with_error(r, RELAY_FAR_GONE, WIRE_E_TRANSPORT,
 			                  "the far side stopped reading");
 		return;
 	}
@@ -283,7 +283,7 @@ static int batch_flush(struct relay *r, int dst, bool final, enum relay_end how)
 		return -1;
 	}
 	if (dst == SIDE_FAR)
-		r->far_writes++;
+		r->far.writes++;
 	if (!final && !src->bp_paused &&
 	    uv_stream_get_write_queue_size(r->side[dst].s) > RELAY_HIGH_WATER) {
 		uv_read_stop(src->s);
@@ -327,7 +327,7 @@ static int side_write(struct relay *r, int dst, uint8_t type, const void *payloa
 /* finish_with_error: stops reading and sends the opener a last ERROR; the
  * relay ends when it is written (or at once if it cannot be queued). */
 static void finish_with_error(struct relay *r, enum relay_end how,
-                              const char *code, const char *message)
+                              enum wire_code code, const char *message)
 {
 	json_t *o;
 	char *text = NULL;
@@ -358,11 +358,11 @@ static void handle_frame(struct relay *r, int src, const struct wire_frame *f)
 		if (f->type != WIRE_DATA_IN && f->type != WIRE_EOF_IN) {
 			snprintf(msg, sizeof(msg), "unexpected %s frame from the opener",
 			         wire_type_name(f->type));
-			finish_with_error(r, RELAY_MALFORMED, "bad_request", msg);
+			finish_with_error(r, RELAY_MALFORMED, WIRE_E_BAD_REQUEST, msg);
 			return;
 		}
 		if (side_write(r, SIDE_FAR, f->type, f->payload, f->len, false, RELAY_DONE) < 0)
-			finish_with_error(r, RELAY_FAR_GONE, "transport", "cannot forward input");
+			finish_with_error(r, RELAY_FAR_GONE, WIRE_E_TRANSPORT, "cannot forward input");
 		return;
 	}
 	switch (f->type) {
@@ -376,9 +376,8 @@ static void handle_frame(struct relay *r, int src, const struct wire_frame *f)
 	case WIRE_RESULT:
 	case WIRE_ERROR:
 		/* An ERROR its sender closes after: the operation ended
-		 * cleanly, the far connection did not. */
-		if (wire_error_closing(f))
-			r->far_dirty = true;
+		 * cleanly, the far connection did not (relay_judge_frame). */
+		relay_judge_frame(&r->far, f);
 		r->finishing = true;
 		uv_read_stop(r->side[SIDE_OPENER].s);
 		uv_read_stop(r->side[SIDE_FAR].s);
@@ -389,7 +388,7 @@ static void handle_frame(struct relay *r, int src, const struct wire_frame *f)
 	default:
 		snprintf(msg, sizeof(msg), "unexpected %s frame from the far side",
 		         wire_type_name(f->type));
-		finish_with_error(r, RELAY_MALFORMED, "transport", msg);
+		finish_with_error(r, RELAY_MALFORMED, WIRE_E_TRANSPORT, msg);
 	}
 }
 
@@ -410,7 +409,7 @@ static void side_feed(struct relay *r, int src, const uint8_t *data, size_t len)
 			snprintf(msg, sizeof(msg), "%s sent a bad frame: %s",
 			         src == SIDE_OPENER ? "opener" : "far side", err.msg);
 			finish_with_error(r, RELAY_MALFORMED,
-			                  src == SIDE_OPENER ? "bad_request" : "transport", msg);
+			                  src == SIDE_OPENER ? WIRE_E_BAD_REQUEST : WIRE_E_TRANSPORT, msg);
 			return;
 		}
 		data += used;
@@ -421,12 +420,12 @@ static void side_feed(struct relay *r, int src, const uint8_t *data, size_t len)
 	/* The far side sent more after its RESULT/ERROR: it breaks the
 	 * sequence, so its connection is not reused. */
 	if (src == SIDE_FAR && len > 0)
-		r->far_dirty = true;
+		relay_judge_taint(&r->far);
 	if (r->ending)
 		return;
 	if (batch_flush(r, 1 - src, false, RELAY_DONE) < 0) {
 		if (src == SIDE_OPENER)
-			finish_with_error(r, RELAY_FAR_GONE, "transport", "cannot forward input");
+			finish_with_error(r, RELAY_FAR_GONE, WIRE_E_TRANSPORT, "cannot forward input");
 		else
 			relay_end(r, RELAY_OPENER_GONE, "cannot write to the opener");
 	}
@@ -457,7 +456,7 @@ static void relay_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	if (nread == 0)
 		return;
 	if (src == SIDE_FAR)
-		finish_with_error(r, RELAY_FAR_GONE, "transport",
+		finish_with_error(r, RELAY_FAR_GONE, WIRE_E_TRANSPORT,
 		                  nread == UV_EOF ? "the far side closed before the result"
 		                                  : uv_strerror((int)nread));
 	else
@@ -502,12 +501,44 @@ static void relay_close_cb(uv_handle_t *h)
 	relay_finish(r, r->have_kept ? &r->kept : NULL);
 }
 
-/* far_reusable: the far side ended exactly on its RESULT/ERROR frame and
- * nothing is still being written to it. */
-static bool far_reusable(const struct relay *r)
+/* decision_frame_allows: f is a DECISION whose verdict is allow. */
+static bool decision_frame_allows(const struct wire_frame *f)
 {
-	return !r->far_dirty && r->far_writes == 0 &&
-	       r->side[SIDE_FAR].rd->hdr_have == 0;
+	json_t *o = wire_frame_json(f, NULL);
+	const char *d = json_string_value(json_object_get(o, "decision"));
+	bool allow = d != NULL && strcmp(d, decision_verdict_name(TT_ALLOW)) == 0;
+
+	json_decref(o);
+	return allow;
+}
+
+/* relay_judge_frame: see relay.h. */
+void relay_judge_frame(struct relay_judge *j, const struct wire_frame *f)
+{
+	if (j->ended) {
+		j->dirty = true; /* the far side sends nothing after the end */
+		return;
+	}
+	if (f->type == WIRE_DECISION && !decision_frame_allows(f))
+		j->dirty = true; /* the manager closes after a refusal */
+	if (f->type == WIRE_RESULT || f->type == WIRE_ERROR) {
+		j->ended = true;
+		if (wire_error_closing(f))
+			j->dirty = true;
+	}
+}
+
+/* relay_judge_taint: see relay.h. */
+void relay_judge_taint(struct relay_judge *j)
+{
+	j->dirty = true;
+}
+
+/* relay_judge_clean: see relay.h. */
+bool relay_judge_clean(const struct relay_judge *j, const struct wire_reader *rd)
+{
+	return j->ended && !j->dirty && j->writes == 0 && rd->hdr_have == 0 &&
+	       rd->have == 0;
 }
 
 /* relay_kept_reader: copies the 64 KiB reader only when it holds part of a
@@ -532,7 +563,7 @@ static void relay_end_keep(struct relay *r)
 	r->side[SIDE_OPENER].rd = NULL;
 	uv_read_stop(r->side[SIDE_OPENER].s);
 	uv_read_stop(r->side[SIDE_FAR].s);
-	if (far_reusable(r)) {
+	if (relay_judge_clean(&r->far, r->side[SIDE_FAR].rd)) {
 		kept.far = r->side[SIDE_FAR].s;
 		relay_finish(r, &kept);
 		return;
@@ -566,7 +597,7 @@ static void relay_end(struct relay *r, enum relay_end how, const char *msg)
 }
 
 /* relay_abort: cancels the operation and tells the opener why. */
-void relay_abort(struct relay *r, const char *code, const char *message)
+void relay_abort(struct relay *r, enum wire_code code, const char *message)
 {
 	finish_with_error(r, RELAY_ABORTED, code, message);
 }

@@ -27,12 +27,14 @@
 #define TT_RELAY_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
 
 #include "err.h"
 #include "wire.h"
+#include "wirecode.h"
 
 #define RELAY_HIGH_WATER (256u * 1024u)
 #define RELAY_LOW_WATER (64u * 1024u)
@@ -90,9 +92,30 @@ struct relay *relay_start_keep(uv_stream_t *opener, uv_stream_t *far,
                                struct tt_err *err);
 /* relay_abort: stops both directions at once, sends the opener ERROR
  * {"error":code,"message":message}, then ends (RELAY_ABORTED). */
-void relay_abort(struct relay *r, const char *code, const char *message);
+void relay_abort(struct relay *r, enum wire_code code, const char *message);
 /* relay_end_name: "done", "far_gone", ... for logs. */
 const char *relay_end_name(enum relay_end how);
+
+/* The reuse rule, one for every hop (docs/ARCHITECTURE.md,
+ * "Connections"): an opener's connection to the far side goes back to its
+ * pool only after a clean end: the far side's RESULT/ERROR was the last
+ * thing it sent (no byte or partial frame after it), it was not an ERROR
+ * its sender closes after, no DECISION other than allow came before it,
+ * and no write to it is still queued. Anything else (an abort, a protocol
+ * violation, a write error: relay_judge_taint) closes it. Used by the relay
+ * for its far side and by lib/wireconn for node-api's connections. */
+struct relay_judge {
+	bool ended;       /* the far side's RESULT/ERROR arrived */
+	bool dirty;       /* something ruled reuse out */
+	unsigned writes;  /* writes to the far side not yet completed */
+};
+/* relay_judge_frame: one frame from the far side. */
+void relay_judge_frame(struct relay_judge *j, const struct wire_frame *f);
+/* relay_judge_taint: the connection is unfit for reuse. */
+void relay_judge_taint(struct relay_judge *j);
+/* relay_judge_clean: the operation ended cleanly and rd (the far side's
+ * decoder) holds no part of a frame. */
+bool relay_judge_clean(const struct relay_judge *j, const struct wire_reader *rd);
 
 /* Helpers for the phases before a relay starts. Each write owns a copy of
  * its bytes and needs nothing else alive (the stream aside). */
@@ -103,7 +126,7 @@ int relay_write_frame(uv_stream_t *s, uint8_t type, const void *payload,
 int relay_write_json(uv_stream_t *s, uint8_t type, json_t *obj,
                      struct tt_err *err);
 /* relay_write_error: queues ERROR {"error":code,"message":message}. */
-int relay_write_error(uv_stream_t *s, const char *code, const char *message);
+int relay_write_error(uv_stream_t *s, enum wire_code code, const char *message);
 /* relay_close_free: uv_close + free() of a heap-allocated stream; pending
  * writes are flushed or cancelled by libuv first. */
 void relay_close_free(uv_stream_t *s);
@@ -112,6 +135,6 @@ void relay_close_free(uv_stream_t *s);
 void relay_close_after_writes(uv_stream_t *s);
 /* relay_error_close: relay_write_error, then relay_close_after_writes (the
  * usual way to turn an operation down before a relay starts). */
-void relay_error_close(uv_stream_t *s, const char *code, const char *message);
+void relay_error_close(uv_stream_t *s, enum wire_code code, const char *message);
 
 #endif

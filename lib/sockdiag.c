@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "cleanup.h"
+#include "refusal.h"
 
 #define UNIX_STATE_LISTEN 10 /* TCP_LISTEN: unix sockets reuse TCP states */
 /* A dump is read in rounds of one buffer each; this bounds the work on a
@@ -466,14 +467,14 @@ static int listener_check(const char *path, int file_fd, int nl, int netns_fd,
 		return tt_err_set(err, TT_ERR_INVALID, "verify_listener: no expectation");
 	if ((file_fd >= 0 ? fstat_socket_file(file_fd, path, &st, err)
 	                  : stat_socket_file(path, &st, err)) < 0)
-		return tt_err_set(err, TT_ERR_VERIFY, "no socket file at %s", path);
+		return tt_err_verify(err, REFUSAL_LISTENER_REPLACED, "no socket file at %s", path);
 	if (st.st_uid != expected->uid)
-		return tt_err_set(err, TT_ERR_VERIFY,
+		return tt_err_verify(err, REFUSAL_OWNER_CHANGED,
 		                  "socket file owner differs (uid %u, want %u)",
 		                  (unsigned)st.st_uid, (unsigned)expected->uid);
 	if (listener_query(path, &st, nl, netns_fd, &info, err) < 0) {
 		if (err != NULL && err->code == TT_ERR_NOT_FOUND)
-			return tt_err_set(err, TT_ERR_VERIFY,
+			return tt_err_verify(err, REFUSAL_LISTENER_REPLACED,
 			                  "no listener bound in that network namespace at %s",
 			                  path);
 		return -1;
@@ -482,17 +483,17 @@ static int listener_check(const char *path, int file_fd, int nl, int netns_fd,
 	if (procid_pin(expected->pid, &got, &pidfd, err) < 0) {
 		if (err != NULL && (err->code == TT_ERR_NOT_FOUND ||
 		                    err->code == TT_ERR_VERIFY))
-			return tt_err_set(err, TT_ERR_VERIFY,
+			return tt_err_verify(err, REFUSAL_PEER_EXITED,
 			                  "listener owner exited (pid %d)", (int)expected->pid);
 		return -1;
 	}
 	field = proc_identity_diff(expected, &got);
 	if (field != NULL)
-		return tt_err_set(err, TT_ERR_VERIFY, "listener owner: %s (pid %d)",
+		return tt_err_verify(err, procid_verify_detail(field), "listener owner: %s (pid %d)",
 		                  procid_verify_reason(field), (int)expected->pid);
 	if (sockdiag_inode_owned_by(expected->pid, info.ino, err) < 0) {
 		if (err != NULL && err->code == TT_ERR_NOT_FOUND)
-			return tt_err_set(err, TT_ERR_VERIFY,
+			return tt_err_verify(err, REFUSAL_LISTENER_REPLACED,
 			                  "listener socket:[%u] not held by expected pid %d",
 			                  info.ino, (int)expected->pid);
 		return -1;
@@ -504,11 +505,11 @@ static int listener_check(const char *path, int file_fd, int nl, int netns_fd,
 		return -1;
 	if (alive == 0 || procid_start_time(expected->pid, &start, NULL) < 0 ||
 	    start != expected->start_time)
-		return tt_err_set(err, TT_ERR_VERIFY, "listener owner exited (pid %d)",
+		return tt_err_verify(err, REFUSAL_PEER_EXITED, "listener owner exited (pid %d)",
 		                  (int)expected->pid);
 	if (lstat(path, &again) < 0 || again.st_dev != st.st_dev ||
 	    again.st_ino != st.st_ino)
-		return tt_err_set(err, TT_ERR_VERIFY, "socket file replaced during check: %s",
+		return tt_err_verify(err, REFUSAL_LISTENER_REPLACED, "socket file replaced during check: %s",
 		                  path);
 	return 0;
 }

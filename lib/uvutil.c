@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "relay.h"
 #include "unixaddr.h"
 #include "uvutil.h"
@@ -152,6 +153,82 @@ enum uvutil_req uvutil_read_request(uv_stream_t *s, uint64_t served,
 	return request_scan(s, rd, buf, nread, f, pending, pending_len, served > 0, err);
 }
 
+/* ---- server skeleton ----------------------------------------------------- */
+
+/* reqconn_alloc: reads land in the role's buffer. */
+static void reqconn_alloc(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+{
+	struct uvutil_reqconn *rc = h->data;
+
+	(void)hint;
+	*buf = uv_buf_init((char *)rc->buf, (unsigned)rc->cap);
+}
+
+/* reqconn_read: waits for the connection's next REQUEST frame. */
+static void reqconn_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+	struct uvutil_reqconn *rc = s->data;
+	struct wire_frame f;
+	struct tt_err err = { 0 };
+
+	(void)buf;
+	switch (uvutil_read_request(s, rc->served, &rc->rd, rc->buf, nread, &f, &rc->pending,
+	                            &rc->pending_len, &err)) {
+	case UVUTIL_REQ_MORE:
+		return;
+	case UVUTIL_REQ_READY:
+		rc->ops->request(rc, &f);
+		return;
+	case UVUTIL_REQ_BAD:
+		log_warn("closing a connection: %s", err.msg);
+		rc->ops->gone(rc, &err);
+		return;
+	case UVUTIL_REQ_NOMEM:
+		rc->ops->fail(rc, WIRE_E_INTERNAL, "out of memory");
+		return;
+	case UVUTIL_REQ_CLOSED:
+		break;
+	}
+	rc->ops->gone(rc, NULL);
+}
+
+/* uvutil_server_accept: accept, the peer hook, the role's connection,
+ * then its first REQUEST. */
+void uvutil_server_accept(uv_stream_t *server, int status)
+{
+	struct uvutil_server *srv = server->data;
+	struct uvutil_reqconn *rc;
+	uv_pipe_t *p;
+
+	if (status < 0 || (p = uvutil_accept(server, srv->loop)) == NULL)
+		return;
+	if (!srv->ops->peer(srv->data, p))
+		return;
+	rc = srv->ops->conn(srv->data, p);
+	if (rc == NULL) {
+		relay_close_free((uv_stream_t *)p);
+		return;
+	}
+	rc->ops = srv->ops;
+	wire_reader_init(&rc->rd);
+	if (uv_read_start((uv_stream_t *)p, reqconn_alloc, reqconn_read) < 0)
+		rc->ops->gone(rc, NULL);
+}
+
+/* uvutil_reqconn_next: see uvutil.h. */
+int uvutil_reqconn_next(struct uvutil_reqconn *rc, struct relay_kept *kept,
+                        uv_pipe_t **conn)
+{
+	free(rc->pending);
+	rc->pending = NULL;
+	rc->pending_len = 0;
+	rc->served++;
+	*conn = (uv_pipe_t *)kept->opener;
+	relay_kept_reader(kept, &rc->rd);
+	kept->opener->data = rc;
+	return uv_read_start(kept->opener, reqconn_alloc, reqconn_read) < 0 ? -1 : 0;
+}
+
 /* ---- idle connection pool ------------------------------------------------ */
 
 /* One idle connection: the stream, its deadline, and a scrap buffer for the
@@ -170,6 +247,8 @@ struct uvutil_pool {
 	unsigned max_idle, n;
 	uint64_t idle_ms;
 	struct pool_ent *head;   /* most recently idle first */
+	unsigned holds;          /* uvutil_pool_hold without its release */
+	bool closing;            /* uvutil_pool_free ran: takes nothing more */
 };
 
 /* uvutil_pool_new: an empty pool. */
@@ -247,7 +326,8 @@ void uvutil_pool_put(struct uvutil_pool *p, uv_stream_t *s)
 {
 	struct pool_ent *e;
 
-	if (p == NULL || p->n >= p->max_idle || (e = calloc(1, sizeof(*e))) == NULL) {
+	if (p == NULL || p->closing || p->n >= p->max_idle ||
+	    (e = calloc(1, sizeof(*e))) == NULL) {
 		relay_close_free(s);
 		return;
 	}
@@ -261,6 +341,9 @@ void uvutil_pool_put(struct uvutil_pool *p, uv_stream_t *s)
 		ent_drop(e);
 		return;
 	}
+	/* An idle pool never keeps the loop running on its own. */
+	uv_unref((uv_handle_t *)s);
+	uv_unref((uv_handle_t *)&e->timer);
 	e->next = p->head;
 	p->head = e;
 	p->n++;
@@ -277,6 +360,7 @@ uv_stream_t *uvutil_pool_get(struct uvutil_pool *p)
 	pool_unlink(e);
 	s = e->s;
 	uv_read_stop(s);
+	uv_ref((uv_handle_t *)s);
 	s->data = NULL;
 	uv_close((uv_handle_t *)&e->timer, ent_timer_closed);
 	return s;
@@ -288,12 +372,33 @@ unsigned uvutil_pool_size(const struct uvutil_pool *p)
 	return p != NULL ? p->n : 0;
 }
 
-/* uvutil_pool_free: every entry closes on its own after this. */
+/* uvutil_pool_free: every entry closes on its own after this; the pool
+ * itself goes with its last hold. */
 void uvutil_pool_free(struct uvutil_pool *p)
 {
 	if (p == NULL)
 		return;
 	while (p->head != NULL)
 		ent_drop(p->head);
-	free(p);
+	p->closing = true;
+	if (p->holds == 0)
+		free(p);
+}
+
+/* uvutil_pool_hold: see uvutil.h. */
+struct uvutil_pool *uvutil_pool_hold(struct uvutil_pool *p)
+{
+	if (p != NULL)
+		p->holds++;
+	return p;
+}
+
+/* uvutil_pool_release: see uvutil.h. */
+void uvutil_pool_release(struct uvutil_pool *p)
+{
+	if (p == NULL)
+		return;
+	p->holds--;
+	if (p->closing && p->holds == 0)
+		free(p);
 }

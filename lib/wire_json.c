@@ -58,7 +58,7 @@ json_t *wire_frame_json(const struct wire_frame *f, struct tt_err *err)
 }
 
 /* wire_send_error: sends an ERROR frame with a stable code and a message. */
-int wire_send_error(int fd, const char *code, const char *fmt, ...)
+int wire_send_error(int fd, enum wire_code code, const char *fmt, ...)
 {
 	char msg[512];
 	va_list ap;
@@ -68,10 +68,10 @@ int wire_send_error(int fd, const char *code, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	obj = json_pack("{s:s, s:s}", "error", code, "message", msg);
+	obj = json_pack("{s:s, s:s}", "error", wirecode_name(code), "message", msg);
 	if (obj == NULL) {
 		/* Invalid UTF-8 in the message: still send the code. */
-		obj = json_pack("{s:s, s:s}", "error", code, "message",
+		obj = json_pack("{s:s, s:s}", "error", wirecode_name(code), "message",
 		                "(message not valid UTF-8)");
 		if (obj == NULL)
 			return -1;

@@ -11,6 +11,7 @@
 
 #include "err.h"
 #include "wire.h"
+#include "wirecode.h"
 
 /* wire_send_json: sends obj (compact) as one frame of type. Does not steal
  * the reference. A serialization over WIRE_PAYLOAD_MAX is TT_ERR_TOO_LARGE. */
@@ -24,7 +25,7 @@ json_t *wire_frame_json(const struct wire_frame *f, struct tt_err *err);
 bool wire_error_closing(const struct wire_frame *f);
 /* wire_send_error: sends ERROR {"error":code,"message":…}; 0 or -1 (a peer
  * that is already gone is not worth more than the return value). */
-int wire_send_error(int fd, const char *code, const char *fmt, ...)
+int wire_send_error(int fd, enum wire_code code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
 #endif

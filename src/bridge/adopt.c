@@ -1,4 +1,4 @@
-/* The bridge's side of an adoption (adopt.h, guest/hello.h): a fresh
+/* The bridge's side of an adoption (adopt.h, lib/hello.h): a fresh
  * challenge, one HELLO back within HELLO_TIMEOUT_MS holding the proof and
  * nothing else, then {"adopted":true} or ERROR, and the connection closes
  * either way: operations come on new connections, verified against the
@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "bridge/adopt.h"
-#include "guest/hello.h"
+#include "hello.h"
 #include "log.h"
 #include "relay.h"
 #include "wire.h"
@@ -36,7 +36,7 @@ static void adopt_free_cb(uv_handle_t *h)
 }
 
 /* adopt_end: reports the outcome once, answers the peer and closes. */
-static void adopt_end(struct adopt *a, const char *reason, const char *msg)
+static void adopt_end(struct adopt *a, enum refusal reason, const char *msg)
 {
 	struct tt_err err = { 0 };
 	json_t *ok;
@@ -46,7 +46,7 @@ static void adopt_end(struct adopt *a, const char *reason, const char *msg)
 	a->ended = true;
 	uv_read_stop((uv_stream_t *)a->conn);
 	uv_timer_stop(&a->timer);
-	if (reason == NULL) {
+	if (reason == REFUSAL_NONE) {
 		ok = json_pack("{s:b}", "adopted", 1);
 		if (ok == NULL || relay_write_json((uv_stream_t *)a->conn, WIRE_HELLO, ok, &err) < 0)
 			log_warn("adoption by pid %d: the answer was not sent: %s", (int)a->peer,
@@ -54,7 +54,7 @@ static void adopt_end(struct adopt *a, const char *reason, const char *msg)
 		json_decref(ok);
 		relay_close_free((uv_stream_t *)a->conn);
 	} else {
-		relay_error_close((uv_stream_t *)a->conn, "verify_failed", msg);
+		relay_error_close((uv_stream_t *)a->conn, WIRE_E_VERIFY_FAILED, msg);
 	}
 	a->conn = NULL;
 	a->spec.done(a->spec.data, a->peer, reason, msg);
@@ -74,7 +74,7 @@ static void adopt_judge(struct adopt *a, const struct wire_frame *f)
 
 	if (o == NULL || hello_proof_parse(o, got) < 0) {
 		json_decref(o);
-		adopt_end(a, "adopt_malformed", "adoption: expected HELLO {\"proof\": …}");
+		adopt_end(a, REFUSAL_ADOPT_MALFORMED, "adoption: expected HELLO {\"proof\": …}");
 		return;
 	}
 	json_decref(o);
@@ -83,16 +83,16 @@ static void adopt_judge(struct adopt *a, const struct wire_frame *f)
 	good = sodium_memcmp(got, want, HELLO_PROOF_LEN) == 0;
 	sodium_memzero(want, sizeof(want));
 	if (!good) {
-		adopt_end(a, "adopt_bad_proof", "adoption: wrong proof for this activation");
+		adopt_end(a, REFUSAL_ADOPT_BAD_PROOF, "adoption: wrong proof for this activation");
 		return;
 	}
 	msg[0] = '\0';
 	if (uv_fileno((uv_handle_t *)a->conn, &fd) < 0 ||
 	    a->spec.accept(a->spec.data, fd, a->peer, msg, sizeof(msg)) < 0) {
-		adopt_end(a, "adopt_refused", msg);
+		adopt_end(a, REFUSAL_ADOPT_REFUSED, msg);
 		return;
 	}
-	adopt_end(a, NULL, NULL);
+	adopt_end(a, REFUSAL_NONE, NULL);
 }
 
 /* adopt_alloc_cb: reads land in the connection's buffer. */
@@ -117,14 +117,14 @@ static void adopt_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	if (nread == 0 || a->ended)
 		return;
 	if (nread < 0) {
-		adopt_end(a, "adopt_closed", "adoption: the peer closed the connection");
+		adopt_end(a, REFUSAL_ADOPT_CLOSED, "adoption: the peer closed the connection");
 		return;
 	}
 	rc = wire_reader_feed(&a->rd, a->buf, (size_t)nread, &used, &f, &err);
 	if (rc == 0)
 		return;
 	if (rc < 0 || (size_t)nread > used) {
-		adopt_end(a, "adopt_malformed", rc < 0 ? err.msg : "adoption: bytes after HELLO");
+		adopt_end(a, REFUSAL_ADOPT_MALFORMED, rc < 0 ? err.msg : "adoption: bytes after HELLO");
 		return;
 	}
 	adopt_judge(a, &f);
@@ -133,20 +133,19 @@ static void adopt_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 /* adopt_timeout_cb: no proof in time. */
 static void adopt_timeout_cb(uv_timer_t *t)
 {
-	adopt_end(t->data, "adopt_timeout", "adoption: no proof within 2 s");
+	adopt_end(t->data, REFUSAL_ADOPT_TIMEOUT, "adoption: no proof within 2 s");
 }
 
 /* adopt_start: see adopt.h. */
 void adopt_start(uv_pipe_t *conn, pid_t peer, const struct adopt_spec *spec)
 {
 	struct adopt *a = calloc(1, sizeof(*a));
-	char chal[HELLO_B64_LEN + 1];
 	struct tt_err err = { 0 };
 	json_t *hello;
 
 	if (a == NULL) {
 		relay_close_free((uv_stream_t *)conn);
-		spec->done(spec->data, peer, "adopt_internal", "out of memory");
+		spec->done(spec->data, peer, REFUSAL_ADOPT_INTERNAL, "out of memory");
 		return;
 	}
 	a->spec = *spec;
@@ -157,11 +156,10 @@ void adopt_start(uv_pipe_t *conn, pid_t peer, const struct adopt_spec *spec)
 	uv_timer_init(spec->loop, &a->timer);
 	a->timer.data = a;
 	randombytes_buf(a->challenge, sizeof(a->challenge));
-	hello_b64_encode(a->challenge, chal);
-	hello = json_pack("{s:i,s:s}", "v", HELLO_VERSION, "adopt_challenge", chal);
+	hello = hello_adopt_challenge_json(a->challenge);
 	if (hello == NULL || relay_write_json((uv_stream_t *)conn, WIRE_HELLO, hello, &err) < 0) {
 		json_decref(hello);
-		adopt_end(a, "adopt_internal", hello ? err.msg : "out of memory");
+		adopt_end(a, REFUSAL_ADOPT_INTERNAL, hello ? err.msg : "out of memory");
 		return;
 	}
 	json_decref(hello);

@@ -1,5 +1,5 @@
 /* A restarted sbx-manager taking over a bridge whose manager died (the
- * protocol is in guest/hello.h, "Adoption"): the bridge's side of one
+ * protocol is in lib/hello.h, "Adoption"): the bridge's side of one
  * adoption connection, on its libuv loop. bridge.c decides when a
  * connection may adopt (the pinned manager has exited, the peer runs as
  * our uid) and re-pins its manager when the proof holds. */
@@ -11,13 +11,15 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "refusal.h"
+
 /* What the bridge does with a valid proof: re-pin the peer of conn_fd
  * (pid peer, from SO_PEERCRED) as its manager. Returns 0 (adopted) or -1
  * (msg says why; the peer is refused). */
 typedef int (*adopt_accept_fn)(void *data, int conn_fd, pid_t peer, char *msg,
                                size_t cap);
-/* How it ended: reason NULL when adopted, else the refusal's metric label. */
-typedef void (*adopt_done_fn)(void *data, pid_t peer, const char *reason,
+/* How it ended: REFUSAL_NONE when adopted, else the refusal's reason. */
+typedef void (*adopt_done_fn)(void *data, pid_t peer, enum refusal reason,
                               const char *msg);
 
 struct adopt_spec {

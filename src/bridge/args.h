@@ -13,7 +13,7 @@
 
 #include "claims.h"
 #include "err.h"
-#include "guest/hello.h"
+#include "hello.h"
 
 /* A spare's assignment: the secret, then at most this many bytes/words. */
 #define BRIDGE_ASSIGN_MAX 4096

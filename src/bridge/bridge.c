@@ -9,14 +9,14 @@
  *    (verify_peer: SO_PEERCRED + SO_PEERPIDFD, start time, executable, uid
  *    against the identity pinned at start from --manager-pid), or, once
  *    that process has exited, a successor of our uid that proves the
- *    activation's adoption key (adopt.c; guest/hello.h) and is pinned in
+ *    activation's adoption key (adopt.c; lib/hello.h) and is pinned in
  *    its place;
  *  - bridge -> guest: every new connection is verified: verify_listener
  *    (socket file owner + inode, sock_diag UDIAG_SHOW_VFS inside the
  *    sandbox's network namespace, on a netlink socket created there once at
  *    start, the listening inode held by the sandbox
  *    init pinned at start), connect, verify_peer on the connection, then the
- *    handshake of guest/hello.h (per-activation secret from the manager on
+ *    handshake of lib/hello.h (per-activation secret from the manager on
  *    --secret-fd, fresh challenge). Only then the REQUEST and the relay.
  * Connections carry operations in sequence: the manager's, and the guest
  * connections, which go back to a small idle pool after a clean end
@@ -57,13 +57,13 @@
 #include "bridge/args.h"
 #include "bridge/drop.h"
 #include "bridge/guestsock.h"
-#include "bridge/reason.h"
 #include "claims.h"
 #include "cleanup.h"
-#include "guest/hello.h"
+#include "hello.h"
 #include "log.h"
 #include "metrics.h"
 #include "procid.h"
+#include "refusal.h"
 #include "relay.h"
 #include "sockdiag.h"
 #include "unixaddr.h"
@@ -89,7 +89,7 @@ struct bridge {
 	uid_t mgr_uid;                    /* the first manager's uid: a successor
 	                                   * adopting us must have it too */
 	/* Proven by a restarted manager to take over once the pinned one has
-	 * exited (guest/hello.h, "Adoption"); derived from the secret. */
+	 * exited (lib/hello.h, "Adoption"); derived from the secret. */
 	uint8_t adopt_key[HELLO_PROOF_LEN];
 	int netns_fd;                     /* the init's network namespace */
 	/* A sock_diag socket created once inside that namespace (a socket
@@ -105,6 +105,7 @@ struct bridge {
 	/* Idle guest connections, verified when they were opened. */
 	struct uvutil_pool *pool;
 	uv_pipe_t server;
+	struct uvutil_server srv;  /* server.data: the skeleton's hooks */
 	uv_poll_t init_poll;
 	uv_signal_t sigterm, sigint;
 	bool stopping;
@@ -115,15 +116,14 @@ struct bridge {
  * come last: bconn_new clears only what precedes them (they are always
  * filled before being read). */
 struct bconn {
+	/* First: the server skeleton's part (lib/uvutil.h): served, the
+	 * REQUEST decoder, the bytes after the REQUEST (owned). */
+	struct uvutil_reqconn rc;
 	struct bridge *b;
-	uint64_t served;          /* operations done on this connection */
 	uv_pipe_t *conn;          /* owned until the relay */
 	uv_pipe_t *guest;         /* owned until the relay */
-	struct wire_reader rd;
 	uint8_t *req;             /* REQUEST payload copy (owned) */
 	uint32_t req_len;
-	uint8_t *pending;         /* bytes after the REQUEST (owned) */
-	size_t pending_len;
 	uv_connect_t connect;
 	/* Handshake phase: the challenge sent, the guest's answer being read
 	 * into hbuf, and its deadline (heap, freed by its close callback). */
@@ -158,39 +158,28 @@ static void bconn_free(struct bconn *c)
 	if (c->guest)
 		relay_close_free((uv_stream_t *)c->guest);
 	free(c->req);
-	free(c->pending);
+	free(c->rc.pending);
 	free(c);
 }
 
-static void bconn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
-static void bconn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
-
 /* bconn_fail: ERROR to the manager, then close. */
-static void bconn_fail(struct bconn *c, const char *code, const char *msg)
+static void bconn_fail(struct bconn *c, enum wire_code code, const char *msg)
 {
-	log_warn("operation failed: %s: %s", code, msg);
+	log_warn("operation failed: %s: %s", wirecode_name(code), msg);
 	relay_error_close((uv_stream_t *)c->conn, code, msg);
 	c->conn = NULL;
 	bconn_free(c);
 }
 
-/* refusal_count: the metric of one refusal, by reason. */
-static void refusal_count(const char *reason)
-{
-	char labels[64];
-
-	snprintf(labels, sizeof(labels), "reason=\"%s\"", reason);
-	metrics_inc("tether_bridge_refusals_total", labels);
-}
-
 /* bconn_refuse: a verification refusal: specific log line, counted by
  * reason, ERROR verify_failed to the manager; nothing was forwarded. */
-static void bconn_refuse(struct bconn *c, const char *reason, const char *msg)
+static void bconn_refuse(struct bconn *c, enum refusal reason, const char *msg)
 {
 	refusal_count(reason);
 	log_warn("refused guest of %s generation %" PRIu64 " activation %" PRIu32
-	         " (%s): %s", c->b->arg.sbx, c->b->arg.gen, c->b->arg.att, reason, msg);
-	relay_error_close((uv_stream_t *)c->conn, "verify_failed", msg);
+	         " (%s): %s", c->b->arg.sbx, c->b->arg.gen, c->b->arg.att,
+	         refusal_name(reason), msg);
+	relay_error_close((uv_stream_t *)c->conn, WIRE_E_VERIFY_FAILED, msg);
 	c->conn = NULL;
 	bconn_free(c);
 }
@@ -200,16 +189,9 @@ static void bconn_refuse(struct bconn *c, const char *reason, const char *msg)
 static void bconn_next(struct bconn *c, struct relay_kept *kept)
 {
 	free(c->req);
-	free(c->pending);
 	c->req = NULL;
-	c->pending = NULL;
 	c->req_len = 0;
-	c->pending_len = 0;
-	c->served++;
-	c->conn = (uv_pipe_t *)kept->opener;
-	relay_kept_reader(kept, &c->rd);
-	c->conn->data = c;
-	if (uv_read_start((uv_stream_t *)c->conn, bconn_alloc_cb, bconn_read_cb) < 0)
+	if (uvutil_reqconn_next(&c->rc, kept, &c->conn) < 0)
 		bconn_free(c);
 }
 
@@ -226,7 +208,7 @@ static void relay_kept(struct relay *r, enum relay_end how, const char *msg,
 		if (how != RELAY_DONE)
 			log_info("operation ended: %s: %s", relay_end_name(how), msg);
 		free(c->req);
-		free(c->pending);
+		free(c->rc.pending);
 		free(c);
 		return;
 	}
@@ -243,13 +225,13 @@ static void forward_and_relay(struct bconn *c)
 
 	if (relay_write_frame((uv_stream_t *)c->guest, WIRE_REQUEST, c->req, c->req_len,
 	                      &err) < 0) {
-		bconn_fail(c, "transport", err.msg);
+		bconn_fail(c, WIRE_E_TRANSPORT, err.msg);
 		return;
 	}
-	r = relay_start_keep((uv_stream_t *)c->conn, (uv_stream_t *)c->guest, c->pending,
-	                     c->pending_len, NULL, relay_kept, c, &err);
+	r = relay_start_keep((uv_stream_t *)c->conn, (uv_stream_t *)c->guest, c->rc.pending,
+	                     c->rc.pending_len, NULL, relay_kept, c, &err);
 	if (r == NULL) {
-		bconn_fail(c, "internal", err.msg);
+		bconn_fail(c, WIRE_E_INTERNAL, err.msg);
 		return;
 	}
 	c->conn = NULL;
@@ -258,7 +240,7 @@ static void forward_and_relay(struct bconn *c)
 
 /* hello_check: judges the guest's first frame. 0 = valid proof; else -1
  * with the refusal reason (metric label) and a message. */
-static int hello_check(struct bconn *c, const struct wire_frame *f, const char **reason,
+static int hello_check(struct bconn *c, const struct wire_frame *f, enum refusal *reason,
                        char *msg, size_t cap)
 {
 	const struct bridge *b = c->b;
@@ -268,7 +250,7 @@ static int hello_check(struct bconn *c, const struct wire_frame *f, const char *
 	const char *code;
 	int rc = -1;
 
-	*reason = "handshake_malformed";
+	*reason = REFUSAL_HANDSHAKE_MALFORMED;
 	if (o == NULL) {
 		snprintf(msg, cap, "guest handshake: %.160s", err.msg);
 		return -1;
@@ -277,22 +259,21 @@ static int hello_check(struct bconn *c, const struct wire_frame *f, const char *
 		/* e.g. wrong_activation: an agent of another execution or
 		 * activation behind this socket. */
 		code = json_string_value(json_object_get(o, "error"));
-		*reason = code && strcmp(code, "wrong_activation") == 0 ? "wrong_activation"
-		                                                          : "guest_refused";
+		*reason = wirecode_parse(code) == WIRE_E_WRONG_ACTIVATION
+		              ? REFUSAL_WRONG_ACTIVATION : REFUSAL_GUEST_REFUSED;
 		snprintf(msg, cap, "guest handshake: guest refused: %.64s",
 		         code ? code : "?");
 	} else if (f->type != WIRE_HELLO) {
 		snprintf(msg, cap, "guest handshake: expected HELLO, got %s",
 		         wire_type_name(f->type));
-	} else if (json_object_size(o) != 1 ||
-	           hello_b64_decode(json_string_value(json_object_get(o, "proof")), got) < 0) {
+	} else if (hello_proof_parse(o, got) < 0) {
 		snprintf(msg, cap, "guest handshake: malformed proof");
 	} else {
 		hello_proof(b->secret, b->arg.sbx, b->arg.gen, b->arg.att, c->challenge, want);
 		if (sodium_memcmp(got, want, HELLO_PROOF_LEN) == 0) {
 			rc = 0;
 		} else {
-			*reason = "bad_proof";
+			*reason = REFUSAL_BAD_PROOF;
 			snprintf(msg, cap, "guest handshake: wrong proof for this activation");
 		}
 		sodium_memzero(want, sizeof(want));
@@ -317,7 +298,7 @@ static void hello_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	struct bconn *c = s->data;
 	struct tt_err err = { 0 };
 	struct wire_frame f;
-	const char *reason;
+	enum refusal reason;
 	char msg[200];
 	size_t used = 0;
 	int rc;
@@ -329,7 +310,7 @@ static void hello_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 		uv_read_stop(s);
 		snprintf(msg, sizeof(msg), "guest handshake: connection closed (%s)",
 		         uv_strerror((int)nread));
-		bconn_refuse(c, "handshake_closed", msg);
+		bconn_refuse(c, REFUSAL_HANDSHAKE_CLOSED, msg);
 		return;
 	}
 	rc = wire_reader_feed(&c->hrd, c->hbuf, (size_t)nread, &used, &f, &err);
@@ -338,11 +319,11 @@ static void hello_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	uv_read_stop(s);
 	if (rc < 0) {
 		snprintf(msg, sizeof(msg), "guest handshake: %.160s", err.msg);
-		bconn_refuse(c, "handshake_malformed", msg);
+		bconn_refuse(c, REFUSAL_HANDSHAKE_MALFORMED, msg);
 		return;
 	}
 	if ((size_t)nread > used) {
-		bconn_refuse(c, "handshake_malformed", "guest handshake: bytes after HELLO");
+		bconn_refuse(c, REFUSAL_HANDSHAKE_MALFORMED, "guest handshake: bytes after HELLO");
 		return;
 	}
 	if (hello_check(c, &f, &reason, msg, sizeof(msg)) < 0) {
@@ -359,7 +340,7 @@ static void hello_timeout_cb(uv_timer_t *t)
 	struct bconn *c = t->data;
 
 	uv_read_stop((uv_stream_t *)c->guest);
-	bconn_refuse(c, "handshake_timeout", "guest handshake: no answer within 2 s");
+	bconn_refuse(c, REFUSAL_HANDSHAKE_TIMEOUT, "guest handshake: no answer within 2 s");
 }
 
 /* hello_start: sends the HELLO with a fresh challenge and waits (bounded)
@@ -367,25 +348,21 @@ static void hello_timeout_cb(uv_timer_t *t)
 static void hello_start(struct bconn *c)
 {
 	const struct bridge *b = c->b;
-	char chal[HELLO_B64_LEN + 1];
 	struct tt_err err = { 0 };
 	json_t *hello;
 	int rc;
 
 	randombytes_buf(c->challenge, sizeof(c->challenge));
-	hello_b64_encode(c->challenge, chal);
-	hello = json_pack("{s:i,s:s,s:s,s:I,s:I}", "v", HELLO_VERSION, "challenge", chal,
-	                  "sbx", b->arg.sbx, "generation", (json_int_t)b->arg.gen, "activation",
-	                  (json_int_t)b->arg.att);
+	hello = hello_challenge_json(b->arg.sbx, b->arg.gen, b->arg.att, c->challenge);
 	rc = hello ? relay_write_json((uv_stream_t *)c->guest, WIRE_HELLO, hello, &err) : -1;
 	json_decref(hello);
 	if (rc < 0) {
-		bconn_fail(c, "transport", hello ? err.msg : "out of memory");
+		bconn_fail(c, WIRE_E_TRANSPORT, hello ? err.msg : "out of memory");
 		return;
 	}
 	c->htimer = malloc(sizeof(*c->htimer));
 	if (c->htimer == NULL) {
-		bconn_fail(c, "internal", "out of memory");
+		bconn_fail(c, WIRE_E_INTERNAL, "out of memory");
 		return;
 	}
 	uv_timer_init(b->loop, c->htimer);
@@ -407,16 +384,16 @@ static void guest_connected(uv_connect_t *req, int status)
 
 	if (status < 0) {
 		snprintf(msg, sizeof(msg), "cannot reach the guest: %s", uv_strerror(status));
-		bconn_fail(c, "transport", msg);
+		bconn_fail(c, WIRE_E_TRANSPORT, msg);
 		return;
 	}
 	if (uv_fileno((uv_handle_t *)c->guest, &fd) < 0) {
-		bconn_fail(c, "internal", "guest connection has no fd");
+		bconn_fail(c, WIRE_E_INTERNAL, "guest connection has no fd");
 		return;
 	}
 	if (verify_peer(fd, &c->b->init_id, &err) < 0) {
 		snprintf(msg, sizeof(msg), "guest peer: %s", err.msg);
-		bconn_refuse(c, bridge_refusal_reason(&err), msg);
+		bconn_refuse(c, refusal_of(&err), msg);
 		return;
 	}
 	hello_start(c);
@@ -469,18 +446,18 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 	bool other = sbx != NULL && strcmp(sbx, c->b->arg.sbx) != 0;
 
 	if (!has_op) {
-		bconn_fail(c, "bad_request", o ? "request without op" : err.msg);
+		bconn_fail(c, WIRE_E_BAD_REQUEST, o ? "request without op" : err.msg);
 		json_decref(o);
 		return;
 	}
 	json_decref(o);
 	if (other) {
-		bconn_fail(c, "other_sandbox", "this bridge serves another sandbox");
+		bconn_fail(c, WIRE_E_OTHER_SANDBOX, "this bridge serves another sandbox");
 		return;
 	}
 	c->req = malloc(f->len ? f->len : 1);
 	if (c->req == NULL) {
-		bconn_fail(c, "internal", "out of memory");
+		bconn_fail(c, WIRE_E_INTERNAL, "out of memory");
 		return;
 	}
 	memcpy(c->req, f->payload, f->len);
@@ -497,7 +474,7 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 	if (c->guest == NULL || uv_pipe_init(c->b->loop, c->guest, 0) < 0) {
 		free(c->guest);
 		c->guest = NULL;
-		bconn_fail(c, "internal", "out of memory");
+		bconn_fail(c, WIRE_E_INTERNAL, "out of memory");
 		return;
 	}
 	/* The listener first: whoever now listens at the path must be the
@@ -511,7 +488,7 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 		char msg[300];
 
 		snprintf(msg, sizeof(msg), "guest listener: no socket file: %.200s", err.msg);
-		bconn_refuse(c, "listener_replaced", msg);
+		bconn_refuse(c, REFUSAL_LISTENER_REPLACED, msg);
 		return;
 	}
 	if (listener_verified(c->b, ua.fd, &err) < 0) {
@@ -519,7 +496,7 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 
 		unixaddr_done(&ua);
 		snprintf(msg, sizeof(msg), "guest listener: %s", err.msg);
-		bconn_refuse(c, bridge_refusal_reason(&err), msg);
+		bconn_refuse(c, refusal_of(&err), msg);
 		return;
 	}
 	c->connect.data = c;
@@ -528,41 +505,23 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 	unixaddr_done(&ua);
 }
 
-/* bconn_alloc_cb: reads land in the operation's buffer. */
-static void bconn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+/* bconn_request: the connection's next REQUEST (server skeleton hook). */
+static void bconn_request(struct uvutil_reqconn *rc, const struct wire_frame *f)
 {
-	struct bconn *c = h->data;
-
-	(void)suggested;
-	*buf = uv_buf_init((char *)c->buf, sizeof(c->buf));
+	handle_request((struct bconn *)rc, f);
 }
 
-/* bconn_read_cb: waits for the connection's next REQUEST frame. */
-static void bconn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+/* bconn_turn_down: the skeleton turns the connection down (no memory). */
+static void bconn_turn_down(struct uvutil_reqconn *rc, enum wire_code code, const char *msg)
 {
-	struct bconn *c = s->data;
-	struct wire_frame f;
-	struct tt_err err = { 0 };
+	bconn_fail((struct bconn *)rc, code, msg);
+}
 
-	(void)buf;
-	switch (uvutil_read_request(s, c->served, &c->rd, c->buf, nread, &f, &c->pending,
-	                            &c->pending_len, &err)) {
-	case UVUTIL_REQ_MORE:
-		return;
-	case UVUTIL_REQ_READY:
-		handle_request(c, &f);
-		return;
-	case UVUTIL_REQ_BAD:
-		log_warn("closing a connection: %s", err.msg);
-		bconn_free(c);
-		return;
-	case UVUTIL_REQ_NOMEM:
-		bconn_fail(c, "internal", "out of memory");
-		return;
-	case UVUTIL_REQ_CLOSED:
-		break;
-	}
-	bconn_free(c);
+/* bconn_gone: the manager closed the connection or broke the protocol. */
+static void bconn_gone(struct uvutil_reqconn *rc, const struct tt_err *err)
+{
+	(void)err;
+	bconn_free((struct bconn *)rc);
 }
 
 /* bconn_new: an operation with every field but the read buffers zeroed
@@ -612,17 +571,17 @@ static int adopt_accept(void *data, int conn_fd, pid_t peer, char *msg, size_t c
 }
 
 /* adopt_done: logs and counts how an adoption ended. */
-static void adopt_done(void *data, pid_t peer, const char *reason, const char *msg)
+static void adopt_done(void *data, pid_t peer, enum refusal reason, const char *msg)
 {
 	struct bridge *b = data;
 
-	if (reason == NULL) {
+	if (reason == REFUSAL_NONE) {
 		log_info("bridge for %s generation %" PRIu64 " adopted by manager pid %d",
 		         b->arg.sbx, b->arg.gen, (int)peer);
 		return;
 	}
 	refusal_count(reason);
-	log_warn("refused adoption by pid %d (%s): %s", (int)peer, reason, msg);
+	log_warn("refused adoption by pid %d (%s): %s", (int)peer, refusal_name(reason), msg);
 }
 
 /* may_adopt: the connection on fd may try to adopt us: the pinned manager
@@ -641,49 +600,58 @@ static bool may_adopt(struct bridge *b, int fd, pid_t *peer)
 	return true;
 }
 
-/* on_connection: only the manager pinned at start (pid, start time,
+/* bridge_peer: only the manager pinned at start (pid, start time,
  * executable, uid); anyone else is refused before a byte is read, except
  * a successor once that manager has exited, which must prove the
  * adoption key first (adopt.c). */
-static void on_connection(uv_stream_t *server, int status)
+static bool bridge_peer(void *data, uv_pipe_t *p)
 {
-	struct bridge *b = server->data;
+	struct bridge *b = data;
 	struct tt_err err = { 0 };
 	uv_os_fd_t fd = -1;
-	struct bconn *c;
-	uv_pipe_t *p;
+	enum refusal reason;
+	pid_t peer = 0;
 
-	if (status < 0 || (p = uvutil_accept(server, b->loop)) == NULL)
-		return;
-	if (uv_fileno((uv_handle_t *)p, &fd) < 0 || verify_peer(fd, &b->mgr_id, &err) < 0) {
-		const char *reason = bridge_refusal_reason(&err);
-		pid_t peer = 0;
-
-		if (fd >= 0 && may_adopt(b, fd, &peer)) {
-			adopt_start(p, peer, &(struct adopt_spec){
-				.loop = b->loop, .sbx = b->arg.sbx, .gen = b->arg.gen,
-				.att = b->arg.att, .key = b->adopt_key,
-				.accept = adopt_accept, .done = adopt_done, .data = b });
-			return;
-		}
-
-		refusal_count(reason);
-		log_warn("refused peer (%s): not the manager pid %d: %s", reason,
-		         (int)b->mgr_id.pid, err.msg[0] ? err.msg : "no fd");
-		relay_close_free((uv_stream_t *)p);
-		return;
+	if (uv_fileno((uv_handle_t *)p, &fd) == 0 && verify_peer(fd, &b->mgr_id, &err) == 0)
+		return true;
+	reason = refusal_of(&err);
+	if (fd >= 0 && may_adopt(b, fd, &peer)) {
+		adopt_start(p, peer, &(struct adopt_spec){
+			.loop = b->loop, .sbx = b->arg.sbx, .gen = b->arg.gen,
+			.att = b->arg.att, .key = b->adopt_key,
+			.accept = adopt_accept, .done = adopt_done, .data = b });
+		return false;
 	}
-	c = bconn_new();
-	if (c == NULL) {
-		relay_close_free((uv_stream_t *)p);
-		return;
-	}
-	c->b = b;
+	refusal_count(reason);
+	log_warn("refused peer (%s): not the manager pid %d: %s", refusal_name(reason),
+	         (int)b->mgr_id.pid, err.msg[0] ? err.msg : "no fd");
+	relay_close_free((uv_stream_t *)p);
+	return false;
+}
+
+/* bridge_conn: a connection from the manager, waiting for its REQUEST. */
+static struct uvutil_reqconn *bridge_conn(void *data, uv_pipe_t *p)
+{
+	struct bconn *c = bconn_new();
+
+	if (c == NULL)
+		return NULL;
+	c->b = data;
 	c->conn = p;
 	p->data = c;
-	wire_reader_init(&c->rd);
-	uv_read_start((uv_stream_t *)p, bconn_alloc_cb, bconn_read_cb);
+	c->rc.buf = c->buf;
+	c->rc.cap = sizeof(c->buf);
+	return &c->rc;
 }
+
+/* The manager's connections on the server skeleton (lib/uvutil.h). */
+static const struct uvutil_server_ops bridge_server_ops = {
+	.peer = bridge_peer,
+	.conn = bridge_conn,
+	.request = bconn_request,
+	.fail = bconn_turn_down,
+	.gone = bconn_gone,
+};
 
 /* bridge_stop: ends the loop; in-flight operations die with the process
  * (their openers see the connection drop: never a silent retry). */
@@ -726,13 +694,13 @@ static int pin_peers(struct bridge *b, struct tt_err *err)
 	if (procid_pin(b->arg.manager_pid, &b->mgr_id, &b->mgr_pidfd, err) < 0)
 		return -1;
 	if (b->mgr_id.uid != geteuid())
-		return tt_err_set(err, TT_ERR_VERIFY, "manager pid %d runs as uid %u, not ours",
+		return tt_err_verify(err, REFUSAL_UID, "manager pid %d runs as uid %u, not ours",
 		                  (int)b->arg.manager_pid, (unsigned)b->mgr_id.uid);
 	b->mgr_uid = b->mgr_id.uid;
 	if (procid_pin(b->arg.init_pid, &b->init_id, &b->init_pidfd, err) < 0)
 		return -1;
 	if (b->init_id.start_time != b->arg.init_start)
-		return tt_err_set(err, TT_ERR_VERIFY, "sandbox init pid %d: pid reused: start "
+		return tt_err_verify(err, REFUSAL_PID_REUSED, "sandbox init pid %d: pid reused: start "
 		                  "time %llu, recorded %llu", (int)b->arg.init_pid,
 		                  b->init_id.start_time, b->arg.init_start);
 	snprintf(path, sizeof(path), "/proc/%d/ns/net", (int)b->arg.init_pid);
@@ -751,7 +719,7 @@ static int pin_peers(struct bridge *b, struct tt_err *err)
 	 * start time. */
 	if (procid_pidfd_alive(b->init_pidfd, err) != 1 ||
 	    procid_start_time(b->arg.init_pid, &again, NULL) < 0 || again != b->arg.init_start)
-		return tt_err_set(err, TT_ERR_VERIFY, "sandbox init pid %d exited at start",
+		return tt_err_verify(err, REFUSAL_PEER_EXITED, "sandbox init pid %d exited at start",
 		                  (int)b->arg.init_pid);
 	return 0;
 }
@@ -761,9 +729,11 @@ static int pin_peers(struct bridge *b, struct tt_err *err)
  * waiting (and pins us as we will stay: uid included). */
 static int listen_ready(struct bridge *b, struct tt_err *err)
 {
-	b->server.data = b;
+	b->srv = (struct uvutil_server){ .loop = b->loop, .ops = &bridge_server_ops,
+	                                 .data = b };
+	b->server.data = &b->srv;
 	if (bridge_listen_as(b->loop, &b->server, b->arg.listen_path, b->arg.run_as,
-	                     on_connection, err) < 0)
+	                     uvutil_server_accept, err) < 0)
 		return -1;
 	if (b->arg.ready_fd >= 0) {
 		/* 6 bytes into an empty pipe: never blocks, never short. */

@@ -28,6 +28,7 @@
 #include "cleanup.h"
 #include "client/internal.h"
 #include "curlonce.h"
+#include "wirecode.h"
 #include "wsutil.h"
 
 struct tether {
@@ -823,7 +824,7 @@ static void xs_text(struct xs *x)
 		const char *m = json_string_value(json_object_get(j, "message"));
 
 		snprintf(msg, sizeof(msg), "%s: %s", e ? e : "error", m ? m : "stream failed");
-		xs_fail(x, e && strcmp(e, "transport") == 0 ? TT_ERR_TRANSPORT : TT_ERR_IO, msg);
+		xs_fail(x, wirecode_parse(e) == WIRE_E_TRANSPORT ? TT_ERR_TRANSPORT : TT_ERR_IO, msg);
 	}
 	json_decref(j);
 }

@@ -409,7 +409,7 @@ static json_t *cp_cap_claims(struct lws *wsi, struct cp_sess *s,
 			goto bad_ops;
 		json_array_foreach(ops, i, v) {
 			if (!json_is_string(v) ||
-			    op_from_name(json_string_value(v)) == 0)
+			    wireop_cap(wireop_parse(json_string_value(v))) == 0)
 				goto bad_ops;
 		}
 		json_object_set_new(c, "aud", json_string("node"));

@@ -42,6 +42,7 @@
 #include "metrics.h"
 #include "tetherd/roles.h"
 #include "timefmt.h"
+#include "wirecode.h"
 
 #define EDGE_CAP_MARGIN 30          /* refresh capabilities this early (s) */
 #define EDGE_CACHE_MAX 1024         /* capability cache entries */
@@ -799,6 +800,7 @@ static void node_done(CURL *easy, CURLcode rc, void *arg)
 {
 	struct xreq *x = arg;
 	char v[32];
+	enum wire_code wc = WIRE_E_INTERNAL;
 	int transport;
 
 	if (x->wsi == NULL) {
@@ -826,14 +828,15 @@ static void node_done(CURL *easy, CURLcode rc, void *arg)
 	transport = rc != CURLE_OK ? !x->headers_sent : 0;
 	if (rc == CURLE_OK && x->capture && (x->status == 502 || x->status == 503)) {
 		captured_field(x, "error", v, sizeof(v));
-		transport = strcmp(v, "transport") == 0 || strcmp(v, "unavailable") == 0;
+		wc = wirecode_parse(v);
+		transport = wc == WIRE_E_TRANSPORT || wc == WIRE_E_UNAVAILABLE;
 	}
 	if (transport) {
 		/* nothing ran: the node refused the connection, or said so
 		 * itself (its manager restarts or stops) */
 		if (x->in_forwarded == 0 &&
 		    ((rc == CURLE_COULDNT_CONNECT && !curlonce_sent(&x->in_once)) ||
-		     (rc == CURLE_OK && strcmp(v, "unavailable") == 0)) &&
+		     (rc == CURLE_OK && wc == WIRE_E_UNAVAILABLE)) &&
 		    xreq_retry_later(x, easy, RETRY_ROUTE))
 			return;
 		if (x->idempotent && retry_eligible(x))

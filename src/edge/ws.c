@@ -43,6 +43,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "timefmt.h"
+#include "wirecode.h"
 #include "wsutil.h"
 
 #define EWS_MSG_MAX ((1u << 20) + 16) /* one relayed message */
@@ -500,7 +501,7 @@ static int ews_on_decision(struct edgews *x, const uint8_t *msg, size_t len)
 		 * "unavailable" means nothing ran, so it is tried again */
 		const char *e = json_string_value(json_object_get(j, "error"));
 
-		if (e != NULL && strcmp(e, "unavailable") == 0 && ews_retry_later(x)) {
+		if (wirecode_parse(e) == WIRE_E_UNAVAILABLE && ews_retry_later(x)) {
 			json_decref(j);
 			routes_drop_if(ews_env.routes, x->keyhash, x->sbx, x->rt.version);
 			lws_set_opaque_user_data(x->bwsi, NULL);

@@ -331,12 +331,12 @@ static int read_conn(struct exec_state *st)
 	if (rc == 0)
 		return -1;
 	if (rc < 0) {
-		wire_send_error(st->conn, "bad_request", "%s", err.msg);
+		wire_send_error(st->conn, WIRE_E_BAD_REQUEST, "%s", err.msg);
 		return -1;
 	}
 	if (!st->want_stdin || st->eof_in ||
 	    (f.type != WIRE_DATA_IN && f.type != WIRE_EOF_IN)) {
-		wire_send_error(st->conn, "bad_request", "unexpected %s frame",
+		wire_send_error(st->conn, WIRE_E_BAD_REQUEST, "unexpected %s frame",
 		                wire_type_name(f.type));
 		return -1;
 	}
@@ -511,21 +511,21 @@ int exec_run(const struct guest_ctx *g, int conn, json_t *req)
 	pid_t pid;
 
 	if (exec_argv(json_object_get(req, "cmd"), argv) < 0)
-		return wire_send_error(conn, "bad_request",
+		return wire_send_error(conn, WIRE_E_BAD_REQUEST,
 		                       "\"cmd\" must be an array of 1..%d strings",
 		                       EXEC_ARGV_MAX);
 	if (jstdin != NULL && !json_is_boolean(jstdin))
-		return wire_send_error(conn, "bad_request", "\"stdin\" must be a boolean");
+		return wire_send_error(conn, WIRE_E_BAD_REQUEST, "\"stdin\" must be a boolean");
 	if (cwd != NULL) {
 		struct tt_err err = { 0 };
 
 		if (!json_is_string(cwd) ||
 		    path_check(json_string_value(cwd), json_string_length(cwd), &err) < 0)
-			return wire_send_error(conn, "path_invalid", "cwd: %s",
+			return wire_send_error(conn, WIRE_E_PATH_INVALID, "cwd: %s",
 			                       json_is_string(cwd) ? err.msg : "not a string");
 	}
 	if (exec_envp(json_object_get(req, "env"), envp, &why) < 0) {
-		rc = wire_send_error(conn, "bad_request", "%s", why);
+		rc = wire_send_error(conn, WIRE_E_BAD_REQUEST, "%s", why);
 		exec_envp_free(envp, EXEC_ENV_MAX + 4);
 		return rc;
 	}
@@ -537,7 +537,7 @@ int exec_run(const struct guest_ctx *g, int conn, json_t *req)
 		if (cwd_fd < 0)
 			rc = guest_send_errno(conn, cwd_errno, "cwd");
 		else
-			rc = wire_send_error(conn, "internal", "out of memory");
+			rc = wire_send_error(conn, WIRE_E_INTERNAL, "out of memory");
 		exec_envp_free(envp, EXEC_ENV_MAX + 4);
 		return rc;
 	}
@@ -565,7 +565,7 @@ int exec_run(const struct guest_ctx *g, int conn, json_t *req)
 	close(err_w), err_w = -1;
 	pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
 	if (pidfd < 0) {
-		rc = wire_send_error(conn, "internal", "pidfd_open: %s", strerror(errno));
+		rc = wire_send_error(conn, WIRE_E_INTERNAL, "pidfd_open: %s", strerror(errno));
 		kill(pid, SIGKILL);
 		waitpid(pid, NULL, 0);
 		return rc;

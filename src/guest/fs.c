@@ -44,7 +44,7 @@ static ssize_t fs_read_some(int conn, const char *path, int fd, uint8_t *buf,
 		if (n < 0 && errno == EINTR)
 			continue;
 		return -2 - (n < 0 ? guest_send_errno(conn, errno, path)
-		                   : wire_send_error(conn, "changed",
+		                   : wire_send_error(conn, WIRE_E_CHANGED,
 		                                     "%s shrank while being read (%llu of %llu bytes)",
 		                                     path, (unsigned long long)done,
 		                                     (unsigned long long)size));
@@ -106,10 +106,10 @@ int fs_read(const struct guest_ctx *g, int conn, json_t *req)
 	if (S_ISDIR(st.st_mode))
 		return guest_send_errno(conn, EISDIR, path);
 	if (!S_ISREG(st.st_mode))
-		return wire_send_error(conn, "bad_request", "%s: not a regular file", path);
+		return wire_send_error(conn, WIRE_E_BAD_REQUEST, "%s: not a regular file", path);
 	buf = malloc(WIRE_PAYLOAD_MAX);
 	if (buf == NULL)
-		return wire_send_error(conn, "internal", "out of memory");
+		return wire_send_error(conn, WIRE_E_INTERNAL, "out of memory");
 	size = (uint64_t)st.st_size;
 	if (size <= WIRE_PAYLOAD_MAX)
 		return fs_read_small(g, conn, path, fd, buf, size);
@@ -143,7 +143,7 @@ static int fs_write_body(int conn, int fd, uint64_t *bytes)
 	struct wire_frame f;
 
 	if (buf == NULL)
-		return wire_send_error(conn, "internal", "out of memory");
+		return wire_send_error(conn, WIRE_E_INTERNAL, "out of memory");
 	for (;;) {
 		int rc = wire_recv(conn, &f, buf, WIRE_PAYLOAD_MAX + 1, &err);
 
@@ -151,13 +151,13 @@ static int fs_write_body(int conn, int fd, uint64_t *bytes)
 			return -1;
 		if (rc < 0) {
 			if (err.code != TT_ERR_TRANSPORT)
-				wire_send_error(conn, "bad_request", "%s", err.msg);
+				wire_send_error(conn, WIRE_E_BAD_REQUEST, "%s", err.msg);
 			return -1;
 		}
 		if (f.type == WIRE_EOF_IN)
 			return 1;
 		if (f.type != WIRE_DATA_IN) {
-			wire_send_error(conn, "bad_request", "unexpected %s frame",
+			wire_send_error(conn, WIRE_E_BAD_REQUEST, "unexpected %s frame",
 			                wire_type_name(f.type));
 			return -1;
 		}
@@ -185,7 +185,7 @@ int fs_write(const struct guest_ctx *g, int conn, json_t *req)
 	if (jmode != NULL) {
 		if (!json_is_integer(jmode) || json_integer_value(jmode) < 0 ||
 		    json_integer_value(jmode) > 07777)
-			return wire_send_error(conn, "bad_request",
+			return wire_send_error(conn, WIRE_E_BAD_REQUEST,
 			                       "\"mode\" must be an integer 0..07777");
 		mode = (mode_t)json_integer_value(jmode);
 	}
@@ -270,7 +270,7 @@ static int list_send(const struct guest_ctx *g, int conn, DIR *d,
 	size_t len = 0, total = 0;
 
 	if (buf == NULL)
-		return wire_send_error(conn, "internal", "out of memory");
+		return wire_send_error(conn, WIRE_E_INTERNAL, "out of memory");
 	for (size_t i = 0; i < n; i++) {
 		_cleanup_free_ char *line = NULL;
 		struct stat st;
@@ -332,7 +332,7 @@ int fs_list(const struct guest_ctx *g, int conn, json_t *req)
 		if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
 			continue;
 		if (n == GUEST_LIST_MAX) {
-			rc = wire_send_error(conn, "too_large", "%s has more than %d entries",
+			rc = wire_send_error(conn, WIRE_E_TOO_LARGE, "%s has more than %d entries",
 			                     path, GUEST_LIST_MAX);
 			goto out;
 		}
@@ -345,7 +345,7 @@ int fs_list(const struct guest_ctx *g, int conn, json_t *req)
 	rc = list_send(g, conn, d, names, n);
 	goto out;
 nomem:
-	rc = wire_send_error(conn, "internal", "out of memory");
+	rc = wire_send_error(conn, WIRE_E_INTERNAL, "out of memory");
 out:
 	for (size_t i = 0; i < n; i++)
 		free(names[i]);
@@ -471,7 +471,7 @@ int fs_remove(const struct guest_ctx *g, int conn, json_t *req)
 	dfd = path_open_parent(g, path, base);
 	if (dfd < 0) {
 		if (errno == EINVAL)
-			return wire_send_error(conn, "path_invalid", "cannot remove %s", path);
+			return wire_send_error(conn, WIRE_E_PATH_INVALID, "cannot remove %s", path);
 		return guest_send_errno(conn, errno, path);
 	}
 	if (fstatat(dfd, base, &st, AT_SYMLINK_NOFOLLOW) < 0)

@@ -20,6 +20,7 @@
 
 #include "err.h"
 #include "wire.h"
+#include "wirecode.h"
 
 #define GUEST_PATH_MAX 4096
 #define GUEST_LIST_MAX 10000
@@ -70,8 +71,8 @@ void guest_serve(const struct guest_ctx *g, int conn);
 /* guest_result: sends RESULT obj with "generation" added; steals obj.
  * 0 when RESULT (or, if it cannot be built, an ERROR) was sent, else -1. */
 int guest_result(const struct guest_ctx *g, int conn, json_t *obj);
-/* guest_errno_code: maps an errno to a wire error code ("not_found", ...). */
-const char *guest_errno_code(int e);
+/* guest_errno_code: maps an errno to a wire error code (WIRE_E_NOT_FOUND, ...). */
+enum wire_code guest_errno_code(int e);
 /* guest_req_path: the request's validated "path"; on a missing or invalid
  * path sends ERROR and returns NULL with *rc the send's result (0/-1).
  * Points into req. */

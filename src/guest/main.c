@@ -39,7 +39,7 @@
 #include "cleanup.h"
 #include "fsutil.h"
 #include "guest/guest.h"
-#include "guest/hello.h"
+#include "hello.h"
 #include "log.h"
 #include "wire_json.h"
 
@@ -234,7 +234,7 @@ static void handler_spawn(const struct guest_ctx *g, int conn, int lfd, int sfd)
 	pid_t pid = fork();
 
 	if (pid < 0) {
-		wire_send_error(conn, "internal", "fork: %s", strerror(errno));
+		wire_send_error(conn, WIRE_E_INTERNAL, "fork: %s", strerror(errno));
 		return;
 	}
 	if (pid > 0)

@@ -11,7 +11,8 @@
 
 #include "cleanup.h"
 #include "guest/guest.h"
-#include "guest/hello.h"
+#include "hello.h"
+#include "wireop.h"
 #include "log.h"
 #include "wire_json.h"
 
@@ -22,25 +23,25 @@
 #define GUEST_HELLO_TIMEOUT_S 5
 
 /* guest_errno_code: the wire error code for an errno from a file operation. */
-const char *guest_errno_code(int e)
+enum wire_code guest_errno_code(int e)
 {
 	switch (e) {
-	case ENOENT: return "not_found";
-	case ENOTDIR: return "not_dir";
-	case EISDIR: return "is_dir";
+	case ENOENT: return WIRE_E_NOT_FOUND;
+	case ENOTDIR: return WIRE_E_NOT_DIR;
+	case EISDIR: return WIRE_E_IS_DIR;
 	case EEXIST:
-	case ENOTEMPTY: return "exists";
+	case ENOTEMPTY: return WIRE_E_EXISTS;
 	case EACCES:
 	case EPERM:
-	case EROFS: return "permission";
+	case EROFS: return WIRE_E_PERMISSION;
 	case ELOOP:
 	case EXDEV:
 	case ENAMETOOLONG:
-	case EINVAL: return "path_invalid";
-	case EFBIG: return "too_large";
+	case EINVAL: return WIRE_E_PATH_INVALID;
+	case EFBIG: return WIRE_E_TOO_LARGE;
 	case ENOSPC: /* the sandbox's own disk or inode cap (its layer) */
-	case EDQUOT: return "no_space";
-	default: return "internal";
+	case EDQUOT: return WIRE_E_NO_SPACE;
+	default: return WIRE_E_INTERNAL;
 	}
 }
 
@@ -59,13 +60,13 @@ int guest_result(const struct guest_ctx *g, int conn, json_t *obj)
 	int rc;
 
 	if (obj == NULL)
-		return wire_send_error(conn, "internal", "out of memory");
+		return wire_send_error(conn, WIRE_E_INTERNAL, "out of memory");
 	json_object_set_new(obj, "generation", json_integer((json_int_t)g->gen));
 	rc = wire_send_json(conn, WIRE_RESULT, obj, &err);
 	if (rc < 0 && err.code == TT_ERR_TOO_LARGE)
-		rc = wire_send_error(conn, "too_large", "result does not fit one frame");
+		rc = wire_send_error(conn, WIRE_E_TOO_LARGE, "result does not fit one frame");
 	else if (rc < 0 && err.code == TT_ERR_NOMEM)
-		rc = wire_send_error(conn, "internal", "out of memory");
+		rc = wire_send_error(conn, WIRE_E_INTERNAL, "out of memory");
 	json_decref(obj);
 	return rc;
 }
@@ -78,11 +79,11 @@ const char *guest_req_path(int conn, json_t *req, int *rc)
 	struct tt_err err = { 0 };
 
 	if (!json_is_string(p)) {
-		*rc = wire_send_error(conn, "bad_request", "\"path\" (string) is required");
+		*rc = wire_send_error(conn, WIRE_E_BAD_REQUEST, "\"path\" (string) is required");
 		return NULL;
 	}
 	if (path_check(json_string_value(p), json_string_length(p), &err) < 0) {
-		*rc = wire_send_error(conn, "path_invalid", "%s", err.msg);
+		*rc = wire_send_error(conn, WIRE_E_PATH_INVALID, "%s", err.msg);
 		return NULL;
 	}
 	*rc = 0;
@@ -97,17 +98,15 @@ static void set_rcvtimeo(int conn, int seconds)
 	(void)setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 }
 
-static const struct {
-	const char *name;
-	int (*run)(const struct guest_ctx *, int, json_t *);
-} guest_ops[] = {
-	{ "exec", exec_run },
-	{ "fs.read", fs_read },
-	{ "fs.write", fs_write },
-	{ "fs.stat", fs_stat },
-	{ "fs.list", fs_list },
-	{ "fs.mkdir", fs_mkdir },
-	{ "fs.remove", fs_remove },
+/* The data operations the agent runs (lib/wireop.h), by operation. */
+static int (*const guest_ops[WIRE_OP_COUNT])(const struct guest_ctx *, int, json_t *) = {
+	[WIRE_OP_EXEC] = exec_run,
+	[WIRE_OP_FS_READ] = fs_read,
+	[WIRE_OP_FS_WRITE] = fs_write,
+	[WIRE_OP_FS_STAT] = fs_stat,
+	[WIRE_OP_FS_LIST] = fs_list,
+	[WIRE_OP_FS_MKDIR] = fs_mkdir,
+	[WIRE_OP_FS_REMOVE] = fs_remove,
 };
 
 /* guest_handshake: the first frame must be the bridge's HELLO naming this
@@ -116,7 +115,6 @@ static const struct {
 static int guest_handshake(const struct guest_ctx *g, int conn, uint8_t *buf)
 {
 	uint8_t proof[HELLO_PROOF_LEN];
-	char proof_b64[HELLO_B64_LEN + 1];
 	struct hello_challenge hc;
 	struct tt_err err = { 0 };
 	struct wire_frame f;
@@ -134,7 +132,7 @@ static int guest_handshake(const struct guest_ctx *g, int conn, uint8_t *buf)
 		if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) < 0 ||
 		    cr.pid != 0) {
 			log_warn("refused a connection from inside the sandbox");
-			wire_send_error(conn, "peer_refused",
+			wire_send_error(conn, WIRE_E_PEER_REFUSED,
 			                "the agent answers only the host bridge");
 			return -1;
 		}
@@ -146,44 +144,43 @@ static int guest_handshake(const struct guest_ctx *g, int conn, uint8_t *buf)
 		return -1;
 	if (rc < 0) {
 		log_warn("refused a connection: %s", err.msg);
-		wire_send_error(conn, err.code == TT_ERR_TOO_LARGE ? "too_large" : "bad_request",
+		wire_send_error(conn, err.code == TT_ERR_TOO_LARGE ? WIRE_E_TOO_LARGE : WIRE_E_BAD_REQUEST,
 		                "%s", err.msg);
 		return -1;
 	}
 	if (f.type != WIRE_HELLO) {
 		log_warn("refused a connection: %s before the handshake", wire_type_name(f.type));
-		wire_send_error(conn, "handshake_required",
+		wire_send_error(conn, WIRE_E_HANDSHAKE_REQUIRED,
 		                "expected HELLO before any operation, got %s",
 		                wire_type_name(f.type));
 		return -1;
 	}
 	hello = wire_frame_json(&f, &err);
 	if (hello == NULL) {
-		wire_send_error(conn, "bad_request", "%s", err.msg);
+		wire_send_error(conn, WIRE_E_BAD_REQUEST, "%s", err.msg);
 		return -1;
 	}
 	if (hello_challenge_parse(hello, &hc) < 0) {
 		json_decref(hello);
-		wire_send_error(conn, "bad_request", "malformed HELLO");
+		wire_send_error(conn, WIRE_E_BAD_REQUEST, "malformed HELLO");
 		return -1;
 	}
 	if (strcmp(hc.sbx, g->sbx) != 0 || hc.gen != g->gen || hc.att != g->att) {
 		json_decref(hello);
 		log_warn("refused a handshake for another activation");
-		wire_send_error(conn, "wrong_activation",
+		wire_send_error(conn, WIRE_E_WRONG_ACTIVATION,
 		                "this agent serves another execution or activation");
 		return -1;
 	}
 	json_decref(hello);
 	if (g->secret == NULL) {
-		wire_send_error(conn, "no_secret", "agent started without an activation secret");
+		wire_send_error(conn, WIRE_E_NO_SECRET, "agent started without an activation secret");
 		return -1;
 	}
 	hello_proof(g->secret, g->sbx, g->gen, g->att, hc.challenge, proof);
 	/* This handler needs the secret no more. */
 	sodium_memzero(g->secret, HELLO_SECRET_LEN);
-	hello_b64_encode(proof, proof_b64);
-	ans = json_pack("{s:s}", "proof", proof_b64);
+	ans = hello_proof_json(proof);
 	rc = ans ? wire_send_json(conn, WIRE_HELLO, ans, &err) : -1;
 	json_decref(ans);
 	return rc;
@@ -215,19 +212,19 @@ static int serve_next(const struct guest_ctx *g, int conn, uint8_t *buf, bool fi
 		    (e == EAGAIN || e == EWOULDBLOCK))
 			return 0; /* idle too long: the opener forgot us */
 		log_warn("closing a connection: %s", err.msg);
-		wire_send_error(conn, err.code == TT_ERR_TOO_LARGE ? "too_large"
-		                                                   : "bad_request",
+		wire_send_error(conn, err.code == TT_ERR_TOO_LARGE ? WIRE_E_TOO_LARGE
+		                                                   : WIRE_E_BAD_REQUEST,
 		                "%s", err.msg);
 		return -1;
 	}
 	if (f.type != WIRE_REQUEST) {
-		wire_send_error(conn, "bad_request", "expected REQUEST, got %s",
+		wire_send_error(conn, WIRE_E_BAD_REQUEST, "expected REQUEST, got %s",
 		                wire_type_name(f.type));
 		return -1;
 	}
 	*req = wire_frame_json(&f, &err);
 	if (*req == NULL) {
-		wire_send_error(conn, "bad_request", "%s", err.msg);
+		wire_send_error(conn, WIRE_E_BAD_REQUEST, "%s", err.msg);
 		return -1;
 	}
 	return 1;
@@ -239,16 +236,16 @@ static int serve_next(const struct guest_ctx *g, int conn, uint8_t *buf, bool fi
 static int serve_op(const struct guest_ctx *g, int conn, json_t *req)
 {
 	json_t *op = json_object_get(req, "op");
+	enum wire_op wop;
 
 	/* A well-formed frame with an unusable request is the request's
 	 * failure, not the connection's: ERROR, and the next one may follow. */
 	if (!json_is_string(op))
-		return wire_send_error(conn, "bad_request", "\"op\" (string) is required");
-	for (size_t i = 0; i < sizeof(guest_ops) / sizeof(guest_ops[0]); i++) {
-		if (strcmp(json_string_value(op), guest_ops[i].name) == 0)
-			return guest_ops[i].run(g, conn, req);
-	}
-	return wire_send_error(conn, "bad_request", "unknown op");
+		return wire_send_error(conn, WIRE_E_BAD_REQUEST, "\"op\" (string) is required");
+	wop = wireop_parse(json_string_value(op));
+	if (guest_ops[wop] != NULL)
+		return guest_ops[wop](g, conn, req);
+	return wire_send_error(conn, WIRE_E_BAD_REQUEST, "unknown op");
 }
 
 /* guest_serve: the handshake once, then operations in sequence until EOF,
@@ -259,7 +256,7 @@ void guest_serve(const struct guest_ctx *g, int conn)
 	_cleanup_free_ uint8_t *buf = malloc(WIRE_PAYLOAD_MAX + 1);
 
 	if (buf == NULL) {
-		wire_send_error(conn, "internal", "out of memory");
+		wire_send_error(conn, WIRE_E_INTERNAL, "out of memory");
 		return;
 	}
 	if (guest_handshake(g, conn, buf) < 0)

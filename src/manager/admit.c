@@ -8,15 +8,16 @@
 #include <string.h>
 #include <uv.h>
 
-#include "bridge/reason.h"
 #include "capcache.h"
 #include "cleanup.h"
 #include "log.h"
 #include "manager/manager_int.h"
 #include "metrics.h"
+#include "refusal.h"
 #include "relay.h"
 #include "timefmt.h"
 #include "uvutil.h"
+#include "wireop.h"
 
 /* installed_of: the §4 record admission compares against. Anything that is
  * not a running, unretired execution answers as retired (RefreshRoute). */
@@ -33,20 +34,6 @@ static struct tt_installed installed_of(const struct rec_exec *r)
 	return in;
 }
 
-/* cap_op_of: node operation -> capability operation bit (0 = unknown). */
-static uint32_t cap_op_of(const char *op)
-{
-	if (strcmp(op, "exec") == 0)
-		return TT_OP_EXEC;
-	if (strcmp(op, "fs.read") == 0 || strcmp(op, "fs.stat") == 0 ||
-	    strcmp(op, "fs.list") == 0)
-		return TT_OP_FS_READ;
-	if (strcmp(op, "fs.write") == 0 || strcmp(op, "fs.mkdir") == 0 ||
-	    strcmp(op, "fs.remove") == 0)
-		return TT_OP_FS_WRITE;
-	return 0;
-}
-
 /* conn_refresh: an admitted operation whose execution was replaced before
  * anything of it went to the bridge. If its Allow is still held back, the
  * decision becomes RefreshRoute (SPEC §4: never executed, so the opener
@@ -57,7 +44,7 @@ static void conn_refresh(struct mgr_conn *c, const struct rec_exec *rec)
 	_cleanup_free_ char *body = NULL;
 
 	if (c->decision == NULL) {
-		conn_fail(c, "refresh_route", "execution replaced or retired");
+		conn_fail(c, WIRE_E_REFRESH_ROUTE, "execution replaced or retired");
 		return;
 	}
 	d.installed_generation = rec != NULL ? rec->id.gen : 0;
@@ -123,16 +110,9 @@ static void relay_kept(struct relay *r, enum relay_end how, const char *msg,
 		uvutil_pool_put(bridge_pool_of(c->m, c->sbx, c->exec_serial, c->epoch),
 		                kept->far);
 	json_decref(c->req);
-	free(c->pending);
 	c->req = NULL;
-	c->pending = NULL;
-	c->pending_len = 0;
 	c->sbx[0] = '\0';
-	c->served++;
-	c->conn = (uv_pipe_t *)kept->opener;
-	relay_kept_reader(kept, &c->rd);
-	c->conn->data = c;
-	if (uv_read_start((uv_stream_t *)c->conn, conn_alloc_cb, conn_read_cb) < 0) {
+	if (uvutil_reqconn_next(&c->rc, kept, &c->conn) < 0) {
 		conn_free(c);
 		return;
 	}
@@ -153,17 +133,17 @@ static void bridge_forward(struct mgr_conn *c)
 	c->streamed = json_is_true(json_object_get(c->req, "stream"));
 	json_object_del(c->req, "stream");
 	if (relay_write_json((uv_stream_t *)c->bridge, WIRE_REQUEST, c->req, &err) < 0) {
-		conn_fail(c, "transport", err.msg);
+		conn_fail(c, WIRE_E_TRANSPORT, err.msg);
 		return;
 	}
 	if (c->decision != NULL)
 		first = (struct wire_out){ WIRE_DECISION, c->decision,
 		                           (uint32_t)strlen(c->decision) };
 	c->relay = relay_start_keep((uv_stream_t *)c->conn, (uv_stream_t *)c->bridge,
-	                            c->pending, c->pending_len,
+	                            c->rc.pending, c->rc.pending_len,
 	                            c->decision != NULL ? &first : NULL, relay_kept, c, &err);
 	if (c->relay == NULL) {
-		conn_fail(c, "internal", err.msg);
+		conn_fail(c, WIRE_E_INTERNAL, err.msg);
 		return;
 	}
 	free(c->decision); /* the relay copied it */
@@ -188,11 +168,11 @@ static void bridge_connected(uv_connect_t *req, int status)
 	uv_os_fd_t fd;
 	char why[160];
 	struct tt_err err = { 0 };
-	const char *reason;
+	enum refusal reason;
 
 	if (status < 0) {
 		snprintf(why, sizeof(why), "cannot reach the bridge: %s", uv_strerror(status));
-		conn_fail(c, "transport", why);
+		conn_fail(c, WIRE_E_TRANSPORT, why);
 		return;
 	}
 	/* The execution may have been replaced or stopped while connecting
@@ -205,21 +185,20 @@ static void bridge_connected(uv_connect_t *req, int status)
 		return;
 	}
 	if (uv_fileno((uv_handle_t *)c->bridge, &fd) < 0) {
-		conn_fail(c, "internal", "bridge connection has no fd");
+		conn_fail(c, WIRE_E_INTERNAL, "bridge connection has no fd");
 		return;
 	}
 	/* Whatever listens at bridge.sock must be the process pinned at
 	 * spawn (SPEC §5) before a single byte of the operation goes out. */
 	if (verify_peer(fd, &ex->bridge_id, &err) < 0) {
-		char msg[300], labels[64];
+		char msg[300];
 
-		reason = bridge_refusal_reason(&err);
+		reason = refusal_of(&err);
 		snprintf(msg, sizeof(msg), "bridge verification failed: %s", err.msg);
-		snprintf(labels, sizeof(labels), "reason=\"%s\"", reason);
-		log_warn("refused bridge of %s (%s): %s", c->sbx, reason, err.msg);
+		log_warn("refused bridge of %s (%s): %s", c->sbx, refusal_name(reason), err.msg);
 		metrics_inc("tether_bridge_verify_failed_total", NULL);
-		metrics_inc("tether_bridge_refusals_total", labels);
-		conn_fail(c, "transport", msg);
+		refusal_count(reason);
+		conn_fail(c, WIRE_E_TRANSPORT, msg);
 		return;
 	}
 	bridge_forward(c);
@@ -231,13 +210,11 @@ static void bridge_connected(uv_connect_t *req, int status)
  * said so ("allow_with_answer": an HTTP exec without stdin). A streamed
  * exec shows its decision at once, and fs.write (node-api streams the
  * body only once allowed) gets its at once. */
-static bool decision_may_wait(const char *op, const json_t *req)
+static bool decision_may_wait(enum wire_op op, const json_t *req)
 {
-	if (strcmp(op, "exec") == 0)
+	if (op == WIRE_OP_EXEC)
 		return json_is_true(json_object_get(req, "allow_with_answer"));
-	return strcmp(op, "fs.read") == 0 || strcmp(op, "fs.stat") == 0 ||
-	       strcmp(op, "fs.list") == 0 || strcmp(op, "fs.mkdir") == 0 ||
-	       strcmp(op, "fs.remove") == 0;
+	return !wireop_input(op);
 }
 
 /* admit_data_op: see manager_int.h. */
@@ -247,6 +224,7 @@ void admit_data_op(struct mgr_conn *c)
 	const char *token = json_string_value(json_object_get(c->req, "token"));
 	const char *sbx = json_string_value(json_object_get(c->req, "sbx"));
 	const char *op = json_string_value(json_object_get(c->req, "op"));
+	enum wire_op wop = wireop_parse(op);
 	const struct rec_exec *rec;
 	struct mgr_exec *ex;
 	struct tt_installed inst;
@@ -255,8 +233,8 @@ void admit_data_op(struct mgr_conn *c)
 	_cleanup_free_ char *body = NULL;
 	char labels[128], path[PATH_MAX];
 
-	if (sbx == NULL || !sbx_id_valid(sbx) || op == NULL || cap_op_of(op) == 0) {
-		conn_fail(c, "bad_request", "request needs a valid sbx and a known op");
+	if (sbx == NULL || !sbx_id_valid(sbx) || wireop_needs(wop) == 0) {
+		conn_fail(c, WIRE_E_BAD_REQUEST, "request needs a valid sbx and a known op");
 		return;
 	}
 	snprintf(c->sbx, sizeof(c->sbx), "%s", sbx);
@@ -264,7 +242,7 @@ void admit_data_op(struct mgr_conn *c)
 	inst = installed_of(rec);
 	rq.receiver = TT_RCV_NODE;
 	rq.sbx = sbx;
-	rq.op = cap_op_of(op);
+	rq.op = wireop_needs(wop);
 	rq.new_open = true;
 	if (token == NULL)
 		token = "";
@@ -275,10 +253,10 @@ void admit_data_op(struct mgr_conn *c)
 	metrics_inc("tether_admission_total", labels);
 	body = decision_body_json(&d, sbx);
 	if (body == NULL) {
-		conn_fail(c, "internal", "cannot encode the decision");
+		conn_fail(c, WIRE_E_INTERNAL, "cannot encode the decision");
 		return;
 	}
-	if (d.verdict == TT_ALLOW && decision_may_wait(op, c->req)) {
+	if (d.verdict == TT_ALLOW && decision_may_wait(wop, c->req)) {
 		c->decision = tt_steal_ptr(&body);
 	} else {
 		relay_write_frame((uv_stream_t *)c->conn, WIRE_DECISION, body,
@@ -311,7 +289,7 @@ void admit_data_op(struct mgr_conn *c)
 		}
 	}
 	if (ex == NULL || sandbox_dir(m, sbx, path, sizeof(path) - sizeof("/bridge.sock")) < 0) {
-		conn_fail(c, "transport", "no bridge for this execution");
+		conn_fail(c, WIRE_E_TRANSPORT, "no bridge for this execution");
 		return;
 	}
 	strcat(path, "/bridge.sock");
@@ -319,7 +297,7 @@ void admit_data_op(struct mgr_conn *c)
 	if (c->bridge == NULL || uv_pipe_init(m->loop, c->bridge, 0) < 0) {
 		free(c->bridge);
 		c->bridge = NULL;
-		conn_fail(c, "internal", "out of memory");
+		conn_fail(c, WIRE_E_INTERNAL, "out of memory");
 		return;
 	}
 	c->connect.data = c;

@@ -12,6 +12,7 @@
 #include "metrics.h"
 #include "relay.h"
 #include "uvutil.h"
+#include "wireop.h"
 #include "wire_json.h"
 
 /* waiting_add: see manager_int.h. */
@@ -57,14 +58,15 @@ void conn_free(struct mgr_conn *c)
 		relay_close_free((uv_stream_t *)c->bridge);
 	json_decref(c->req);
 	free(c->decision);
-	free(c->pending);
+	free(c->rc.pending);
 	free(c);
 }
 
 /* conn_fail: see manager_int.h. */
-void conn_fail(struct mgr_conn *c, const char *code, const char *msg)
+void conn_fail(struct mgr_conn *c, enum wire_code code, const char *msg)
 {
-	log_warn("operation on %s failed: %s: %s", c->sbx[0] ? c->sbx : "-", code, msg);
+	log_warn("operation on %s failed: %s: %s", c->sbx[0] ? c->sbx : "-",
+	         wirecode_name(code), msg);
 	/* node-api reads the DECISION first, always. */
 	if (c->decision != NULL)
 		relay_write_frame((uv_stream_t *)c->conn, WIRE_DECISION, c->decision,
@@ -96,74 +98,61 @@ static json_t *handle_status(struct manager *m)
 
 /* handle_control: feed.apply / status; answers RESULT and closes (a
  * feed.apply holding a pause answers when the pause ends). */
-static void handle_control(struct mgr_conn *c, const char *op)
+static void handle_control(struct mgr_conn *c, enum wire_op op)
 {
 	struct tt_err err = { 0 };
 	json_t *res;
 
-	if (strcmp(op, "status") != 0) {
+	if (op == WIRE_OP_FEED_APPLY) {
 		if (apply_feed(c) < 0)
-			conn_fail(c, "bad_request", "feed.apply needs an updates array (<= 1000)");
+			conn_fail(c, WIRE_E_BAD_REQUEST, "feed.apply needs an updates array (<= 1000)");
 		return;
 	}
 	res = handle_status(c->m);
 	if (relay_write_json((uv_stream_t *)c->conn, WIRE_RESULT, res, &err) < 0)
-		log_warn("answering %s: %s", op, err.msg);
+		log_warn("answering %s: %s", wireop_name(op), err.msg);
 	json_decref(res);
 	relay_close_after_writes((uv_stream_t *)c->conn);
 	c->conn = NULL;
 	conn_free(c);
 }
 
-/* conn_alloc_cb: see manager_int.h. */
-void conn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+/* conn_request: the next REQUEST: admission, or a control request. */
+static void conn_request(struct uvutil_reqconn *rc, const struct wire_frame *f)
 {
-	struct mgr_conn *c = h->data;
-
-	(void)suggested;
-	*buf = uv_buf_init((char *)c->buf, sizeof(c->buf));
-}
-
-/* conn_read_cb: see manager_int.h. */
-void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
-{
-	struct mgr_conn *c = s->data;
-	struct wire_frame f;
+	struct mgr_conn *c = (struct mgr_conn *)rc;
 	struct tt_err err = { 0 };
+	enum wire_op wop;
 	const char *op;
 
-	(void)buf;
-	switch (uvutil_read_request(s, c->served, &c->rd, c->buf, nread, &f, &c->pending,
-	                            &c->pending_len, &err)) {
-	case UVUTIL_REQ_MORE:
-		return;
-	case UVUTIL_REQ_READY:
-		waiting_del(c);
-		break;
-	case UVUTIL_REQ_BAD:
-		log_warn("closing a connection: %s", err.msg);
-		metrics_inc("tether_manager_bad_frames_total", NULL);
-		conn_free(c);
-		return;
-	case UVUTIL_REQ_NOMEM:
-		conn_fail(c, "internal", "out of memory");
-		return;
-	case UVUTIL_REQ_CLOSED:
-		conn_free(c);
-		return;
-	}
-	c->req = wire_frame_json(&f, &err);
+	waiting_del(c);
+	c->req = wire_frame_json(f, &err);
 	op = c->req ? json_string_value(json_object_get(c->req, "op")) : NULL;
 	if (op == NULL) {
-		conn_fail(c, "bad_request", c->req ? "request without op" : err.msg);
+		conn_fail(c, WIRE_E_BAD_REQUEST, c->req ? "request without op" : err.msg);
 		return;
 	}
-	if (strcmp(op, "feed.apply") == 0 || strcmp(op, "status") == 0)
-		handle_control(c, op);
-	else if (strcmp(op, "watch") == 0)
+	wop = wireop_parse(op);
+	if (wop == WIRE_OP_WATCH)
 		watch_start(c);
+	else if (wireop_control(wop))
+		handle_control(c, wop);
 	else
 		admit_data_op(c);
+}
+
+/* conn_refuse: the skeleton turns a connection down (no memory). */
+static void conn_refuse(struct uvutil_reqconn *rc, enum wire_code code, const char *msg)
+{
+	conn_fail((struct mgr_conn *)rc, code, msg);
+}
+
+/* conn_gone: the peer closed, or broke the frame protocol. */
+static void conn_gone(struct uvutil_reqconn *rc, const struct tt_err *err)
+{
+	if (err != NULL)
+		metrics_inc("tether_manager_bad_frames_total", NULL);
+	conn_free((struct mgr_conn *)rc);
 }
 
 /* peer_allowed: only the node-api that spawned us (pid and uid). */
@@ -178,38 +167,45 @@ static bool peer_allowed(struct manager *m, uv_pipe_t *p, struct ucred *cr)
 	return cr->uid == m->peer_uid && cr->pid == m->peer_pid;
 }
 
-/* conn_accept_cb: see manager_int.h. */
-void conn_accept_cb(uv_stream_t *server, int status)
+/* conn_peer: only the node-api that spawned us; anyone else is closed. */
+static bool conn_peer(void *data, uv_pipe_t *p)
 {
-	struct manager *m = server->data;
-	struct mgr_conn *c;
-	uv_pipe_t *p;
+	struct manager *m = data;
 	struct ucred cr = { 0 };
 
-	if (status < 0 || (p = uvutil_accept(server, m->loop)) == NULL)
-		return;
-	if (!peer_allowed(m, p, &cr)) {
-		log_warn("peer refused: pid %d uid %u (expected pid %d uid %u)", (int)cr.pid,
-		         (unsigned)cr.uid, (int)m->peer_pid, (unsigned)m->peer_uid);
-		metrics_inc("tether_manager_peer_refused_total", NULL);
-		relay_close_free((uv_stream_t *)p);
-		return;
-	}
-	/* Not calloc: zeroing the 64 KiB buffer per operation showed in
-	 * profiles; every other field is cleared. */
-	c = malloc(sizeof(*c));
-	if (c == NULL) {
-		relay_close_free((uv_stream_t *)p);
-		return;
-	}
+	if (peer_allowed(m, p, &cr))
+		return true;
+	log_warn("peer refused: pid %d uid %u (expected pid %d uid %u)", (int)cr.pid,
+	         (unsigned)cr.uid, (int)m->peer_pid, (unsigned)m->peer_uid);
+	metrics_inc("tether_manager_peer_refused_total", NULL);
+	relay_close_free((uv_stream_t *)p);
+	return false;
+}
+
+/* conn_new: a connection waiting for its first REQUEST. Not calloc:
+ * zeroing the 64 KiB buffer per operation showed in profiles; every other
+ * field is cleared. */
+static struct uvutil_reqconn *conn_new(void *data, uv_pipe_t *p)
+{
+	struct mgr_conn *c = malloc(sizeof(*c));
+
+	if (c == NULL)
+		return NULL;
 	memset(c, 0, offsetof(struct mgr_conn, buf));
-	c->m = m;
+	c->m = data;
 	c->conn = p;
 	p->data = c;
-	wire_reader_init(&c->rd);
-	if (uv_read_start((uv_stream_t *)p, conn_alloc_cb, conn_read_cb) < 0) {
-		conn_free(c);
-		return;
-	}
+	c->rc.buf = c->buf;
+	c->rc.cap = sizeof(c->buf);
 	waiting_add(c);
+	return &c->rc;
 }
+
+/* conn_server_ops: see manager_int.h. */
+const struct uvutil_server_ops conn_server_ops = {
+	.peer = conn_peer,
+	.conn = conn_new,
+	.request = conn_request,
+	.fail = conn_refuse,
+	.gone = conn_gone,
+};

@@ -80,7 +80,7 @@ void cancel_leases(struct manager *m, const char *sbx)
 		next = c->next;
 		if (strcmp(c->sbx, sbx) == 0 && c->relay != NULL) {
 			metrics_inc("tether_streams_cancelled_total", "reason=\"epoch\"");
-			relay_abort(c->relay, "refresh_route", "execution retired or replaced");
+			relay_abort(c->relay, WIRE_E_REFRESH_ROUTE, "execution retired or replaced");
 		}
 	}
 }
@@ -96,7 +96,7 @@ void cancel_input_streams(struct manager *m, const char *sbx)
 		    !json_is_true(json_object_get(c->req, "stdin")))
 			continue;
 		metrics_inc("tether_streams_cancelled_total", "reason=\"epoch\"");
-		relay_abort(c->relay, "refresh_route", "execution retired for a pause");
+		relay_abort(c->relay, WIRE_E_REFRESH_ROUTE, "execution retired for a pause");
 	}
 }
 

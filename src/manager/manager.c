@@ -248,7 +248,9 @@ static int parse_args(struct manager *m, int argc, char **argv)
  * by the peer's uid when that is not ours, so that only it can connect. */
 static int listen_socket(struct manager *m, struct tt_err *err)
 {
-	if (uvutil_listen(m->loop, &m->server, m->sock_path, 128, conn_accept_cb, m, err) < 0)
+	m->srv = (struct uvutil_server){ .loop = m->loop, .ops = &conn_server_ops, .data = m };
+	if (uvutil_listen(m->loop, &m->server, m->sock_path, 128, uvutil_server_accept,
+	                  &m->srv, err) < 0)
 		return -1;
 	if (m->peer_uid == geteuid())
 		return 0;

@@ -15,13 +15,15 @@
 #include "claims.h"
 #include "err.h"
 #include "feedsig.h"
-#include "guest/hello.h"
+#include "hello.h"
 #include "manager/bridgectl.h"
 #include "manager/records.h"
 #include "manager/uids.h"
 #include "procid.h"
 #include "substrate/ns/ns.h"
 #include "wire.h"
+#include "uvutil.h"
+#include "wirecode.h"
 
 struct relay;
 struct uvutil_pool;
@@ -58,7 +60,7 @@ struct mgr_exec {
 	 * sandbox up to its init's exec, the bridge's spawn, then the wait
 	 * for both to be ready. */
 	int64_t launch_us, spawn_us, ready_us;
-	/* The activation's adoption key (guest/hello.h): recorded, so that a
+	/* The activation's adoption key (lib/hello.h): recorded, so that a
 	 * successor of ours can take over the bridge. */
 	uint8_t adopt_key[HELLO_PROOF_LEN];
 	struct mgr_exec *next;
@@ -67,14 +69,13 @@ struct mgr_exec {
 /* One accepted node-api connection, serving its operations in sequence;
  * a relay holds both streams while an admitted operation runs. */
 struct mgr_conn {
+	/* First: the server skeleton's part (lib/uvutil.h): served, the
+	 * REQUEST decoder, the bytes after the REQUEST (owned). */
+	struct uvutil_reqconn rc;
 	struct manager *m;
-	uint64_t served;          /* operations done on this connection */
 	uint64_t exec_serial;     /* mgr_exec.serial of the bridge in use */
 	uv_pipe_t *conn;          /* owned until handed to the relay */
 	uv_pipe_t *bridge;        /* owned until handed to the relay */
-	struct wire_reader rd;
-	uint8_t *pending;         /* bytes after the REQUEST (owned) */
-	size_t pending_len;
 	json_t *req;              /* the REQUEST (owned) */
 	char *decision;           /* an Allow DECISION held back to go out with
 	                           * the answer (owned), or NULL */
@@ -130,6 +131,7 @@ struct manager {
 	struct mgr_conn *watcher;
 	struct mgr_lost *lost;
 	uv_pipe_t server;
+	struct uvutil_server srv;  /* server.data: the skeleton's hooks */
 	uv_signal_t sigterm, sigint;
 	bool stopping;
 	/* The node-api's end of a socketpair (--lifeline): EOF means node-api
@@ -238,14 +240,10 @@ void waiting_add(struct mgr_conn *c);
 /* conn_free: releases a connection context and whatever it still owns. */
 void conn_free(struct mgr_conn *c);
 /* conn_fail: tells the opener why (ERROR), then closes. */
-void conn_fail(struct mgr_conn *c, const char *code, const char *msg);
-/* conn_alloc_cb: reads go straight into the connection's buffer. */
-void conn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
-/* conn_read_cb: waits for the connection's next REQUEST frame, then
- * dispatches. */
-void conn_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
-/* conn_accept_cb: accept, check the peer, start reading its REQUEST. */
-void conn_accept_cb(uv_stream_t *server, int status);
+void conn_fail(struct mgr_conn *c, enum wire_code code, const char *msg);
+/* conn_server_ops: node-api's connections on the server skeleton
+ * (lib/uvutil.h): the peer check, then one REQUEST at a time. */
+extern const struct uvutil_server_ops conn_server_ops;
 
 /* ---- admit.c ---------------------------------------------------------- */
 

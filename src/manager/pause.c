@@ -323,7 +323,7 @@ static void pause_drain_cb(uv_timer_t *t)
 		if (strcmp(c->sbx, p->sbx) == 0 && c->relay != NULL) {
 			log_warn("pause of %s: failing an operation still running after %d ms",
 			         p->sbx, MGR_DRAIN_MS);
-			relay_abort(c->relay, "transport",
+			relay_abort(c->relay, WIRE_E_TRANSPORT,
 			            "the sandbox was paused while this operation ran");
 		}
 	}

@@ -41,7 +41,7 @@ struct rec_exec {
 	unsigned long long bridge_start;
 	int64_t updated_at;      /* unix seconds */
 	/* What a restarted manager proves to this execution's bridge to take
-	 * over from its dead predecessor (guest/hello.h, "Adoption"); none
+	 * over from its dead predecessor (lib/hello.h, "Adoption"); none
 	 * for executions recorded before schema 2. */
 	uint8_t adopt_key[32];
 	bool has_adopt_key;

@@ -83,6 +83,15 @@ void lost_note(struct manager *m, const struct rec_exec *r,
 	lost_send(m, r->id.sbx, r->id.gen, r->id.att, reason, reactivate);
 }
 
+/* watch_alloc_cb: a watcher's reads land in its connection's buffer. */
+static void watch_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+	struct mgr_conn *c = h->data;
+
+	(void)suggested;
+	*buf = uv_buf_init((char *)c->buf, sizeof(c->buf));
+}
+
 /* watch_read_cb: a watcher sends nothing more: EOF (or any byte) ends it. */
 static void watch_read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
@@ -100,7 +109,7 @@ void watch_start(struct mgr_conn *c)
 		conn_free(m->watcher);
 	m->watcher = c;
 	uv_read_stop((uv_stream_t *)c->conn);
-	if (uv_read_start((uv_stream_t *)c->conn, conn_alloc_cb, watch_read_cb) < 0) {
+	if (uv_read_start((uv_stream_t *)c->conn, watch_alloc_cb, watch_read_cb) < 0) {
 		conn_free(c);
 		return;
 	}
@@ -160,7 +169,7 @@ static void cgroups_release(const struct rec_exec *r)
 }
 
 /* bridge_adopt: takes over the bridge of an execution our predecessor
- * started (guest/hello.h, "Adoption"): it must be the recorded bridge
+ * started (lib/hello.h, "Adoption"): it must be the recorded bridge
  * (verify_peer against the identity pinned in recover_adopt), challenge
  * us, and accept the proof made with the recorded adoption key. Blocking, each
  * read and write bounded (the bridge is local): runs once per execution,
@@ -170,7 +179,7 @@ static int bridge_adopt(struct manager *m, struct mgr_exec *ex, const struct rec
 {
 	static uint8_t buf[WIRE_PAYLOAD_MAX + 1];
 	uint8_t chal[HELLO_CHALLENGE_LEN], proof[HELLO_PROOF_LEN];
-	char path[PATH_MAX], b64[HELLO_B64_LEN + 1];
+	char path[PATH_MAX];
 	_cleanup_close_ int fd = -1;
 	struct wire_frame f;
 	json_t *o;
@@ -190,15 +199,13 @@ static int bridge_adopt(struct manager *m, struct mgr_exec *ex, const struct rec
 	if (wire_recv(fd, &f, buf, sizeof(buf), err) != 1)
 		return tt_err_set(err, TT_ERR_TRANSPORT, "its bridge sent no adoption challenge");
 	o = f.type == WIRE_HELLO ? wire_frame_json(&f, NULL) : NULL;
-	rc = o != NULL && hello_b64_decode(json_string_value(json_object_get(o,
-	                                   "adopt_challenge")), chal) == 0 ? 0 : -1;
+	rc = o != NULL && hello_adopt_challenge_parse(o, chal) == 0 ? 0 : -1;
 	json_decref(o);
 	if (rc < 0)
 		return tt_err_set(err, TT_ERR_MALFORMED, "its bridge sent no adoption challenge");
 	hello_mac(r->adopt_key, HELLO_ADOPT_LABEL, r->id.sbx, r->id.gen, r->id.att, chal, proof);
-	hello_b64_encode(proof, b64);
+	o = hello_proof_json(proof);
 	sodium_memzero(proof, sizeof(proof));
-	o = json_pack("{s:s}", "proof", b64);
 	rc = o != NULL ? wire_send_json(fd, WIRE_HELLO, o, err) : -1;
 	json_decref(o);
 	if (rc < 0)

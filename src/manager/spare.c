@@ -3,6 +3,7 @@
  * and a launched sandbox waiting for its identity. */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>

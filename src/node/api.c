@@ -14,10 +14,19 @@
 #include "node/api_int.h"
 #include "node/ws_exec.h"
 #include "paseto.h"
+#include "wireop.h"
 
 const char *const api_route_names[R_COUNT] = {
 	"exec", "files_get", "files_put", "files_delete", "stat", "list",
 	"mkdir", "metrics", "healthz", "other",
+};
+
+/* The operation each sandbox route sends its manager (lib/wireop.h). */
+static const enum wire_op api_route_ops[R_COUNT] = {
+	[R_EXEC] = WIRE_OP_EXEC, [R_FILES_GET] = WIRE_OP_FS_READ,
+	[R_FILES_PUT] = WIRE_OP_FS_WRITE, [R_FILES_DELETE] = WIRE_OP_FS_REMOVE,
+	[R_STAT] = WIRE_OP_FS_STAT, [R_LIST] = WIRE_OP_FS_LIST,
+	[R_MKDIR] = WIRE_OP_FS_MKDIR,
 };
 
 /* exec_build: validates the exec body and builds the guest REQUEST. */
@@ -147,14 +156,13 @@ static int api_reply_now(struct lws *wsi, enum api_route r, uint64_t t0,
 
 /* api_error_now: {"error","message"} from within an lws callback. */
 static int api_error_now(struct lws *wsi, enum api_route r, uint64_t t0,
-                         unsigned status, const char *code, const char *msg,
-                         bool close_after)
+                         enum wire_code code, const char *msg, bool close_after)
 {
-	json_t *o = json_pack("{s:s,s:s}", "error", code, "message", msg);
+	json_t *o = json_pack("{s:s,s:s}", "error", wirecode_name(code), "message", msg);
 	_cleanup_free_ char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
 
 	json_decref(o);
-	return api_reply_now(wsi, r, t0, status, "application/json",
+	return api_reply_now(wsi, r, t0, wirecode_status(code), "application/json",
 	                     s ? s : "{\"error\":\"internal\"}", close_after);
 }
 
@@ -165,7 +173,6 @@ static int api_on_http(struct lws *wsi, struct api_pss *pss, const char *uri)
 	uint64_t t0 = api_now_us();
 	char sbx[TT_SBX_ID_LEN + 2], path[API_PATH_MAX], v[32];
 	char tok[PASETO_TOKEN_MAX + 1];
-	const char *op_name_s = NULL;
 	bool bad_method, has_body;
 	enum http_framing framing;
 	long long clen;
@@ -177,10 +184,10 @@ static int api_on_http(struct lws *wsi, struct api_pss *pss, const char *uri)
 	/* as the cp and the edge: a body only with one Content-Length (the
 	 * unread body closes the connection) */
 	if (framing == HTTP_BODY_UNSIZED)
-		return api_error_now(wsi, r, t0, 411, "length_required",
+		return api_error_now(wsi, r, t0, WIRE_E_LENGTH_REQUIRED,
 		                     "request bodies need a Content-Length", true);
 	if (framing == HTTP_BODY_BAD)
-		return api_error_now(wsi, r, t0, 400, "bad_request",
+		return api_error_now(wsi, r, t0, WIRE_E_BAD_REQUEST,
 		                     "bad Content-Length", true);
 	if (r == R_HEALTHZ)
 		return api_reply_now(wsi, r, t0, 200, "application/json",
@@ -193,12 +200,12 @@ static int api_on_http(struct lws *wsi, struct api_pss *pss, const char *uri)
 		                     m ? m : "", has_body);
 	}
 	if (r == R_OTHER)
-		return api_error_now(wsi, r, t0, bad_method ? 405 : 404,
-		                     bad_method ? "method_not_allowed" : "not_found",
+		return api_error_now(wsi, r, t0,
+		                     bad_method ? WIRE_E_METHOD_NOT_ALLOWED : WIRE_E_NOT_FOUND,
 		                     bad_method ? "method not allowed" : "no such endpoint",
 		                     has_body);
 	if (!sbx_id_valid(sbx))
-		return api_error_now(wsi, r, t0, 404, "not_found",
+		return api_error_now(wsi, r, t0, WIRE_E_NOT_FOUND,
 		                     "no such sandbox", has_body);
 	if (http_capability_token(wsi, tok, sizeof(tok)) < 0) {
 		_cleanup_free_ char *d = deny_malformed_json(sbx);
@@ -209,13 +216,13 @@ static int api_on_http(struct lws *wsi, struct api_pss *pss, const char *uri)
 		                     d ? d : "{\"decision\":\"deny\"}", has_body);
 	}
 	if (r == R_EXEC && !has_body)
-		return api_error_now(wsi, r, t0, 400, "bad_request",
+		return api_error_now(wsi, r, t0, WIRE_E_BAD_REQUEST,
 		                     "a JSON body is required", false);
 	if (r == R_EXEC && clen > (long long)HTTP_BODY_MAX_DEFAULT)
-		return api_error_now(wsi, r, t0, 413, "too_large",
+		return api_error_now(wsi, r, t0, WIRE_E_TOO_LARGE,
 		                     "request body over 1 MiB", true);
 	if (r != R_EXEC && http_query(wsi, "path", path, sizeof(path)) < 0)
-		return api_error_now(wsi, r, t0, 400, "bad_request",
+		return api_error_now(wsi, r, t0, WIRE_E_BAD_REQUEST,
 		                     "query parameter path is required", has_body);
 
 	op = calloc(1, sizeof(*op));
@@ -227,17 +234,8 @@ static int api_on_http(struct lws *wsi, struct api_pss *pss, const char *uri)
 	op->t0_us = t0;
 	op->body.max = HTTP_BODY_MAX_DEFAULT;
 	memcpy(op->sbx, sbx, TT_SBX_ID_LEN + 1); /* validated above */
-	switch (r) {
-	case R_EXEC: op_name_s = "exec"; break;
-	case R_FILES_GET: op_name_s = "fs.read"; break;
-	case R_FILES_PUT: op_name_s = "fs.write"; break;
-	case R_FILES_DELETE: op_name_s = "fs.remove"; break;
-	case R_STAT: op_name_s = "fs.stat"; break;
-	case R_LIST: op_name_s = "fs.list"; break;
-	default: op_name_s = "fs.mkdir"; break;
-	}
 	op->req = json_pack("{s:s,s:s,s:s}", "token", tok, "sbx", sbx, "op",
-	                    op_name_s);
+	                    wireop_name(api_route_ops[r]));
 	sodium_memzero(tok, sizeof(tok));
 	pss->op = op;
 	if (op->req == NULL)
@@ -257,7 +255,7 @@ static int api_on_http(struct lws *wsi, struct api_pss *pss, const char *uri)
 
 		if (*end != '\0' || v[0] == '\0' || mode > 07777) {
 			op->close_after = has_body;
-			op_reply_error(op, 400, "bad_request", "mode must be octal, at most 07777");
+			op_reply_error(op, WIRE_E_BAD_REQUEST, "mode must be octal, at most 07777");
 			return 0;
 		}
 		json_object_set_new(op->req, "mode", json_integer((json_int_t)mode));
@@ -307,7 +305,7 @@ static int api_on_body(struct lws *wsi, struct api_op *op, const void *in,
 	if (op->route == R_EXEC) {
 		if (http_body_append(&op->body, in, len, &err) < 0) {
 			op->close_after = true;
-			op_reply_error(op, 413, "too_large", "request body over 1 MiB");
+			op_reply_error(op, WIRE_E_TOO_LARGE, "request body over 1 MiB");
 		}
 		return 0;
 	}
@@ -318,7 +316,7 @@ static int api_on_body(struct lws *wsi, struct api_op *op, const void *in,
 		if (buf_append(&op->pending, in, len, API_PENDING_MAX) < 0 ||
 		    op->pending.truncated) {
 			op->close_after = true;
-			op_reply_error(op, 500, "internal", "cannot hold the body");
+			op_reply_error(op, WIRE_E_INTERNAL, "cannot hold the body");
 			return 0;
 		}
 		if (!op->rx_paused) {
@@ -329,7 +327,7 @@ static int api_on_body(struct lws *wsi, struct api_op *op, const void *in,
 	}
 	if (!op_send(op, WIRE_DATA_IN, in, len))
 		return 0;
-	if (mgrconn_queued(op->mc) > MGRCONN_HIGH_WATER && !op->rx_paused) {
+	if (wireconn_queued(op->mc) > WIRECONN_HIGH_WATER && !op->rx_paused) {
 		op->rx_paused = true;
 		lws_rx_flow_control(wsi, 0);
 	}
@@ -357,12 +355,12 @@ static int api_on_body_done(struct lws *wsi, struct api_pss *pss)
 		body = http_body_json(&op->body, &err);
 		http_body_free(&op->body);
 		if (body == NULL) {
-			op_reply_error(op, 400, "bad_request", err.msg);
+			op_reply_error(op, WIRE_E_BAD_REQUEST, err.msg);
 			return 0;
 		}
 		if (exec_build(op, body, &err) < 0) {
 			json_decref(body);
-			op_reply_error(op, 400, "bad_request", err.msg);
+			op_reply_error(op, WIRE_E_BAD_REQUEST, err.msg);
 			return 0;
 		}
 		json_decref(body);

@@ -15,6 +15,7 @@
 #include "err.h"
 #include "http.h"
 #include "node/mgrconn.h"
+#include "wirecode.h"
 #include "node/node.h"
 #include "wire.h"
 
@@ -63,7 +64,7 @@ enum op_state { OP_BODY, OP_DECISION, OP_RUNNING, OP_REPLY, OP_STREAM, OP_DRAIN 
 struct api_op {
 	struct node *n;
 	struct lws *wsi;
-	struct mgrconn *mc;
+	struct wireconn *mc;
 	enum api_route route;
 	enum op_state state;
 	char sbx[TT_SBX_ID_LEN + 1];
@@ -115,9 +116,9 @@ void api_count(enum api_route r, unsigned status, uint64_t t0_us);
 /* op_free: releases everything the op owns, including its manager
  * connection (no callbacks after this). */
 void op_free(struct api_op *op);
-/* op_reply_error: the uniform {"error","message"} body. */
-void op_reply_error(struct api_op *op, unsigned status,
-                    const char *code, const char *msg);
+/* op_reply_error: the uniform {"error","message"} body, with the status
+ * of code (lib/wirecode.h). */
+void op_reply_error(struct api_op *op, enum wire_code code, const char *msg);
 /* deny_malformed_json: the §4 Deny body for an unusable capability header. */
 char *deny_malformed_json(const char *sbx);
 /* op_send: queues bytes to the manager (an empty payload is one empty
@@ -140,8 +141,7 @@ void op_start(struct api_op *op);
 /* stream_fail: a file read went wrong. Before the headers are out the
  * client gets an error answer; after, only a connection closed short of
  * Content-Length tells it the file is incomplete. */
-void stream_fail(struct api_op *op, unsigned status, const char *code,
-                 const char *msg);
+void stream_fail(struct api_op *op, enum wire_code code, const char *msg);
 /* stream_on_meta: META {"size":N} of a file read: the headers can go out
  * with Content-Length N. Exactly one META, before any byte. */
 void stream_on_meta(struct api_op *op, const struct wire_frame *f);

@@ -16,6 +16,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "node/api_int.h"
+#include "wirecode.h"
 
 /* api_now_us: see api_int.h. */
 uint64_t api_now_us(void)
@@ -112,22 +113,6 @@ void api_count(enum api_route r, unsigned status, uint64_t t0_us)
 	                   api_now_us() - t0_us);
 }
 
-/* guest_error_status: HTTP status for a guest/manager ERROR code. */
-static unsigned guest_error_status(const char *code)
-{
-	static const struct { const char *code; unsigned status; } map[] = {
-		{ "not_found", 404 }, { "path_invalid", 400 },
-		{ "bad_request", 400 }, { "exists", 409 }, { "not_dir", 409 },
-		{ "is_dir", 409 }, { "permission", 403 }, { "too_large", 413 },
-		{ "no_space", 507 }, { "transport", 502 },
-	};
-
-	for (size_t i = 0; code != NULL && i < sizeof(map) / sizeof(map[0]); i++)
-		if (strcmp(code, map[i].code) == 0)
-			return map[i].status;
-	return 500;
-}
-
 /* op_free: see api_int.h. */
 void op_free(struct api_op *op)
 {
@@ -135,7 +120,7 @@ void op_free(struct api_op *op)
 
 	if (op == NULL)
 		return;
-	mgrconn_close(op->mc);
+	wireconn_close(op->mc);
 	http_rxguard_stop(op->rxg);
 	json_decref(op->req);
 	http_body_free(&op->body);
@@ -170,7 +155,7 @@ static void op_rx_resume(struct api_op *op)
  * (replies are written from LWS_CALLBACK_HTTP_WRITEABLE). body is taken. */
 static void op_reply(struct api_op *op, unsigned status, char *body)
 {
-	mgrconn_close(op->mc);
+	wireconn_close(op->mc);
 	op->mc = NULL;
 	free(op->reply);
 	op->status = status;
@@ -198,11 +183,10 @@ static void op_reply_json(struct api_op *op, unsigned status, json_t *obj)
 }
 
 /* op_reply_error: see api_int.h. */
-void op_reply_error(struct api_op *op, unsigned status,
-                    const char *code, const char *msg)
+void op_reply_error(struct api_op *op, enum wire_code code, const char *msg)
 {
-	op_reply_json(op, status, json_pack("{s:s,s:s}", "error", code,
-	                                    "message", msg));
+	op_reply_json(op, wirecode_status(code),
+	              json_pack("{s:s,s:s}", "error", wirecode_name(code), "message", msg));
 }
 
 /* deny_malformed_json: see api_int.h. */
@@ -221,13 +205,13 @@ bool op_send(struct api_op *op, uint8_t type, const void *data,
              size_t len)
 {
 	struct tt_err err = { 0 };
-	int rc = len == 0 ? mgrconn_send(op->mc, type, data, 0, &err)
-	                  : mgrconn_send_data(op->mc, type, data, len, &err);
+	int rc = len == 0 ? wireconn_send(op->mc, type, data, 0, &err)
+	                  : wireconn_send_data(op->mc, type, data, len, &err);
 
 	if (rc == 0)
 		return true;
 	log_warn("%s %s: %s", api_route_names[op->route], op->sbx, err.msg);
-	op_reply_error(op, 502, "transport", "lost the manager connection");
+	op_reply_error(op, WIRE_E_TRANSPORT, "lost the manager connection");
 	return false;
 }
 
@@ -251,7 +235,7 @@ void put_flush(struct api_op *op)
 		op_rx_resume(op);
 		return;
 	}
-	if (mgrconn_queued(op->mc) < MGRCONN_HIGH_WATER)
+	if (wireconn_queued(op->mc) < WIRECONN_HIGH_WATER)
 		op_rx_resume(op);
 }
 
@@ -263,7 +247,7 @@ static void op_on_decision(struct api_op *op, const struct wire_frame *f)
 	json_t *obj = mgrconn_decision(f, &v);
 
 	if (obj == NULL) {
-		op_reply_error(op, 502, "transport", "manager sent an invalid decision");
+		op_reply_error(op, WIRE_E_TRANSPORT, "manager sent an invalid decision");
 		return;
 	}
 	json_decref(obj);
@@ -301,10 +285,10 @@ static void op_on_result(struct api_op *op, const struct wire_frame *f)
 	if (!json_is_object(res)) {
 		json_decref(res);
 		if (op->route == R_FILES_GET) {
-			stream_fail(op, 502, "transport", "manager sent an invalid result");
+			stream_fail(op, WIRE_E_TRANSPORT, "manager sent an invalid result");
 			return;
 		}
-		op_reply_error(op, 502, "transport", "manager sent an invalid result");
+		op_reply_error(op, WIRE_E_TRANSPORT, "manager sent an invalid result");
 		return;
 	}
 	switch (op->route) {
@@ -322,12 +306,12 @@ static void op_on_result(struct api_op *op, const struct wire_frame *f)
 		    (uint64_t)json_integer_value(json_object_get(res, "size")) !=
 		            op->content_len) {
 			json_decref(res);
-			stream_fail(op, 502, "transport",
+			stream_fail(op, WIRE_E_TRANSPORT,
 			            "the sandbox ended the read short of its size");
 			return;
 		}
 		json_decref(res);
-		mgrconn_close(op->mc);
+		wireconn_close(op->mc);
 		op->mc = NULL;
 		op->stream_end = true;
 		op->state = OP_STREAM;
@@ -337,7 +321,7 @@ static void op_on_result(struct api_op *op, const struct wire_frame *f)
 		entries = list_build(op, json_object_get(res, "entries_total"));
 		if (entries == NULL) {
 			json_decref(res);
-			op_reply_error(op, 502, "transport",
+			op_reply_error(op, WIRE_E_TRANSPORT,
 			               "the sandbox sent an invalid listing");
 			return;
 		}
@@ -359,6 +343,7 @@ static void op_on_error(struct api_op *op, const struct wire_frame *f)
 	                         JSON_REJECT_DUPLICATES, &jerr);
 	const char *code = json_string_value(json_object_get(obj, "error"));
 	const char *msg = json_string_value(json_object_get(obj, "message"));
+	enum wire_code wc = wirecode_parse(code);
 
 	if (op->route == R_FILES_GET && op->headers_sent) {
 		/* The headers promised a length: only a broken transfer tells
@@ -366,22 +351,21 @@ static void op_on_error(struct api_op *op, const struct wire_frame *f)
 		log_warn("files_get %s: error after the headers: %s: %s", op->sbx,
 		         code ? code : "?", msg ? msg : "");
 		json_decref(obj);
-		stream_fail(op, 500, "internal", "error after the headers");
+		stream_fail(op, WIRE_E_INTERNAL, "error after the headers");
 		return;
 	}
 	/* A stream that got no byte yet answers like any other error. */
 	op->state = OP_RUNNING;
-	if (code != NULL && strcmp(code, "refresh_route") == 0) {
+	if (wc == WIRE_E_REFRESH_ROUTE) {
 		/* admitted, then its execution was retired while it ran: it may
 		 * have run, so it is a transport failure to the caller (a read
 		 * is retried, a write or exec never repeated), not a refusal */
-		op_reply_error(op, 502, "transport", "the execution was retired while "
+		op_reply_error(op, WIRE_E_TRANSPORT, "the execution was retired while "
 		               "this operation ran: it may or may not have run");
 		json_decref(obj);
 		return;
 	}
-	op_reply_error(op, guest_error_status(code), code ? code : "internal",
-	               msg ? msg : "operation failed");
+	op_reply_error(op, wc, msg ? msg : "operation failed");
 	json_decref(obj);
 }
 
@@ -398,7 +382,7 @@ static void op_on_frame(void *arg, const struct wire_frame *f)
 		else if (f->type == WIRE_ERROR)
 			op_on_error(op, f);
 		else
-			op_reply_error(op, 502, "transport",
+			op_reply_error(op, WIRE_E_TRANSPORT,
 			               "manager answered before its decision");
 		return;
 	}
@@ -410,7 +394,7 @@ static void op_on_frame(void *arg, const struct wire_frame *f)
 	case WIRE_DATA_OUT:
 		if (op->route == R_EXEC) {
 			if (buf_append(&op->out, f->payload, f->len, API_OUT_MAX) < 0)
-				op_reply_error(op, 500, "internal", "out of memory");
+				op_reply_error(op, WIRE_E_INTERNAL, "out of memory");
 		} else if (op->route == R_FILES_GET && f->len > 0) {
 			stream_push(op, f->payload, f->len);
 			if (op->state == OP_STREAM && !op->stream_abort &&
@@ -423,7 +407,7 @@ static void op_on_frame(void *arg, const struct wire_frame *f)
 	case WIRE_STDERR:
 		if (op->route == R_EXEC &&
 		    buf_append(&op->err, f->payload, f->len, API_OUT_MAX) < 0)
-			op_reply_error(op, 500, "internal", "out of memory");
+			op_reply_error(op, WIRE_E_INTERNAL, "out of memory");
 		break;
 	case WIRE_RESULT:
 		op_on_result(op, f);
@@ -445,13 +429,13 @@ static void op_on_end(void *arg, const struct tt_err *err)
 		return;
 	log_warn("%s %s: %s", api_route_names[op->route], op->sbx, err->msg);
 	if (op->route == R_FILES_GET && op->headers_sent) {
-		stream_fail(op, 502, "transport", "lost the manager connection");
+		stream_fail(op, WIRE_E_TRANSPORT, "lost the manager connection");
 		return;
 	}
 	if (err->code == TT_ERR_IO)
-		op_reply_error(op, 503, "unavailable", "the sandbox manager is not reachable");
+		op_reply_error(op, WIRE_E_UNAVAILABLE, "the sandbox manager is not reachable");
 	else
-		op_reply_error(op, 502, "transport", "lost the manager connection");
+		op_reply_error(op, WIRE_E_TRANSPORT, "lost the manager connection");
 }
 
 /* op_on_drain: PUT bytes went out to the manager; read the client again. */
@@ -466,7 +450,7 @@ static void op_on_drain(void *arg)
 /* op_start: see api_int.h. */
 void op_start(struct api_op *op)
 {
-	static const struct mgrconn_cbs cbs = {
+	static const struct wireconn_cbs cbs = {
 		.on_frame = op_on_frame,
 		.on_end = op_on_end,
 		.on_drain = op_on_drain,
@@ -474,9 +458,8 @@ void op_start(struct api_op *op)
 	struct tt_err err = { 0 };
 
 	op->state = OP_DECISION;
-	op->mc = mgrconn_open(op->n->loop, op->n->sock_path, op->req, &cbs, op, &err);
+	op->mc = mgrconn_open(op->n, op->req, &cbs, op, &err);
 	if (op->mc == NULL)
-		op_reply_error(op, err.code == TT_ERR_TOO_LARGE ? 413 : 500,
-		               err.code == TT_ERR_TOO_LARGE ? "too_large" : "internal",
-		               err.msg);
+		op_reply_error(op, err.code == TT_ERR_TOO_LARGE ? WIRE_E_TOO_LARGE
+		                                                : WIRE_E_INTERNAL, err.msg);
 }

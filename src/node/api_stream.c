@@ -13,15 +13,14 @@
 #include "node/api_int.h"
 
 /* stream_fail: see api_int.h. */
-void stream_fail(struct api_op *op, unsigned status, const char *code,
-                 const char *msg)
+void stream_fail(struct api_op *op, enum wire_code code, const char *msg)
 {
 	if (!op->headers_sent) {
-		op_reply_error(op, status, code, msg);
+		op_reply_error(op, code, msg);
 		return;
 	}
 	log_warn("files_get %s: broken after the headers: %s", op->sbx, msg);
-	mgrconn_close(op->mc);
+	wireconn_close(op->mc);
 	op->mc = NULL;
 	op->stream_abort = true;
 	op->state = OP_STREAM;
@@ -40,7 +39,7 @@ void stream_on_meta(struct api_op *op, const struct wire_frame *f)
 	if (op->have_meta || !json_is_integer(size) ||
 	    json_integer_value(size) < 0) {
 		json_decref(m);
-		stream_fail(op, 502, "transport", "the sandbox sent an invalid META");
+		stream_fail(op, WIRE_E_TRANSPORT, "the sandbox sent an invalid META");
 		return;
 	}
 	op->content_len = (uint64_t)json_integer_value(size);
@@ -60,14 +59,14 @@ void stream_push(struct api_op *op, const uint8_t *data, size_t len)
 	struct api_chunk *c;
 
 	if (!op->have_meta || len > op->content_len - op->got) {
-		stream_fail(op, 502, "transport",
+		stream_fail(op, WIRE_E_TRANSPORT,
 		            op->have_meta ? "the sandbox sent more bytes than announced"
 		                          : "the sandbox sent bytes before META");
 		return;
 	}
 	c = malloc(sizeof(*c) + len);
 	if (c == NULL) {
-		stream_fail(op, 500, "internal", "out of memory");
+		stream_fail(op, WIRE_E_INTERNAL, "out of memory");
 		return;
 	}
 	op->got += len;
@@ -83,7 +82,7 @@ void stream_push(struct api_op *op, const uint8_t *data, size_t len)
 	op->state = OP_STREAM;
 	if (op->q_bytes > API_STREAM_HIGH && !op->mc_paused) {
 		op->mc_paused = true;
-		mgrconn_pause(op->mc);
+		wireconn_pause(op->mc);
 	}
 }
 
@@ -93,16 +92,16 @@ void list_feed(struct api_op *op, const uint8_t *data, size_t len)
 	for (size_t i = 0; i < len; i++)
 		op->list_lines += data[i] == '\n';
 	if (op->list_lines > API_LIST_MAX) {
-		op_reply_error(op, 413, "too_large",
+		op_reply_error(op, WIRE_E_TOO_LARGE,
 		               "the directory has more than 10000 entries");
 		return;
 	}
 	if (buf_append(&op->out, data, len, API_LIST_BYTES_MAX) < 0) {
-		op_reply_error(op, 500, "internal", "out of memory");
+		op_reply_error(op, WIRE_E_INTERNAL, "out of memory");
 		return;
 	}
 	if (op->out.truncated)
-		op_reply_error(op, 413, "too_large", "the listing is over 4 MiB");
+		op_reply_error(op, WIRE_E_TOO_LARGE, "the listing is over 4 MiB");
 }
 
 /* list_build: see api_int.h. */
@@ -247,7 +246,7 @@ int stream_write(struct lws *wsi, struct api_pss *pss, struct api_op *op)
 			return stream_done(wsi, pss, op);
 		if (op->mc_paused && op->q_bytes < API_STREAM_LOW && op->mc != NULL) {
 			op->mc_paused = false;
-			mgrconn_resume(op->mc);
+			wireconn_resume(op->mc);
 		}
 		if (op->q_head != NULL)
 			lws_callback_on_writable(wsi);

@@ -27,6 +27,7 @@
 #include "node/mgrconn.h"
 #include "node/node.h"
 #include "wire.h"
+#include "wireop.h"
 
 #define EV_RETRY_MS 1000u         /* a failed report, a lost watch */
 #define EV_PENDING_MAX 4096       /* lost reports held for the cp */
@@ -46,7 +47,7 @@ struct ev_post {
 
 struct node_events {
 	struct node *n;
-	struct mgrconn *watch;
+	struct wireconn *watch;
 	uv_timer_t watch_timer;  /* reopen the watch */
 	uv_timer_t report_timer; /* resend a report the cp did not take */
 	json_t *pending;         /* lost reports for the cp, oldest first */
@@ -274,7 +275,7 @@ static void ev_on_end(void *arg, const struct tt_err *err)
 {
 	struct node_events *ev = arg;
 
-	mgrconn_close(ev->watch);
+	wireconn_close(ev->watch);
 	ev->watch = NULL;
 	if (ev->stopping)
 		return;
@@ -287,13 +288,13 @@ static void ev_on_end(void *arg, const struct tt_err *err)
  * does not end). */
 static void ev_watch_open(struct node_events *ev)
 {
-	static const struct mgrconn_cbs cbs = { ev_on_frame, ev_on_end, NULL };
+	static const struct wireconn_cbs cbs = { ev_on_frame, ev_on_end, NULL };
 	struct tt_err err = { 0 };
-	json_t *req = json_pack("{s:s}", "op", "watch");
+	json_t *req = json_pack("{s:s}", "op", wireop_name(WIRE_OP_WATCH));
 
 	if (ev->stopping || ev->watch != NULL)
 		goto out;
-	ev->watch = req ? mgrconn_open(ev->n->loop, ev->n->sock_path, req, &cbs, ev,
+	ev->watch = req ? mgrconn_open(ev->n, req, &cbs, ev,
 	                               &err) : NULL;
 	if (ev->watch == NULL)
 		uv_timer_start(&ev->watch_timer, ev_tick, EV_RETRY_MS, 0);
@@ -429,7 +430,7 @@ void node_events_stop(struct node *n)
 		return;
 	n->events = NULL;
 	ev->stopping = true;
-	mgrconn_close(ev->watch);
+	wireconn_close(ev->watch);
 	ev->watch = NULL;
 	uv_close((uv_handle_t *)&ev->watch_timer, ev_closed);
 	uv_close((uv_handle_t *)&ev->report_timer, ev_closed);

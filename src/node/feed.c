@@ -16,6 +16,7 @@
 #include "node/mgrconn.h"
 #include "node/node.h"
 #include "wire.h"
+#include "wireop.h"
 
 #define FEED_WAIT_S 25
 #define FEED_POLL_TIMEOUT_MS ((FEED_WAIT_S + 15) * 1000L)
@@ -224,7 +225,7 @@ static void feed_progress(struct node_feed *f, json_t *frame)
 /* Context of the feed.apply call in flight (one at a time). */
 struct feed_callst {
 	struct node_feed *f;
-	struct mgrconn *c;
+	struct wireconn *c;
 };
 
 /* call_end: reports the call's outcome once and closes it. */
@@ -232,7 +233,7 @@ static void call_end(struct feed_callst *st, json_t *result, const struct tt_err
 {
 	struct node_feed *f = st->f;
 
-	mgrconn_close(st->c);
+	wireconn_close(st->c);
 	free(st);
 	feed_on_applied(f, result, err);
 }
@@ -282,13 +283,13 @@ static void call_gone(void *arg, const struct tt_err *err)
  * progress frames) lands in feed_on_applied. */
 static int feed_call(struct node_feed *f, json_t *req, struct tt_err *err)
 {
-	static const struct mgrconn_cbs cbs = { .on_frame = call_frame, .on_end = call_gone };
+	static const struct wireconn_cbs cbs = { .on_frame = call_frame, .on_end = call_gone };
 	struct feed_callst *st = calloc(1, sizeof(*st));
 
 	if (st == NULL)
 		return tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 	st->f = f;
-	st->c = mgrconn_open(f->n->loop, f->n->sock_path, req, &cbs, st, err);
+	st->c = mgrconn_open(f->n, req, &cbs, st, err);
 	if (st->c == NULL) {
 		free(st);
 		return -1;
@@ -395,7 +396,7 @@ static void feed_apply(struct node_feed *f)
 
 		for (size_t i = 0; i < count; i++)
 			json_array_append(arr, json_array_get(f->updates, f->next + i));
-		req = json_pack("{s:s,s:o}", "op", "feed.apply", "updates", arr);
+		req = json_pack("{s:s,s:o}", "op", wireop_name(WIRE_OP_FEED_APPLY), "updates", arr);
 		enc = req ? json_dumps(req, JSON_COMPACT) : NULL;
 		if (enc != NULL && strlen(enc) <= WIRE_PAYLOAD_MAX)
 			break;

@@ -25,6 +25,8 @@
 #include "node/api_int.h"
 #include "paseto.h"
 #include "tetherd/roles.h"
+#include "uvutil.h"
+#include "wireop.h"
 
 #define API_READY_TIMEOUT_MS 10000
 #define API_READY_RETRY_MS 50
@@ -418,10 +420,10 @@ static void node_ready_try(uv_timer_t *t)
 {
 	struct node *n = t->data;
 	struct tt_err err = { 0 };
-	json_t *req = json_pack("{s:s}", "op", "status");
+	json_t *req = json_pack("{s:s}", "op", wireop_name(WIRE_OP_STATUS));
 
 	if (req == NULL ||
-	    mgrconn_call(n->loop, n->sock_path, req, node_on_status, n, &err) < 0)
+	    mgrconn_call(n, req, node_on_status, n, &err) < 0)
 		node_fatal(n, "cannot ask the manager for its status");
 	json_decref(req);
 }
@@ -596,6 +598,11 @@ int node_main(int argc, char **argv)
 	}
 	loop = uv_default_loop();
 	n->loop = loop;
+	n->mgr_pool = uvutil_pool_new(loop, MGRCONN_POOL_MAX, MGRCONN_IDLE_MS);
+	if (n->mgr_pool == NULL) {
+		log_error("out of memory");
+		return 1;
+	}
 	/* Order: everything root-only first (token read in node_parse, run
 	 * dir, manager spawn), then the drop, then the loop. */
 	if (node_user_resolve(n, &err) < 0 || (n->drop && node_run_dir(n, &err) < 0) ||
@@ -634,6 +641,7 @@ int node_main(int argc, char **argv)
 	node_feed_stop(n);
 	if (n->httpc != NULL)
 		httpc_free(n->httpc);
+	uvutil_pool_free(n->mgr_pool);
 	sodium_memzero(n->node_token, sizeof(n->node_token));
 	log_info("node-api %s exiting (%d)", n->id, n->exit_code < 0 ? 1 : n->exit_code);
 	return n->exit_code < 0 ? 1 : n->exit_code;

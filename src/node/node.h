@@ -25,6 +25,8 @@ struct node_events; /* events.c */
 struct node;
 typedef void (*node_drained_fn)(struct node *n);
 
+struct uvutil_pool;
+
 struct node {
 	uv_loop_t *loop;
 	const char *id;            /* worker id ("w1") */
@@ -48,6 +50,7 @@ struct node {
 	 * with it: node-api relays updates, it cannot make one. */
 	char feed_key[PASERK_K4_PUBLIC_LEN + 1];
 	char sock_path[PATH_MAX];  /* manager.sock */
+	struct uvutil_pool *mgr_pool; /* idle connections to the manager (mgrconn.h) */
 	struct lws_context *lws;
 	struct httpc *httpc;
 	uv_process_t manager;

@@ -13,7 +13,7 @@
  *
  * Backpressure: the manager is paused while more than WSX_OUT_HIGH bytes
  * wait for lws; the client is not read while the manager's write queue is
- * above MGRCONN_HIGH_WATER (or before the decision). */
+ * above WIRECONN_HIGH_WATER (or before the decision). */
 #include "node/ws_exec.h"
 
 #include <inttypes.h>
@@ -34,6 +34,8 @@
 #include "node/mgrconn.h"
 #include "node/node.h"
 #include "wire.h"
+#include "wirecode.h"
+#include "wireop.h"
 #include "wsutil.h"
 
 #define WSX_START_MAX (60u << 10)   /* the start message (fits one REQUEST) */
@@ -48,7 +50,7 @@ enum wsx_state { WSX_START, WSX_DECISION, WSX_RUNNING, WSX_CLOSING };
 struct wsexec {
 	struct node *n;
 	struct lws *wsi;
-	struct mgrconn *mc;          /* owned; NULL once closed */
+	struct wireconn *mc;          /* owned; NULL once closed */
 	enum wsx_state state;
 	char sbx[TT_SBX_ID_LEN + 1];
 	char token[PASETO_TOKEN_MAX + 1]; /* secret: zeroed once sent / on free */
@@ -67,7 +69,7 @@ static void wsx_free(struct wsexec *x)
 	if (x == NULL)
 		return;
 	ws_close_cancel(&x->close);
-	mgrconn_close(x->mc);
+	wireconn_close(x->mc);
 	ws_queue_clear(&x->q);
 	free(x->start);
 	sodium_memzero(x->token, sizeof(x->token));
@@ -98,7 +100,7 @@ static void wsx_finish(struct wsexec *x, json_t *obj, uint16_t code,
 		return;
 	}
 	x->state = WSX_CLOSING;
-	mgrconn_close(x->mc);
+	wireconn_close(x->mc);
 	x->mc = NULL;
 	if (s != NULL && wsx_queue(x, LWS_WRITE_TEXT, 0, s, strlen(s)) < 0)
 		code = LWS_CLOSE_STATUS_UNEXPECTED_CONDITION;
@@ -116,11 +118,13 @@ static void wsx_finish(struct wsexec *x, json_t *obj, uint16_t code,
 }
 
 /* wsx_fail: {"type":"error",…} then close 1011. */
-static void wsx_fail(struct wsexec *x, const char *code, const char *msg)
+static void wsx_fail(struct wsexec *x, enum wire_code code, const char *msg)
 {
-	wsx_finish(x, json_pack("{s:s,s:s,s:s}", "type", "error", "error", code,
+	const char *name = wirecode_name(code);
+
+	wsx_finish(x, json_pack("{s:s,s:s,s:s}", "type", "error", "error", name,
 	                        "message", msg),
-	           LWS_CLOSE_STATUS_UNEXPECTED_CONDITION, code, code);
+	           LWS_CLOSE_STATUS_UNEXPECTED_CONDITION, name, name);
 }
 
 /* wsx_on_decision: Allow lets the client's input through; anything else is
@@ -131,7 +135,7 @@ static void wsx_on_decision(struct wsexec *x, const struct wire_frame *f)
 	json_t *obj = mgrconn_decision(f, &v);
 
 	if (obj == NULL) {
-		wsx_fail(x, "transport", "manager sent an invalid decision");
+		wsx_fail(x, WIRE_E_TRANSPORT, "manager sent an invalid decision");
 		return;
 	}
 	if (v != TT_ALLOW) {
@@ -141,7 +145,7 @@ static void wsx_on_decision(struct wsexec *x, const struct wire_frame *f)
 		json_object_set_new(obj, "type", json_string("decision"));
 		snprintf(body, sizeof(body), "%.*s", (int)f->len, (const char *)f->payload);
 		wsx_finish(x, obj, refresh ? 4409 : 4403, body,
-		           refresh ? "refresh_route" : "deny");
+		           decision_verdict_name(v));
 		return;
 	}
 	json_object_set_new(obj, "type", json_string("decision"));
@@ -151,7 +155,7 @@ static void wsx_on_decision(struct wsexec *x, const struct wire_frame *f)
 		json_decref(obj);
 		if (s == NULL || wsx_queue(x, LWS_WRITE_TEXT, 0, s, strlen(s)) < 0) {
 			free(s);
-			wsx_fail(x, "internal", "out of memory");
+			wsx_fail(x, WIRE_E_INTERNAL, "out of memory");
 			return;
 		}
 		free(s);
@@ -178,7 +182,7 @@ static void wsx_on_frame(void *arg, const struct wire_frame *f)
 		else if (f->type == WIRE_ERROR)
 			goto error;
 		else
-			wsx_fail(x, "transport", "manager answered before its decision");
+			wsx_fail(x, WIRE_E_TRANSPORT, "manager answered before its decision");
 		return;
 	}
 	switch (f->type) {
@@ -186,12 +190,12 @@ static void wsx_on_frame(void *arg, const struct wire_frame *f)
 	case WIRE_STDERR:
 		if (wsx_queue(x, LWS_WRITE_BINARY, f->type == WIRE_DATA_OUT ? 1 : 2,
 		              f->payload, f->len) < 0) {
-			wsx_fail(x, "internal", "out of memory");
+			wsx_fail(x, WIRE_E_INTERNAL, "out of memory");
 			return;
 		}
 		if (x->q.bytes > WSX_OUT_HIGH && !x->mc_paused) {
 			x->mc_paused = true;
-			mgrconn_pause(x->mc);
+			wireconn_pause(x->mc);
 		}
 		return;
 	case WIRE_RESULT:
@@ -199,7 +203,7 @@ static void wsx_on_frame(void *arg, const struct wire_frame *f)
 		                 JSON_REJECT_DUPLICATES, &jerr);
 		if (!json_is_integer(json_object_get(obj, "exit_code"))) {
 			json_decref(obj);
-			wsx_fail(x, "transport", "manager sent an invalid result");
+			wsx_fail(x, WIRE_E_TRANSPORT, "manager sent an invalid result");
 			return;
 		}
 		json_object_set_new(obj, "type", json_string("exit"));
@@ -214,14 +218,13 @@ error:
 	obj = json_loadb((const char *)f->payload, f->len, JSON_REJECT_DUPLICATES,
 	                 &jerr);
 	{
-		const char *code = json_string_value(json_object_get(obj, "error"));
+		enum wire_code code = wirecode_parse(json_string_value(json_object_get(obj, "error")));
 		const char *msg = json_string_value(json_object_get(obj, "message"));
-		char c[48], m[256];
+		char m[256];
 
-		snprintf(c, sizeof(c), "%s", code ? code : "internal");
 		snprintf(m, sizeof(m), "%s", msg ? msg : "operation failed");
 		json_decref(obj);
-		wsx_fail(x, c, m);
+		wsx_fail(x, code, m);
 	}
 }
 
@@ -234,9 +237,9 @@ static void wsx_on_end(void *arg, const struct tt_err *err)
 		return;
 	log_warn("exec stream %s: %s", x->sbx, err->msg);
 	if (err->code == TT_ERR_IO && x->state == WSX_DECISION)
-		wsx_fail(x, "unavailable", "the sandbox manager is not reachable");
+		wsx_fail(x, WIRE_E_UNAVAILABLE, "the sandbox manager is not reachable");
 	else
-		wsx_fail(x, "transport", "lost the manager connection");
+		wsx_fail(x, WIRE_E_TRANSPORT, "lost the manager connection");
 }
 
 /* wsx_on_drain: stdin went out to the manager; read the client again. */
@@ -254,7 +257,7 @@ static void wsx_on_drain(void *arg)
  * REQUEST (token included, for the manager only) and open the connection. */
 static void wsx_start(struct wsexec *x)
 {
-	static const struct mgrconn_cbs cbs = {
+	static const struct wireconn_cbs cbs = {
 		.on_frame = wsx_on_frame,
 		.on_end = wsx_on_end,
 		.on_drain = wsx_on_drain,
@@ -290,14 +293,14 @@ static void wsx_start(struct wsexec *x)
 		bad = "\"stdin\" must be a boolean";
 	if (bad != NULL) {
 		json_decref(body);
-		wsx_fail(x, "bad_request", bad);
+		wsx_fail(x, WIRE_E_BAD_REQUEST, bad);
 		return;
 	}
 	x->want_stdin = json_is_true(in);
 	/* "stream": the manager cancels it at a retirement like any stream
 	 * (it strips the field before the bridge) */
 	req = json_pack("{s:s,s:s,s:s,s:O,s:b,s:b}", "token", x->token, "sbx", x->sbx,
-	                "op", "exec", "cmd", cmd, "stdin", x->want_stdin, "stream", 1);
+	                "op", wireop_name(WIRE_OP_EXEC), "cmd", cmd, "stdin", x->want_stdin, "stream", 1);
 	sodium_memzero(x->token, sizeof(x->token));
 	if (req != NULL && env != NULL)
 		json_object_set(req, "env", env);
@@ -305,19 +308,19 @@ static void wsx_start(struct wsexec *x)
 		json_object_set(req, "cwd", cwd);
 	json_decref(body);
 	if (req == NULL) {
-		wsx_fail(x, "internal", "out of memory");
+		wsx_fail(x, WIRE_E_INTERNAL, "out of memory");
 		return;
 	}
 	x->state = WSX_DECISION;
 	/* stdin waits for the decision: nothing is forwarded before Allow */
 	x->rx_paused = true;
 	lws_rx_flow_control(x->wsi, 0);
-	x->mc = mgrconn_open(x->n->loop, x->n->sock_path, req, &cbs, x, &err);
+	x->mc = mgrconn_open(x->n, req, &cbs, x, &err);
 	/* the encoded REQUEST (with the token) lives in mc until it is sent */
 	json_object_set_new(req, "token", json_string(""));
 	json_decref(req);
 	if (x->mc == NULL)
-		wsx_fail(x, err.code == TT_ERR_TOO_LARGE ? "too_large" : "internal",
+		wsx_fail(x, err.code == TT_ERR_TOO_LARGE ? WIRE_E_TOO_LARGE : WIRE_E_INTERNAL,
 		         err.msg);
 }
 
@@ -334,14 +337,14 @@ static int wsx_receive(struct lws *wsi, struct wsexec *x, const void *in,
 		uint8_t *nb;
 
 		if (binary || x->start_len + len > WSX_START_MAX) {
-			wsx_fail(x, "bad_request", binary ?
+			wsx_fail(x, WIRE_E_BAD_REQUEST, binary ?
 			         "the first message must be the JSON start message" :
 			         "start message too large");
 			return 0;
 		}
 		nb = realloc(x->start, x->start_len + len + 1);
 		if (nb == NULL) {
-			wsx_fail(x, "internal", "out of memory");
+			wsx_fail(x, WIRE_E_INTERNAL, "out of memory");
 			return 0;
 		}
 		x->start = nb;
@@ -357,14 +360,14 @@ static int wsx_receive(struct lws *wsi, struct wsexec *x, const void *in,
 		return 0; /* paused; cannot happen */
 	if (binary) {
 		if (!x->want_stdin || x->eof_sent) {
-			wsx_fail(x, "bad_request", "stdin was not requested or is closed");
+			wsx_fail(x, WIRE_E_BAD_REQUEST, "stdin was not requested or is closed");
 			return 0;
 		}
-		if (len > 0 && mgrconn_send_data(x->mc, WIRE_DATA_IN, in, len, &err) < 0) {
-			wsx_fail(x, "transport", "lost the manager connection");
+		if (len > 0 && wireconn_send_data(x->mc, WIRE_DATA_IN, in, len, &err) < 0) {
+			wsx_fail(x, WIRE_E_TRANSPORT, "lost the manager connection");
 			return 0;
 		}
-		if (mgrconn_queued(x->mc) > MGRCONN_HIGH_WATER && !x->rx_paused) {
+		if (wireconn_queued(x->mc) > WIRECONN_HIGH_WATER && !x->rx_paused) {
 			x->rx_paused = true;
 			lws_rx_flow_control(wsi, 0);
 		}
@@ -376,12 +379,12 @@ static int wsx_receive(struct lws *wsi, struct wsexec *x, const void *in,
 			uint8_t none = 0;
 
 			x->eof_sent = true;
-			if (mgrconn_send(x->mc, WIRE_EOF_IN, &none, 0, &err) < 0)
-				wsx_fail(x, "transport", "lost the manager connection");
+			if (wireconn_send(x->mc, WIRE_EOF_IN, &none, 0, &err) < 0)
+				wsx_fail(x, WIRE_E_TRANSPORT, "lost the manager connection");
 		}
 		return 0;
 	}
-	wsx_fail(x, "bad_request", "unexpected text message");
+	wsx_fail(x, WIRE_E_BAD_REQUEST, "unexpected text message");
 	return 0;
 }
 
@@ -395,7 +398,7 @@ static int wsx_writeable(struct lws *wsi, struct wsexec *x)
 	if (rc == 1) {
 		if (x->mc_paused && x->q.bytes < WSX_OUT_LOW && x->mc != NULL) {
 			x->mc_paused = false;
-			mgrconn_resume(x->mc);
+			wireconn_resume(x->mc);
 		}
 		if (x->q.head != NULL || x->state == WSX_CLOSING)
 			lws_callback_on_writable(wsi);

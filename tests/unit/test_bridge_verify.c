@@ -42,7 +42,7 @@
 
 #include <cmocka.h>
 
-#include "guest/hello.h"
+#include "hello.h"
 #include "manager/bridgectl.h"
 #include "procid.h"
 #include "wire.h"
@@ -921,7 +921,7 @@ out:
 }
 
 /* A manager restarted after a crash adopts the bridges of the executions
- * it finds (guest/hello.h, "Adoption"). While the pinned manager lives,
+ * it finds (lib/hello.h, "Adoption"). While the pinned manager lives,
  * another process of our uid is refused before any byte: no challenge is
  * even offered. Once it has exited, a peer is challenged: a wrong proof,
  * or an operation sent instead of a proof, is refused and nothing runs;

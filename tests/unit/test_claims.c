@@ -521,10 +521,27 @@ static void test_ops_helpers(void **state)
 	assert_string_equal(buf, "exec,fs.read");
 	assert_int_equal(ops_format(0, buf, sizeof(buf)), 0);
 	assert_string_equal(buf, "");
-	assert_string_equal(op_name(TT_OP_FS_WRITE), "fs.write");
-	assert_null(op_name((enum tt_op)(TT_OP_EXEC | TT_OP_PTY)));
-	assert_int_equal(op_from_name("watch"), TT_OP_WATCH);
-	assert_int_equal(op_from_name("Watch"), 0);
+	assert_string_equal(wireop_name(wireop_of_cap(TT_OP_FS_WRITE)), "fs.write");
+	assert_null(wireop_name(wireop_of_cap(TT_OP_EXEC | TT_OP_PTY)));
+	assert_int_equal(wireop_cap(wireop_parse("watch")), TT_OP_WATCH);
+	assert_int_equal(wireop_cap(wireop_parse("Watch")), 0);
+	/* Wire-only operations name no capability: refused in config, ignored
+	 * in a token, and each needs the capability that covers it. */
+	assert_int_equal(ops_parse("fs.stat", &ops, &err), -1);
+	assert_int_equal(wireop_cap(wireop_parse("fs.stat")), 0);
+	assert_int_equal(wireop_needs(wireop_parse("fs.stat")), TT_OP_FS_READ);
+	assert_int_equal(wireop_needs(wireop_parse("fs.remove")), TT_OP_FS_WRITE);
+	assert_int_equal(wireop_needs(wireop_parse("status")), 0);
+	assert_int_equal(wireop_needs(wireop_parse("pty")), 0);
+	assert_true(wireop_control(wireop_parse("feed.apply")));
+	assert_false(wireop_control(wireop_parse("exec")));
+	assert_true(wireop_input(wireop_parse("fs.write")));
+	assert_false(wireop_input(wireop_parse("fs.read")));
+	assert_int_equal(wireop_parse(NULL), WIRE_OP_UNKNOWN);
+	assert_null(wireop_name(WIRE_OP_UNKNOWN));
+	assert_null(wireop_name(WIRE_OP_COUNT));
+	for (int i = 1; i < WIRE_OP_COUNT; i++)
+		assert_int_equal(wireop_parse(wireop_name((enum wire_op)i)), i);
 }
 
 /* main: runs the cases, TAP output when CMOCKA_MESSAGE_OUTPUT=TAP. */

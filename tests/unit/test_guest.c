@@ -1,7 +1,7 @@
 /* tether-guest end to end: starts the real static agent (TETHER_GUEST_BIN,
  * default build/tether-guest) on a temp root with an activation secret and
  * drives every operation over its unix socket with the wire protocol, each
- * connection opened with the bridge's handshake (guest/hello.h). Most tests
+ * connection opened with the bridge's handshake (lib/hello.h). Most tests
  * use one operation per connection; the test_seq_* ones run operations in
  * sequence on one connection (notes/seq.md). */
 #include <dirent.h>
@@ -26,7 +26,7 @@
 #include <cmocka.h>
 #include <sodium.h>
 
-#include "guest/hello.h"
+#include "hello.h"
 #include "wire.h"
 #include "wire_json.h"
 

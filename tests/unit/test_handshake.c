@@ -30,7 +30,7 @@
 
 #include <cmocka.h>
 
-#include "guest/hello.h"
+#include "hello.h"
 #include "substrate/ns/ns.h"
 #include "wire.h"
 #include "wire_json.h"

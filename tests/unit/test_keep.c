@@ -335,11 +335,18 @@ static bool peer_closed(int fd)
 	return read(fd, &c, 1) == 0;
 }
 
+/* tick_noop: nothing; the timer only keeps the loop alive. */
+static void tick_noop(uv_timer_t *t)
+{
+	(void)t;
+}
+
 /* test_pool: get returns what was put (newest first); a peer that sends a
  * byte or closes is dropped; the pool is bounded; idle ones expire. */
 static void test_pool(void **state)
 {
 	uv_loop_t loop;
+	uv_timer_t tick;
 	struct uvutil_pool *p;
 	uv_pipe_t *s[6];
 	int fd[6];
@@ -357,6 +364,11 @@ static void test_pool(void **state)
 	uv_run(&loop, UV_RUN_NOWAIT);
 	assert_true(peer_closed(fd[4]));
 	assert_true(peer_closed(fd[5]));
+	/* Idle connections do not keep the loop running on their own; a
+	 * timer keeps this one turning. */
+	assert_false(uv_loop_alive(&loop));
+	uv_timer_init(&loop, &tick);
+	uv_timer_start(&tick, tick_noop, 5, 5);
 	/* A byte from an idle peer (it may send nothing between operations)
 	 * and an EOF each drop their connection. */
 	assert_int_equal(write(fd[1], "x", 1), 1);
@@ -373,6 +385,19 @@ static void test_pool(void **state)
 		uv_run(&loop, UV_RUN_ONCE);
 	assert_null(uvutil_pool_get(p));
 	uvutil_pool_free(p);
+	/* A held pool outlives its free, and takes nothing more: a
+	 * connection in use that ends cleanly after it is closed. */
+	p = uvutil_pool_hold(uvutil_pool_new(&loop, 4, 200));
+	assert_non_null(p);
+	uvutil_pool_free(p);
+	close(fd[0]);
+	pair(&loop, &fd[0], &s[0]);
+	uvutil_pool_put(p, (uv_stream_t *)s[0]);
+	assert_int_equal(uvutil_pool_size(p), 0);
+	uv_run(&loop, UV_RUN_NOWAIT);
+	assert_true(peer_closed(fd[0]));
+	uvutil_pool_release(p);
+	uv_close((uv_handle_t *)&tick, NULL);
 	uv_run(&loop, UV_RUN_DEFAULT);
 	assert_int_equal(uv_loop_close(&loop), 0);
 	for (int i = 0; i < 6; i++)

@@ -1,4 +1,5 @@
-/* node-api -> sbx-manager connection reuse (src/node/mgrconn.c, notes/seq.md):
+/* node-api -> sbx-manager connection reuse (lib/wireconn.c on the
+ * lib/uvutil.c pool, as src/node/mgrconn.c opens them):
  * a real unix-socket server in a child process speaks lib/wire.h like the
  * manager (one handler process per accepted connection, operations in
  * sequence) and counts connections and REQUESTs in shared memory. The
@@ -10,6 +11,9 @@
 #include <uv.h>
 
 #include "node/mgrconn.h"
+#include "node/node.h"
+#include "uvutil.h"
+#include "wireconn.h"
 #include "wire.h"
 
 /* Counters shared with the server processes (MAP_SHARED). */
@@ -26,6 +30,7 @@ struct fixture {
 	struct srv_counts *cnt;
 	uv_loop_t loop;
 	uv_timer_t tick; /* keeps uv_run turning while only idle pipes exist */
+	struct uvutil_pool *pool; /* node-api's pool of manager connections */
 };
 
 /* ---- the server (child processes) --------------------------------------- */
@@ -166,7 +171,7 @@ static void srv_run(int l, struct srv_counts *cnt)
 /* One operation as node-api runs it: closes the connection on the end
  * frame (from inside on_frame), on a non-allow DECISION, or on_end. */
 struct op {
-	struct mgrconn *c;
+	struct wireconn *c;
 	bool close_on_allow; /* abandon it mid-operation */
 	bool pause_on_data;  /* pause at DATA_OUT, resume from a timer */
 	uv_timer_t resume;
@@ -183,7 +188,7 @@ static void op_resume_cb(uv_timer_t *t)
 	struct op *o = t->data;
 
 	if (o->c != NULL)
-		mgrconn_resume(o->c);
+		wireconn_resume(o->c);
 }
 
 /* op_frame: records the frame; closes the connection where api_op.c does. */
@@ -212,7 +217,7 @@ static void op_frame(void *arg, const struct wire_frame *f)
 		o->data_frames++;
 		if (o->pause_on_data) {
 			/* as node-api does when the HTTP client reads slowly */
-			mgrconn_pause(o->c);
+			wireconn_pause(o->c);
 			uv_timer_start(&o->resume, op_resume_cb, 20, 0);
 		}
 		return;
@@ -228,7 +233,7 @@ static void op_frame(void *arg, const struct wire_frame *f)
 	o->finished = true;
 	if (o->defer_close && !o->denied)
 		return;
-	mgrconn_close(o->c);
+	wireconn_close(o->c);
 	o->c = NULL;
 }
 
@@ -239,12 +244,12 @@ static void op_end(void *arg, const struct tt_err *err)
 
 	o->ended = true;
 	o->end_code = err->code;
-	mgrconn_close(o->c);
+	wireconn_close(o->c);
 	o->c = NULL;
 	o->finished = true;
 }
 
-static const struct mgrconn_cbs op_cbs = { .on_frame = op_frame,
+static const struct wireconn_cbs op_cbs = { .on_frame = op_frame,
 	                                   .on_end = op_end };
 
 /* op_start: opens one operation with the server behaviour mode. */
@@ -255,7 +260,7 @@ static void op_start(struct fixture *fx, struct op *o, const char *mode)
 	                        "op", "exec", "mode", mode);
 
 	memset(o, 0, sizeof(*o));
-	o->c = mgrconn_open(&fx->loop, fx->s.path, req, &op_cbs, o, &err);
+	o->c = wireconn_open(&fx->loop, fx->pool, fx->s.path, req, &op_cbs, o, &err);
 	json_decref(req);
 	assert_non_null(o->c);
 }
@@ -326,7 +331,8 @@ static int fx_setup(void **state)
 	assert_int_equal(uv_loop_init(&fx->loop), 0);
 	uv_timer_init(&fx->loop, &fx->tick);
 	uv_timer_start(&fx->tick, tick_cb, 5, 5);
-	mgrconn_pool_set_idle_ms(MGRCONN_IDLE_MS);
+	fx->pool = uvutil_pool_new(&fx->loop, MGRCONN_POOL_MAX, MGRCONN_IDLE_MS);
+	assert_non_null(fx->pool);
 	*state = fx;
 	return 0;
 }
@@ -337,7 +343,7 @@ static int fx_teardown(void **state)
 {
 	struct fixture *fx = *state;
 
-	mgrconn_pool_shutdown(&fx->loop);
+	uvutil_pool_free(fx->pool);
 	uv_close((uv_handle_t *)&fx->tick, NULL);
 	uv_run(&fx->loop, UV_RUN_DEFAULT);
 	assert_int_equal(uv_loop_close(&fx->loop), 0);
@@ -361,14 +367,14 @@ static void test_sequential_one_connection(void **state)
 		assert_false(o.ended);
 		assert_int_equal(o.data_frames, 1);
 		assert_true(i % 3 == 2 ? o.error : o.result);
-		assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), 1);
+		assert_int_equal(uvutil_pool_size(fx->pool), 1);
 	}
 	assert_int_equal(count(&fx->cnt->accepted), 1);
 	assert_int_equal(count(&fx->cnt->requests), 10);
 }
 
 /* An operation paused (backpressure) with its RESULT already read ends
- * inside mgrconn_resume: the connection goes back to the pool still
+ * inside wireconn_resume: the connection goes back to the pool still
  * reading, and the next operation on it is answered (it hung when the
  * pool skipped restarting reads after such a pause). */
 static void test_paused_end_keeps_reading(void **state)
@@ -385,14 +391,14 @@ static void test_paused_end_keeps_reading(void **state)
 		                        "op", "exec", "mode", "burst");
 
 		o.pause_on_data = true;
-		o.c = mgrconn_open(&fx->loop, fx->s.path, req, &op_cbs, &o, &err);
+		o.c = wireconn_open(&fx->loop, fx->pool, fx->s.path, req, &op_cbs, &o, &err);
 		json_decref(req);
 		assert_non_null(o.c);
 	}
 	run_until(fx, &o.finished);
 	assert_true(o.result);
 	assert_int_equal(o.data_frames, 1);
-	assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), 1);
+	assert_int_equal(uvutil_pool_size(fx->pool), 1);
 	uv_close((uv_handle_t *)&o.resume, NULL);
 	for (int i = 0; i < 3; i++) {
 		struct op next;
@@ -415,7 +421,7 @@ static void test_deny_and_abandon_not_reused(void **state)
 	assert_int_equal(count(&fx->cnt->accepted), 1);
 	run_op(fx, &o, "deny"); /* takes the pooled connection */
 	assert_true(o.denied);
-	assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), 0);
+	assert_int_equal(uvutil_pool_size(fx->pool), 0);
 	run_op(fx, &o, "allow");
 	assert_true(o.result);
 	assert_int_equal(count(&fx->cnt->accepted), 2);
@@ -424,7 +430,7 @@ static void test_deny_and_abandon_not_reused(void **state)
 	o.close_on_allow = true; /* user leaves before the RESULT */
 	run_until(fx, &o.finished);
 	assert_false(o.result);
-	assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), 0);
+	assert_int_equal(uvutil_pool_size(fx->pool), 0);
 	run_op(fx, &o, "allow");
 	assert_true(o.result);
 	assert_int_equal(count(&fx->cnt->accepted), 3);
@@ -440,7 +446,7 @@ static void test_bytes_after_result_not_reused(void **state)
 
 	run_op(fx, &o, "extra");
 	assert_true(o.result);
-	assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), 0);
+	assert_int_equal(uvutil_pool_size(fx->pool), 0);
 	run_op(fx, &o, "allow");
 	assert_true(o.result);
 	assert_int_equal(count(&fx->cnt->accepted), 2);
@@ -461,24 +467,24 @@ static void test_late_close(void **state)
 	run_until(fx, &o.finished);
 	run_ms(fx, 50);
 	assert_int_equal(o.late_frames, 1);
-	mgrconn_close(o.c);
-	assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), 0);
+	wireconn_close(o.c);
+	assert_int_equal(uvutil_pool_size(fx->pool), 0);
 
 	op_start(fx, &o, "partial"); /* half a header stays in the reader */
 	o.defer_close = true;
 	run_until(fx, &o.finished);
 	run_ms(fx, 50);
 	assert_int_equal(o.late_frames, 0);
-	mgrconn_close(o.c);
-	assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), 0);
+	wireconn_close(o.c);
+	assert_int_equal(uvutil_pool_size(fx->pool), 0);
 
 	op_start(fx, &o, "allow");
 	o.defer_close = true;
 	run_until(fx, &o.finished);
 	run_ms(fx, 50);
 	assert_int_equal(o.late_frames, 0);
-	mgrconn_close(o.c);
-	assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), 1);
+	wireconn_close(o.c);
+	assert_int_equal(uvutil_pool_size(fx->pool), 1);
 	run_op(fx, &o, "allow");
 	assert_true(o.result);
 	assert_int_equal(count(&fx->cnt->accepted), 3);
@@ -493,9 +499,9 @@ static void test_idle_closed_by_server_dropped(void **state)
 
 	run_op(fx, &o, "linger");
 	assert_true(o.result);
-	assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), 1);
+	assert_int_equal(uvutil_pool_size(fx->pool), 1);
 	run_ms(fx, 400);
-	assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), 0);
+	assert_int_equal(uvutil_pool_size(fx->pool), 0);
 	run_op(fx, &o, "allow");
 	assert_true(o.result);
 	assert_false(o.ended);
@@ -537,12 +543,12 @@ static void test_concurrent_and_bound(void **state)
 		assert_true(ops[i].result);
 	}
 	assert_int_equal(count(&fx->cnt->accepted), 6);
-	assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), MGRCONN_POOL_MAX);
+	assert_int_equal(uvutil_pool_size(fx->pool), MGRCONN_POOL_MAX);
 	run_ms(fx, 50);
 	assert_int_equal(count(&fx->cnt->eofs), 2); /* the two closed ones */
 	for (int i = 0; i < 4; i++)
 		op_start(fx, &ops[i], "allow");
-	assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), 0);
+	assert_int_equal(uvutil_pool_size(fx->pool), 0);
 	for (int i = 0; i < 4; i++) {
 		run_until(fx, &ops[i].finished);
 		assert_true(ops[i].result);
@@ -557,11 +563,12 @@ static void test_idle_timeout(void **state)
 	struct fixture *fx = *state;
 	struct op o;
 
-	mgrconn_pool_set_idle_ms(100);
+	uvutil_pool_free(fx->pool);
+	fx->pool = uvutil_pool_new(&fx->loop, MGRCONN_POOL_MAX, 100);
 	run_op(fx, &o, "allow");
-	assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), 1);
+	assert_int_equal(uvutil_pool_size(fx->pool), 1);
 	run_ms(fx, 300);
-	assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), 0);
+	assert_int_equal(uvutil_pool_size(fx->pool), 0);
 	assert_int_equal(count(&fx->cnt->eofs), 1); /* the server saw it go */
 	run_op(fx, &o, "allow");
 	assert_true(o.result);
@@ -585,22 +592,23 @@ static void test_control_calls_not_pooled(void **state)
 	struct fixture *fx = *state;
 	struct tt_err err = { 0 };
 	json_t *req = json_pack("{s:s}", "op", "status");
+	struct node n = { .loop = &fx->loop, .mgr_pool = fx->pool };
 	struct op o;
 	int done = 0;
 
+	snprintf(n.sock_path, sizeof(n.sock_path), "%s", fx->s.path);
 	run_op(fx, &o, "allow");
-	assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), 1);
+	assert_int_equal(uvutil_pool_size(fx->pool), 1);
 	for (int i = 0; i < 2; i++) {
 		int want = i + 1;
 
-		assert_int_equal(mgrconn_call(&fx->loop, fx->s.path, req, call_done,
-		                              &done, &err), 0);
+		assert_int_equal(mgrconn_call(&n, req, call_done, &done, &err), 0);
 		while (done < want)
 			uv_run(&fx->loop, UV_RUN_ONCE);
 	}
 	json_decref(req);
 	assert_int_equal(count(&fx->cnt->accepted), 3);
-	assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), 1);
+	assert_int_equal(uvutil_pool_size(fx->pool), 1);
 	run_op(fx, &o, "allow"); /* the exec connection is still there */
 	assert_int_equal(count(&fx->cnt->accepted), 3);
 }
@@ -614,8 +622,8 @@ static void test_unreachable(void **state)
 	struct op o;
 
 	memset(&o, 0, sizeof(o));
-	o.c = mgrconn_open(&fx->loop, "/nonexistent/tt-mgr.sock", req, &op_cbs,
-	                   &o, &err);
+	o.c = wireconn_open(&fx->loop, fx->pool, "/nonexistent/tt-mgr.sock", req,
+	                    &op_cbs, &o, &err);
 	json_decref(req);
 	assert_non_null(o.c);
 	run_until(fx, &o.finished);
@@ -633,7 +641,7 @@ static void test_error_closing(void **state)
 
 	run_op(fx, &o, "errclose");
 	assert_true(o.error);
-	assert_int_equal(mgrconn_pool_idle(&fx->loop, fx->s.path), 0);
+	assert_int_equal(uvutil_pool_size(fx->pool), 0);
 	run_op(fx, &o2, "allow");
 	assert_true(o2.result);
 }

@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "err.h"
-#include "guest/hello.h"
+#include "hello.h"
 #include "substrate/ns/ns.h"
 #include "wire.h"
 #include "wire_json.h"

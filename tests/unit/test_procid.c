@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "procid.h"
+#include "refusal.h"
 #include "testutil.h"
 
 /* ---- helpers ---------------------------------------------------------- */
@@ -183,6 +184,7 @@ static void test_peer_honest_and_other(void **state)
 	assert_int_equal(verify_peer(a, &other, &err), -1);
 	assert_int_equal(err.code, TT_ERR_VERIFY);
 	assert_non_null(strstr(err.msg, "peer pid differs"));
+	assert_int_equal(refusal_of(&err), REFUSAL_WRONG_PEER);
 	/* The expected one passes; the kernel hands the exact pidfd. */
 	if (verify_peer(a, &exp, &err) != 0)
 		fail_msg("honest peer refused: %s", err.msg);
@@ -249,6 +251,7 @@ static void test_peer_exited(void **state)
 	assert_int_equal(err.code, TT_ERR_VERIFY);
 	if (strstr(err.msg, "peer exited") == NULL)
 		fail_msg("zombie peer: %s", err.msg);
+	assert_int_equal(refusal_of(&err), REFUSAL_PEER_EXITED);
 	assert_int_equal(tu_exit_code(p), 0);
 	assert_int_equal(getsockopt(a, SOL_SOCKET, SO_PEERCRED, &cr, &len), 0);
 	assert_int_equal(cr.pid, p); /* the kernel fact SPEC §5 notes */
@@ -443,6 +446,7 @@ static void test_exec_same_pid(void **state)
 	assert_int_equal(err.code, TT_ERR_VERIFY);
 	if (strstr(err.msg, "executable differs") == NULL)
 		fail_msg("exec'd peer refused for the wrong reason: %s", err.msg);
+	assert_int_equal(refusal_of(&err), REFUSAL_EXE_CHANGED);
 	/* exec keeps pid and start time: only dev+ino told them apart. */
 	assert_int_equal(procid_start_time(p, &start, &err), 0);
 	assert_true(start == exp.start_time);
@@ -504,6 +508,7 @@ static void test_wrong_uid(void **state)
 	assert_int_equal(err.code, TT_ERR_VERIFY);
 	if (strstr(err.msg, "uid differs") == NULL)
 		fail_msg("wrong-uid peer refused for the wrong reason: %s", err.msg);
+	assert_int_equal(refusal_of(&err), REFUSAL_UID);
 	close(a);
 	assert_int_equal(tu_exit_code(p), 0);
 

@@ -354,7 +354,7 @@ static void abort_cb(uv_timer_t *t)
 
 	uv_close((uv_handle_t *)t, NULL);
 	h->use_timer = false;
-	relay_abort(h->r, "refresh_route", "execution retired");
+	relay_abort(h->r, WIRE_E_REFRESH_ROUTE, "execution retired");
 }
 
 /* test_abort: a stream cancelled by its owner: the opener learns why and

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "procid.h"
+#include "refusal.h"
 #include "sockdiag.h"
 #include "testutil.h"
 
@@ -97,7 +98,8 @@ static void stop(pid_t pid)
 
 /* expect_refused: verify_listener refuses with a message containing why. */
 static void expect_refused(const char *path, int netns_fd,
-                           const struct proc_identity *exp, const char *why)
+                           const struct proc_identity *exp, const char *why,
+                           enum refusal reason)
 {
 	struct tt_err err = { 0 };
 
@@ -105,6 +107,7 @@ static void expect_refused(const char *path, int netns_fd,
 	assert_int_equal(err.code, TT_ERR_VERIFY);
 	if (strstr(err.msg, why) == NULL)
 		fail_msg("refused for '%s', expected '%s'", err.msg, why);
+	assert_int_equal(refusal_of(&err), reason);
 }
 
 /* expect_passes: verify_listener accepts. */
@@ -192,7 +195,7 @@ static void test_listener_replaced(void **state)
 
 	/* An impostor unlinks and rebinds the path while l1 lives on. */
 	l2 = spawn_listener(s.path, L_REPLACE);
-	expect_refused(s.path, -1, &exp1, "not held by expected pid");
+	expect_refused(s.path, -1, &exp1, "not held by expected pid", REFUSAL_LISTENER_REPLACED);
 	assert_true((c = tu_unix_connect(s.path, SOCK_CLOEXEC)) >= 0);
 	assert_int_equal(verify_peer(c, &exp1, &err), -1);
 	assert_non_null(strstr(err.msg, "peer pid differs"));
@@ -202,14 +205,14 @@ static void test_listener_replaced(void **state)
 	/* The expected owner dies; another listener takes the path. */
 	stop(l1);
 	l3 = spawn_listener(s.path, L_REPLACE);
-	expect_refused(s.path, -1, &exp1, "listener owner exited");
+	expect_refused(s.path, -1, &exp1, "listener owner exited", REFUSAL_PEER_EXITED);
 
 	/* l3 is the honest one for its own expectation. */
 	assert_int_equal(proc_identity_read(l3, &exp3, &err), 0);
 	expect_passes(s.path, -1, &exp3);
 	/* ... but not if its socket file has another owner. */
 	assert_int_equal(chown(s.path, 65534, 65534), 0);
-	expect_refused(s.path, -1, &exp3, "socket file owner differs");
+	expect_refused(s.path, -1, &exp3, "socket file owner differs", REFUSAL_OWNER_CHANGED);
 	assert_int_equal(chown(s.path, 0, 0), 0);
 	expect_passes(s.path, -1, &exp3);
 	assert_true((c = tu_unix_connect(s.path, SOCK_CLOEXEC)) >= 0);
@@ -240,7 +243,7 @@ static void test_netns_scope(void **state)
 	assert_int_equal(proc_identity_read(p, &exp, &err), 0);
 	assert_int_equal(sockdiag_unix_listener(s.path, &info, &err), -1);
 	assert_int_equal(err.code, TT_ERR_NOT_FOUND);
-	expect_refused(s.path, -1, &exp, "no listener bound");
+	expect_refused(s.path, -1, &exp, "no listener bound", REFUSAL_LISTENER_REPLACED);
 
 	snprintf(nspath, sizeof(nspath), "/proc/%d/ns/net", (int)p);
 	assert_true((nsfd = open(nspath, O_RDONLY | O_CLOEXEC)) >= 0);
@@ -279,7 +282,7 @@ static int find_on(int nl, const char *path, struct unix_listener_info *info,
 
 /* expect_refused_nl: verify_listener_nl refuses with a message naming why. */
 static void expect_refused_nl(const char *path, int nl, const struct proc_identity *exp,
-                              const char *why)
+                              const char *why, enum refusal reason)
 {
 	struct tt_err err = { 0 };
 
@@ -287,6 +290,7 @@ static void expect_refused_nl(const char *path, int nl, const struct proc_identi
 	assert_int_equal(err.code, TT_ERR_VERIFY);
 	if (strstr(err.msg, why) == NULL)
 		fail_msg("refused for '%s', expected '%s'", err.msg, why);
+	assert_int_equal(refusal_of(&err), reason);
 }
 
 /* expect_passes_nl: verify_listener_nl accepts. */
@@ -352,7 +356,7 @@ static void test_persistent_socket(void **state)
 	assert_true(nl_host >= 0);
 	assert_int_equal(find_on(nl_host, s.path, &info, &err), -1);
 	assert_int_equal(err.code, TT_ERR_NOT_FOUND);
-	expect_refused_nl(s.path, nl_host, &exp1, "no listener bound");
+	expect_refused_nl(s.path, nl_host, &exp1, "no listener bound", REFUSAL_LISTENER_REPLACED);
 	other = spawn_listener(s2.path, L_NEWNET);
 	assert_int_equal(proc_identity_read(other, &exp_other, &err), 0);
 	snprintf(nspath, sizeof(nspath), "/proc/%d/ns/net", (int)other);
@@ -366,7 +370,7 @@ static void test_persistent_socket(void **state)
 	assert_true(nl_other >= 0);
 	assert_int_equal(find_on(nl_other, s.path, &info, &err), -1);
 	assert_int_equal(err.code, TT_ERR_NOT_FOUND);
-	expect_refused_nl(s.path, nl_other, &exp1, "no listener bound");
+	expect_refused_nl(s.path, nl_other, &exp1, "no listener bound", REFUSAL_LISTENER_REPLACED);
 	/* ... and each socket still answers for its own namespace. */
 	expect_passes_nl(s2.path, nl_other, &exp_other);
 	assert_int_equal(find_on(nl, s2.path, &info, &err), -1);
@@ -380,7 +384,7 @@ static void test_persistent_socket(void **state)
 	assert_int_equal(find_on(nl, s.path, &info, &err), 0);
 	assert_true(info.ino != first_ino);
 	assert_int_equal(sockdiag_inode_owned_by(l2, info.ino, &err), 0);
-	expect_refused_nl(s.path, nl, &exp1, "not held by expected pid");
+	expect_refused_nl(s.path, nl, &exp1, "not held by expected pid", REFUSAL_LISTENER_REPLACED);
 	assert_true((c = tu_unix_connect(s.path, SOCK_CLOEXEC)) >= 0);
 	assert_int_equal(verify_peer(c, &exp1, &err), -1);
 	close(c); /* refused: nothing written */
@@ -397,7 +401,7 @@ static void test_persistent_socket(void **state)
 	join_netns_fd = -1;
 	assert_int_equal(proc_identity_read(l2, &exp2, &err), 0);
 	expect_passes_nl(s.path, nl, &exp2);
-	expect_refused_nl(s.path, nl, &exp1, "not held by expected pid");
+	expect_refused_nl(s.path, nl, &exp1, "not held by expected pid", REFUSAL_LISTENER_REPLACED);
 	assert_true((c = tu_unix_connect(s.path, SOCK_CLOEXEC)) >= 0);
 	if (verify_peer(c, &exp2, &err) != 0)
 		fail_msg("honest listener refused as peer: %s", err.msg);

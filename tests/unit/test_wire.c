@@ -18,6 +18,7 @@
 
 #include "wire.h"
 #include "wire_json.h"
+#include "wirecode.h"
 
 /* mk_pair: a connected unix stream socketpair. */
 static void mk_pair(int sv[2])
@@ -416,7 +417,7 @@ static void test_json_roundtrip(void **state)
 	assert_true(json_equal(obj, back));
 	json_decref(back);
 	json_decref(obj);
-	assert_int_equal(wire_send_error(sv[1], "not_found", "no %s", "file"), 0);
+	assert_int_equal(wire_send_error(sv[1], WIRE_E_NOT_FOUND, "no %s", "file"), 0);
 	assert_int_equal(wire_recv(sv[0], &f, buf, sizeof(buf), &err), 1);
 	assert_int_equal(f.type, WIRE_ERROR);
 	back = wire_frame_json(&f, &err);
@@ -477,6 +478,32 @@ static void test_json_strict(void **state)
 	json_decref(o);
 }
 
+/* test_codes: every code's name parses back to it, names are distinct,
+ * and what the table does not know (or no code at all) is "internal". */
+static void test_codes(void **state)
+{
+	(void)state;
+	for (int i = 0; i < WIRE_E_COUNT; i++) {
+		const char *n = wirecode_name((enum wire_code)i);
+
+		assert_non_null(n);
+		assert_int_equal(wirecode_parse(n), i);
+		for (int j = 0; j < i; j++)
+			assert_string_not_equal(n, wirecode_name((enum wire_code)j));
+		assert_true(wirecode_status((enum wire_code)i) >= 400);
+	}
+	assert_int_equal(wirecode_parse("no_such_code"), WIRE_E_INTERNAL);
+	assert_int_equal(wirecode_parse(""), WIRE_E_INTERNAL);
+	assert_int_equal(wirecode_parse(NULL), WIRE_E_INTERNAL);
+	assert_int_equal(wirecode_parse("Transport"), WIRE_E_INTERNAL);
+	assert_string_equal(wirecode_name(WIRE_E_TRANSPORT), "transport");
+	assert_string_equal(wirecode_name(WIRE_E_REFRESH_ROUTE), "refresh_route");
+	assert_string_equal(wirecode_name((enum wire_code)WIRE_E_COUNT), "internal");
+	assert_int_equal(wirecode_status(WIRE_E_NOT_FOUND), 404);
+	assert_int_equal(wirecode_status(WIRE_E_TRANSPORT), 502);
+	assert_int_equal(wirecode_status((enum wire_code)-1), 500);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -492,6 +519,7 @@ int main(void)
 		cmocka_unit_test(test_reader_violations),
 		cmocka_unit_test(test_json_roundtrip),
 		cmocka_unit_test(test_json_strict),
+		cmocka_unit_test(test_codes),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

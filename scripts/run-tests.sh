@@ -12,13 +12,13 @@ failed=0
 failures=()
 log_dir=$(mktemp -d /tmp/tether-tests.XXXXXX)
 
-# run_suite NAME CMD...: runs one suite, counts its TAP lines.
-run_suite() {
-	local name=$1; shift
-	local out="$log_dir/$(echo "$name" | tr '/ ' '__').log"
-	local rc=0
-	"$@" >"$out" 2>&1 || rc=$?
-	local ok notok
+# suite_log NAME: where a suite's output goes.
+suite_log() { echo "$log_dir/$(echo "$1" | tr '/ ' '__').log"; }
+
+# tally NAME RC SECONDS: counts a finished suite's TAP lines.
+tally() {
+	local name=$1 rc=$2 secs=$3 out ok notok
+	out=$(suite_log "$name")
 	ok=$(grep -cE '^ok [0-9]+' "$out")
 	notok=$(grep -cE '^not ok [0-9]+' "$out")
 	if [ "$rc" -ne 0 ] && [ "$notok" -eq 0 ]; then
@@ -28,15 +28,50 @@ run_suite() {
 	failed=$((failed + notok))
 	if [ "$notok" -gt 0 ]; then
 		failures+=("$name")
-		echo "FAIL $name ($ok ok, $notok failed, exit $rc); log: $out"
+		echo "FAIL $name ($ok ok, $notok failed, exit $rc, ${secs} s); log: $out"
 		# the failing cases first (each with its detail lines), then the rest
 		awk '/^not ok/ { show = 1; n = 0; print; next }
 		     /^ok / { show = 0; next }
 		     show && /^#/ && n < 12 { print; n++ }' "$out" | head -n 40 | sed 's/^/    /'
 		grep -E 'ERROR|Assert|runtime error|AddressSanitizer' "$out" | head -n 10 | sed 's/^/    /'
 	else
-		echo "ok   $name ($ok)"
+		echo "ok   $name ($ok, ${secs} s)"
 	fi
+}
+
+# run_suite NAME CMD...: runs one suite, counts its TAP lines.
+run_suite() {
+	local name=$1 rc=0 t0=$SECONDS
+	shift
+	"$@" >"$(suite_log "$name")" 2>&1 || rc=$?
+	tally "$name" "$rc" $((SECONDS - t0))
+}
+
+# Suites marked "# tether-test: background" spend most of their time
+# waiting (a capability lifetime to run out): they run beside the others
+# and are counted at the end.
+bg_names=()
+bg_pids=()
+bg_start=()
+# run_background NAME CMD...: starts a suite; bg_finish counts it.
+run_background() {
+	local name=$1 out
+	shift
+	out=$(suite_log "$name")
+	( rc=0; "$@" >"$out" 2>&1 || rc=$?; echo "$rc" >"$out.rc" ) &
+	bg_names+=("$name")
+	bg_pids+=($!)
+	bg_start+=("$SECONDS")
+}
+# bg_finish: waits for the background suites and counts them.
+bg_finish() {
+	local i out
+	for i in "${!bg_pids[@]}"; do
+		wait "${bg_pids[$i]}"
+		out=$(suite_log "${bg_names[$i]}")
+		tally "${bg_names[$i]}" "$(cat "$out.rc" 2>/dev/null || echo 1)" \
+			$((SECONDS - bg_start[i]))
+	done
 }
 
 unit_suites() {
@@ -54,7 +89,7 @@ fuzz_one() {
 	name=$(basename "$bin")
 	corpus=fuzz/corpus/${name#fuzz_}
 	scratch=$(mktemp -d)
-	if "$bin" -max_total_time="${FUZZ_SECONDS:-5}" -timeout=5 -rss_limit_mb=1024 \
+	if "$bin" -max_total_time="${FUZZ_SECONDS:-3}" -timeout=5 -rss_limit_mb=1024 \
 		-print_final_stats=0 "$scratch" "$corpus" >"$scratch.log" 2>&1; then
 		echo "ok 1 - $name"
 	else
@@ -79,8 +114,14 @@ esac
 case $what in
 all|integration)
 	for t in tests/integration/test_*.sh; do
-		[ -f "$t" ] && run_suite "integration/$(basename "$t" .sh)" bash "$t"
-	done ;;
+		grep -q '^# tether-test: background' "$t" &&
+			run_background "integration/$(basename "$t" .sh)" bash "$t"
+	done
+	for t in tests/integration/test_*.sh; do
+		[ -f "$t" ] && ! grep -q '^# tether-test: background' "$t" &&
+			run_suite "integration/$(basename "$t" .sh)" bash "$t"
+	done
+	bg_finish ;;
 esac
 
 echo

@@ -12,6 +12,7 @@
 # - Once everything the old key signed has expired (135 s after it
 #   stopped signing), it leaves the bundle, and the workers' key rings.
 # Prints TAP.
+# tether-test: background (most of it waits for the old key's capabilities to expire)
 set -u
 . "$(dirname "$0")/lib.sh"
 cluster_setup tether-key-rotation

@@ -160,7 +160,7 @@ static uint64_t now_us(void)
  * out, the client left). */
 static void xreq_log(struct xreq *x, long status)
 {
-	struct edge_access a = {
+	struct tt_access a = {
 		.rid = x->rid, .method = x->method, .path = x->path,
 		.sbx = x->sbx, .status = status, .decision = x->decision,
 		.reason = x->reason, .rebuilt = x->retried,
@@ -171,7 +171,7 @@ static void xreq_log(struct xreq *x, long status)
 	if (x->logged)
 		return;
 	x->logged = 1;
-	edge_access_log(&a);
+	access_log(&a);
 }
 
 /* bytes_append: appends; -1 when out of memory. */
@@ -814,7 +814,7 @@ static void node_done(CURL *easy, CURLcode rc, void *arg)
 	if (rc == CURLE_OK && x->capture && x->status == 409) {
 		captured_field(x, "decision", v, sizeof(v));
 		if (strcmp(v, "refresh_route") == 0) /* for the access log */
-			edge_refusal_note(x->out.buf ? x->out.buf + x->out.off : NULL,
+			access_refusal_note(x->out.buf ? x->out.buf + x->out.off : NULL,
 			                  bytes_pending(&x->out), x->decision,
 			                  sizeof(x->decision), x->reason,
 			                  sizeof(x->reason));
@@ -1024,7 +1024,7 @@ static int edge_write(struct lws *wsi, struct pss *pss, struct xreq *x)
 		                                 &p, end))
 			return -1;
 		if ((x->status == 403 || x->status == 409) && x->kind == X_OP)
-			edge_refusal_note(x->out.buf ? x->out.buf + x->out.off : NULL,
+			access_refusal_note(x->out.buf ? x->out.buf + x->out.off : NULL,
 			                  bytes_pending(&x->out), x->decision,
 			                  sizeof(x->decision), x->reason,
 			                  sizeof(x->reason));

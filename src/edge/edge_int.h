@@ -9,6 +9,7 @@
 #include <curl/curl.h>
 #include <jansson.h>
 
+#include "access.h"
 #include "edge/routes.h"
 
 /* The ops of every capability the edge asks for: the ones it relays. */
@@ -59,27 +60,5 @@ void edge_cap_request(CURL *c, const char *cp_url, const char *sbx,
 /* One answered request (or ended stream) as the access log records it
  * (src/edge/access.c; docs/CLI.md "Logs"). Strings borrowed; NULL or ""
  * leaves a field out. */
-struct edge_access {
-	const char *rid;       /* X-Request-Id, as sent on to the cp and node */
-	const char *method;
-	const char *path;      /* no query string: it may carry file names */
-	const char *sbx;
-	long status;           /* 0: the client went away before an answer */
-	const char *result;    /* an exec stream's end (exit, deny, …) */
-	const char *decision;  /* the last refusal a receiver answered for it:
-	                        * refresh_route | deny */
-	const char *reason;
-	int rebuilt;           /* the one rebuilt attempt after RefreshRoute */
-	uint64_t generation;   /* the execution that served it, 0 none */
-	uint64_t dur_us;
-	uint64_t bytes_in;
-	uint64_t bytes_out;
-};
-/* edge_access_log: one JSON line for a (lib/log.h tt_log_access). */
-void edge_access_log(const struct edge_access *a);
-/* edge_refusal_note: decision and reason of a §4 refusal body (copied
- * into dec/reason, "" when body is not one). */
-void edge_refusal_note(const char *body, size_t len, char *dec, size_t dcap,
-                       char *reason, size_t rcap);
 
 #endif

@@ -208,7 +208,7 @@ static void ews_to_client(struct edgews *x, enum lws_write_protocol kind,
 static void ews_log(struct edgews *x, const char *result)
 {
 	char path[128];
-	struct edge_access a = {
+	struct tt_access a = {
 		.rid = x->rid, .method = "GET", .path = path, .sbx = x->sbx,
 		.status = 101, .result = result, .decision = x->decision,
 		.reason = x->reason, .rebuilt = x->retried,
@@ -220,7 +220,7 @@ static void ews_log(struct edgews *x, const char *result)
 		return;
 	x->logged = true;
 	snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec/ws", x->sbx);
-	edge_access_log(&a);
+	access_log(&a);
 }
 
 /* ews_close_client: the client is closed with code (and reason) once what
@@ -521,7 +521,7 @@ static int ews_on_decision(struct edgews *x, const uint8_t *msg, size_t len)
 	}
 	allow = strcmp(d, "allow") == 0;
 	if (!allow)
-		edge_refusal_note((const char *)msg, len, x->decision,
+		access_refusal_note((const char *)msg, len, x->decision,
 		                  sizeof(x->decision), x->reason, sizeof(x->reason));
 	json_decref(j); /* d pointed into j */
 	if (allow) {

@@ -149,8 +149,13 @@ static int api_reply_now(struct lws *wsi, enum api_route r, uint64_t t0,
                          bool close_after)
 {
 	int rc = http_reply(wsi, status, ctype, body, strlen(body));
+	char rid[HTTP_RID_MAX + 1];
 
-	api_count(r, status, t0);
+	http_request_id(wsi, rid);
+	api_count(&(struct api_done){ .route = r, .status = status, .t0_us = t0,
+	                              .rid = rid, .body = body,
+	                              .body_len = strlen(body),
+	                              .bytes_out = strlen(body) });
 	return close_after ? -1 : rc;
 }
 
@@ -232,6 +237,7 @@ static int api_on_http(struct lws *wsi, struct api_pss *pss, const char *uri)
 	op->wsi = wsi;
 	op->route = r;
 	op->t0_us = t0;
+	http_request_id(wsi, op->rid);
 	op->body.max = HTTP_BODY_MAX_DEFAULT;
 	memcpy(op->sbx, sbx, TT_SBX_ID_LEN + 1); /* validated above */
 	op->req = json_pack("{s:s,s:s,s:s}", "token", tok, "sbx", sbx, "op",
@@ -395,7 +401,7 @@ static int api_on_writeable(struct lws *wsi, struct api_pss *pss)
 		/* before the body is in: drained, completed at its end */
 		rc = http_reply_early(wsi, status, "application/json", op->reply,
 		                      op->reply_len);
-		api_count(op->route, status, op->t0_us);
+		api_op_count(op, status);
 		op->state = OP_DRAIN;
 		return rc;
 	}
@@ -405,7 +411,7 @@ static int api_on_writeable(struct lws *wsi, struct api_pss *pss)
 	 * (LWS_CALLBACK_HTTP_DROP_PROTOCOL) from inside http_reply. */
 	pss->op = NULL;
 	rc = http_reply(wsi, status, "application/json", op->reply, op->reply_len);
-	api_count(op->route, status, op->t0_us);
+	api_op_count(op, status);
 	op_free(op);
 	return close_after ? -1 : rc;
 }

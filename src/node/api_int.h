@@ -68,6 +68,7 @@ struct api_op {
 	enum api_route route;
 	enum op_state state;
 	char sbx[TT_SBX_ID_LEN + 1];
+	char rid[HTTP_RID_MAX + 1];  /* X-Request-Id, for the access line */
 	uint64_t t0_us;
 	json_t *req;                /* REQUEST being built (owned) */
 	struct http_body body;      /* exec JSON body */
@@ -111,8 +112,22 @@ uint64_t api_now_us(void);
  * marked truncated. */
 int buf_append(struct api_buf *b, const void *data, size_t len,
                size_t cap);
-/* api_count: request metrics by route and status, and latency. */
-void api_count(enum api_route r, unsigned status, uint64_t t0_us);
+/* What one answered request was, for its metrics and its access line. */
+struct api_done {
+	enum api_route route;
+	unsigned status;             /* 599: a stream broken after its 200 */
+	uint64_t t0_us;
+	const char *rid;             /* X-Request-Id (the edge's), or ours */
+	const char *sbx;             /* NULL when refused before it was known */
+	const char *body;            /* the answer when it is JSON, else NULL */
+	size_t body_len;
+	uint64_t bytes_in, bytes_out;
+};
+/* api_count: request metrics by route and status, latency, and one
+ * access line (lib/access.h) with the request id the edge sent. */
+void api_count(const struct api_done *d);
+/* api_op_count: api_count for an operation as it is answered. */
+void api_op_count(const struct api_op *op, unsigned status);
 /* op_free: releases everything the op owns, including its manager
  * connection (no callbacks after this). */
 void op_free(struct api_op *op);

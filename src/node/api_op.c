@@ -12,6 +12,7 @@
 #include <string.h>
 #include <uv.h>
 
+#include "access.h"
 #include "cleanup.h"
 #include "log.h"
 #include "metrics.h"
@@ -101,16 +102,38 @@ static json_t *utf8_json_string(const uint8_t *s, size_t n)
 }
 
 /* api_count: see api_int.h. */
-void api_count(enum api_route r, unsigned status, uint64_t t0_us)
+void api_count(const struct api_done *d)
 {
-	char labels[96];
+	char labels[96], dec[32] = "", reason[48] = "";
+	uint64_t dur = api_now_us() - d->t0_us;
 
 	snprintf(labels, sizeof(labels), "route=\"%s\",code=\"%u\"",
-	         api_route_names[r], status);
+	         api_route_names[d->route], d->status);
 	metrics_inc("tether_node_requests_total", labels);
-	snprintf(labels, sizeof(labels), "route=\"%s\"", api_route_names[r]);
-	metrics_observe_us("tether_node_request_duration_seconds", labels,
-	                   api_now_us() - t0_us);
+	snprintf(labels, sizeof(labels), "route=\"%s\"", api_route_names[d->route]);
+	metrics_observe_us("tether_node_request_duration_seconds", labels, dur);
+	if (d->route == R_HEALTHZ || d->route == R_METRICS)
+		return; /* probes and scrapes: not access lines (as at the edge) */
+	if (d->body != NULL && (d->status == 403 || d->status == 409))
+		access_refusal_note(d->body, d->body_len, dec, sizeof(dec), reason,
+		                    sizeof(reason));
+	access_log(&(struct tt_access){
+	        .rid = d->rid, .route = api_route_names[d->route], .sbx = d->sbx,
+	        .status = d->status, .decision = dec, .reason = reason,
+	        .dur_us = dur, .bytes_in = d->bytes_in, .bytes_out = d->bytes_out });
+}
+
+/* api_op_count: see api_int.h. */
+void api_op_count(const struct api_op *op, unsigned status)
+{
+	bool json = op->state == OP_REPLY || op->state == OP_DRAIN ||
+	            op->reply != NULL;
+
+	api_count(&(struct api_done){
+	        .route = op->route, .status = status, .t0_us = op->t0_us,
+	        .rid = op->rid, .sbx = op->sbx,
+	        .body = json ? op->reply : NULL, .body_len = json ? op->reply_len : 0,
+	        .bytes_out = op->reply != NULL ? op->reply_len : op->sent });
 }
 
 /* op_free: see api_int.h. */

@@ -140,7 +140,7 @@ static int stream_done(struct lws *wsi, struct api_pss *pss, struct api_op *op)
 	bool extra = http_rxguard_stop(op->rxg);
 
 	op->rxg = NULL;
-	api_count(op->route, 200, op->t0_us);
+	api_op_count(op, 200);
 	pss->op = NULL;
 	op_free(op);
 	/* bytes after the request were dropped: close, never keep alive */
@@ -199,7 +199,7 @@ static int stream_write_whole(struct lws *wsi, struct api_pss *pss, struct api_o
 int stream_write(struct lws *wsi, struct api_pss *pss, struct api_op *op)
 {
 	if (op->stream_abort) {
-		api_count(op->route, 599, op->t0_us); /* broken after 200 */
+		api_op_count(op, 599); /* broken after 200 */
 		pss->op = NULL;
 		op_free(op);
 		return -1;

@@ -26,6 +26,7 @@
 #include <jansson.h>
 #include <sodium.h>
 
+#include "access.h"
 #include "claims.h"
 #include "http.h"
 #include "paseto.h"
@@ -61,6 +62,7 @@ struct wsexec {
 	struct ws_close close;       /* sent once the queue is drained */
 	uint64_t generation;
 	uint64_t t0_us;
+	char rid[HTTP_RID_MAX + 1]; /* X-Request-Id, for the access line */
 };
 
 /* wsx_free: releases everything; the session lets go of x. */
@@ -110,6 +112,10 @@ static void wsx_finish(struct wsexec *x, json_t *obj, uint16_t code,
 	metrics_inc("tether_node_exec_streams_total", labels);
 	metrics_observe_us("tether_node_exec_stream_duration_seconds", NULL,
 	                   uv_hrtime() / 1000u - x->t0_us);
+	access_log(&(struct tt_access){ .rid = x->rid, .route = "exec_stream",
+	                                .sbx = x->sbx, .status = 101,
+	                                .result = result, .generation = x->generation,
+	                                .dur_us = uv_hrtime() / 1000u - x->t0_us });
 	if (x->rx_paused) { /* let lws see the peer's close */
 		x->rx_paused = false;
 		lws_rx_flow_control(x->wsi, 1);
@@ -442,6 +448,7 @@ int wsexec_callback(struct lws *wsi, enum lws_callback_reasons reason,
 		x->wsi = wsi;
 		x->close.wsi = &x->wsi;
 		x->t0_us = uv_hrtime() / 1000u;
+		http_request_id(wsi, x->rid);
 		memcpy(x->sbx, sbx, sizeof(x->sbx));
 		memcpy(x->token, tok, sizeof(x->token));
 		sodium_memzero(tok, sizeof(tok));

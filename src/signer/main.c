@@ -115,12 +115,12 @@ static void signer_serve_one(struct signer *s, int fd,
 	const char *op;
 
 	if (f->type != WIRE_REQUEST) {
-		wire_send_error(fd, "bad_request", "REQUEST frame expected");
+		wire_send_error(fd, WIRE_E_BAD_REQUEST, "REQUEST frame expected");
 		return;
 	}
 	req = wire_frame_json(f, &err);
 	if (req == NULL) {
-		wire_send_error(fd, "bad_request", "%s", err.msg);
+		wire_send_error(fd, WIRE_E_BAD_REQUEST, "%s", err.msg);
 		return;
 	}
 	op = json_string_value(json_object_get(req, "op"));
@@ -140,8 +140,8 @@ static void signer_serve_one(struct signer *s, int fd,
 	json_decref(req);
 	if (res == NULL) {
 		log_warn("refused request: %s", err.msg);
-		wire_send_error(fd, err.code == TT_ERR_INVALID ? "bad_request"
-		                                               : "invalid_claims",
+		wire_send_error(fd, err.code == TT_ERR_INVALID ? WIRE_E_BAD_REQUEST
+		                                               : WIRE_E_INVALID_CLAIMS,
 		                "%s", err.msg[0] ? err.msg : "out of memory");
 		return;
 	}
@@ -173,7 +173,7 @@ static int signer_loop(struct signer *s, int fd)
 			               (uint32_t)hdr[10] << 8 | hdr[11];
 
 			if (err.code != TT_ERR_TOO_LARGE || raw > SIGNER_DRAIN_MAX) {
-				wire_send_error(fd, "bad_request", "%s", err.msg);
+				wire_send_error(fd, WIRE_E_BAD_REQUEST, "%s", err.msg);
 				return -1;
 			}
 			while (raw > 0) { /* skip the oversized payload */
@@ -183,7 +183,7 @@ static int signer_loop(struct signer *s, int fd)
 					return -1;
 				raw -= n;
 			}
-			wire_send_error(fd, "too_large", "request over %u bytes",
+			wire_send_error(fd, WIRE_E_TOO_LARGE, "request over %u bytes",
 			                WIRE_PAYLOAD_MAX);
 			continue;
 		}

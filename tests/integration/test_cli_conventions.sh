@@ -219,6 +219,28 @@ expect "one access line for it: method, path without the query, sandbox, status,
 	 grep -qx "(.POST., ./v1/sandboxes/$A/exec., .$A., 200, .edge.)" &&
 	 echo "$rec" | jget "d[\"duration_ms\"] > 0 and d[\"bytes_in\"] == 25 and d[\"bytes_out\"] > 20 and d[\"generation\"] >= 1" | grep -qx True &&
 	 ! echo "$rec" | grep -q secret' "$rec"
+# naccess RID: node-api's access records with that request id (the
+# workers' logs), one JSON object a line
+naccess() {
+	python3 - "$1" "$STATE"/logs/w*.log <<'PY'
+import json, sys
+for f in sys.argv[2:]:
+    for line in open(f, errors="replace"):
+        if line.startswith("{"):
+            d = json.loads(line)
+            if d.get("rid") == sys.argv[1] and d.get("role") == "node":
+                print(json.dumps(d, sort_keys=True))
+PY
+}
+# decisions: "STATUS DECISION" of each record on stdin, sorted, on one line
+decisions() {
+	python3 -c 'import json, sys
+print(" ".join("%d %s" % t for t in sorted((d["status"], d.get("decision", "-")) for d in map(json.loads, sys.stdin))))'
+}
+nrec=$(naccess conv-test.rid:1)
+expect "node-api logs the same request id for the operation it served: route, sandbox, status" \
+	'[ "$(echo "$nrec" | grep -c .)" = 1 ] && echo "$nrec" | jget "d[\"route\"], d[\"sandbox\"], d[\"status\"], d[\"duration_ms\"] > 0" | grep -qx "(.exec., .$A., 200, True)"' \
+	"$nrec; edge: $rec"
 expect "its ts is RFC 3339 with a date" \
 	'echo "$rec" | jget "d[\"ts\"]" | grep -qE "^20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-5][0-9]\.[0-9]{3}Z$"' "$rec"
 code=$(tcurl -o "$TT_BODY" -D "$TT_HDRS" -w '%{http_code}' "$EDGE/v1/sandboxes/$A" \
@@ -256,6 +278,9 @@ rec=$(access conv-refresh)
 expect "a repaired RefreshRoute: logged with the node's decision and reason, rebuilt, status 200" \
 	'[ "$code" = 200 ] && echo "$rec" | jget "d[\"status\"], d[\"decision\"], d[\"rebuilt\"], len(d[\"reason\"]) > 0" | grep -qx "(200, .refresh_route., True, True)"' \
 	"$code $rec $(cat "$TT_BODY")"
+nrec=$(naccess conv-refresh)
+expect "... and node-api logged both attempts under its request id: the refusal (409 refresh_route) and the rebuilt one (200)" \
+	'[ "$(echo "$nrec" | decisions)" = "200 - 409 refresh_route" ]' "$nrec"
 
 # ---- metrics: every name in the one table and in docs/METRICS.md, HELP + TYPE ----
 used=$(grep -rhoE 'metrics_(inc|add|observe_us)\("tether_[a-z_]+"|"tether_[a-z_]+_total"' "$ROOT/src" "$ROOT/lib" |

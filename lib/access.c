@@ -1,13 +1,11 @@
-/* The edge's access log: one JSON line per answered request or ended
- * exec stream, written through lib/log.c (tt_log_access), with the
- * request id that the edge sends on to the control plane and the node. */
+/* Access records (access.h): the edge's and node-api's access log lines. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
 
-#include "edge/edge_int.h"
+#include "access.h"
 #include "log.h"
 
 /* put_str: obj[key] = s unless s is NULL or empty. */
@@ -17,8 +15,8 @@ static void put_str(json_t *obj, const char *key, const char *s)
 		json_object_set_new(obj, key, json_string(s));
 }
 
-/* edge_access_log: see edge_int.h. */
-void edge_access_log(const struct edge_access *a)
+/* access_log: see access.h. */
+void access_log(const struct tt_access *a)
 {
 	json_t *o = json_object();
 	char *line;
@@ -27,6 +25,7 @@ void edge_access_log(const struct edge_access *a)
 		return;
 	put_str(o, "rid", a->rid);
 	put_str(o, "method", a->method);
+	put_str(o, "route", a->route);
 	put_str(o, "path", a->path);
 	put_str(o, "sandbox", a->sbx);
 	json_object_set_new(o, "status", json_integer(a->status));
@@ -49,8 +48,8 @@ void edge_access_log(const struct edge_access *a)
 	free(line);
 }
 
-/* edge_refusal_note: see edge_int.h. */
-void edge_refusal_note(const char *body, size_t len, char *dec, size_t dcap,
+/* access_refusal_note: see access.h. */
+void access_refusal_note(const char *body, size_t len, char *dec, size_t dcap,
                        char *reason, size_t rcap)
 {
 	json_t *j = body ? json_loadb(body, len, JSON_REJECT_DUPLICATES, NULL) : NULL;

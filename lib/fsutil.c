@@ -1,5 +1,8 @@
 /* File-descriptor helpers (see fsutil.h). */
 #include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
 #include <stdint.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -64,4 +67,23 @@ ssize_t fsutil_read_to_eof(int fd, void *buf, size_t cap)
 		}
 		got += (size_t)n;
 	}
+}
+
+/* fsutil_sibling_bin: see fsutil.h. */
+int fsutil_sibling_bin(const char *name, char *out, size_t cap, struct tt_err *err)
+{
+	char self[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	char *slash;
+
+	if (n <= 0)
+		return tt_err_sys(err, TT_ERR_SYS, "readlink /proc/self/exe");
+	self[n] = '\0';
+	slash = strrchr(self, '/');
+	if (slash == NULL)
+		return tt_err_set(err, TT_ERR_SYS, "odd /proc/self/exe: %.200s", self);
+	*slash = '\0';
+	if ((size_t)snprintf(out, cap, "%s/%s", self, name) >= cap)
+		return tt_err_set(err, TT_ERR_INVALID, "%s: path too long", name);
+	return 0;
 }

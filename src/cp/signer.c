@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fsutil.h"
 #include "cp/cp.h"
 #include "log.h"
 #include "wire.h"
@@ -22,20 +23,7 @@
  * of its own, like tether-bridge). */
 static int cp_signer_bin(char *buf, size_t cap, struct tt_err *err)
 {
-	char self[PATH_MAX];
-	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-	char *slash;
-
-	if (n <= 0)
-		return tt_err_sys(err, TT_ERR_SYS, "readlink /proc/self/exe");
-	self[n] = '\0';
-	slash = strrchr(self, '/');
-	if (slash == NULL)
-		return tt_err_set(err, TT_ERR_SYS, "odd /proc/self/exe: %.200s", self);
-	*slash = '\0';
-	if ((size_t)snprintf(buf, cap, "%s/tether-signer", self) >= cap)
-		return tt_err_set(err, TT_ERR_INVALID, "signer binary path too long");
-	return 0;
+	return fsutil_sibling_bin("tether-signer", buf, cap, err);
 }
 
 /* cp_signer_paths: the feed key and its public file sit next to the

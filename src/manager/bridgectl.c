@@ -18,6 +18,7 @@
 
 #include <sodium.h>
 
+#include "fsutil.h"
 #include "manager/bridgectl.h"
 #include "procid.h"
 
@@ -36,20 +37,7 @@ static int64_t bc_now_ms(void)
  * its own: tetherd's 40-odd shared libraries would cost milliseconds). */
 int bridgectl_bin(char *out, size_t cap, struct tt_err *err)
 {
-	char self[PATH_MAX];
-	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-	char *slash;
-
-	if (n <= 0)
-		return tt_err_sys(err, TT_ERR_SYS, "readlink /proc/self/exe");
-	self[n] = '\0';
-	slash = strrchr(self, '/');
-	if (slash == NULL)
-		return tt_err_set(err, TT_ERR_SYS, "odd /proc/self/exe: %.200s", self);
-	*slash = '\0';
-	if ((size_t)snprintf(out, cap, "%s/tether-bridge", self) >= cap)
-		return tt_err_set(err, TT_ERR_INVALID, "bridge binary path too long");
-	return 0;
+	return fsutil_sibling_bin("tether-bridge", out, cap, err);
 }
 
 /* bp_close: closes and forgets fd. */

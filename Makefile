@@ -103,28 +103,35 @@ $(BUILD)/bench/%: bench/%.c $(ROLES) $(CLIENT) $(CORE)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c %.a,$^) $(LDLIBS)
 
-# Fuzzers: libFuzzer + ASan/UBSan under clang, one per parser.
-FUZZ_CFLAGS := -std=c17 -D_GNU_SOURCE -g -O1 -Ilib -Isrc \
-  -fsanitize=fuzzer,address,undefined $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-build-fuzz/%: fuzz/%.c $(LIB_SRC)
+# Fuzzers: libFuzzer + ASan/UBSan under clang, one per parser. The core is
+# compiled once into an archive (instrumented, without libFuzzer's main);
+# each fuzzer links its harness, the role file that holds its parser, and
+# what it needs from the archive.
+FUZZ_SAN    := address,undefined
+FUZZ_CFLAGS := -std=c17 -D_GNU_SOURCE -g -O1 -Ilib -Isrc -MMD -MP \
+  $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+FUZZ_CORE   := build-fuzz/libfuzzcore.a
+fuzzobj = $(patsubst %.c,build-fuzz/obj/%.o,$(1))
+build-fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link,$(FUZZ_SAN) -c $< -o $@
+$(FUZZ_CORE): $(call fuzzobj,$(LIB_SRC))
+	@rm -f $@; ar rcs $@ $^
+build-fuzz/%: build-fuzz/obj/fuzz/%.o $(FUZZ_CORE)
+	clang -fsanitize=fuzzer,$(FUZZ_SAN) -o $@ $^ $(LDLIBS)
 # The CLI's config parser lives in the client library.
-build-fuzz/fuzz_config: fuzz/fuzz_config.c src/client/config.c $(LIB_SRC)
-	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+build-fuzz/fuzz_config: $(call fuzzobj,fuzz/fuzz_config.c src/client/config.c) $(FUZZ_CORE)
+	clang -fsanitize=fuzzer,$(FUZZ_SAN) -o $@ $^ $(LDLIBS)
 # The manager's feed decoder, fed envelopes signed by the signer's code.
-build-fuzz/fuzz_feed: fuzz/fuzz_feed.c src/signer/sign.c $(LIB_SRC)
-	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+build-fuzz/fuzz_feed: $(call fuzzobj,fuzz/fuzz_feed.c src/signer/sign.c) $(FUZZ_CORE)
+	clang -fsanitize=fuzzer,$(FUZZ_SAN) -o $@ $^ $(LDLIBS)
 # A spare bridge's assignment parser lives with the bridge.
-build-fuzz/fuzz_assign: fuzz/fuzz_assign.c src/bridge/args.c $(LIB_SRC)
-	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+build-fuzz/fuzz_assign: $(call fuzzobj,fuzz/fuzz_assign.c src/bridge/args.c) $(FUZZ_CORE)
+	clang -fsanitize=fuzzer,$(FUZZ_SAN) -o $@ $^ $(LDLIBS)
 # A spare agent's assignment parser lives with the agent.
-build-fuzz/fuzz_guest_assign: fuzz/fuzz_guest_assign.c src/guest/assign.c $(LIB_SRC)
-	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -o $@ $(filter %.c,$^) $(LDLIBS)
+build-fuzz/fuzz_guest_assign: $(call fuzzobj,fuzz/fuzz_guest_assign.c src/guest/assign.c) $(FUZZ_CORE)
+	clang -fsanitize=fuzzer,$(FUZZ_SAN) -o $@ $^ $(LDLIBS)
+-include $(shell find build-fuzz/obj -name '*.d' 2>/dev/null)
 fuzzers: $(patsubst fuzz/%.c,build-fuzz/%,$(FUZZ_SRC))
 
 unit: all

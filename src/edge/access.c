@@ -8,7 +8,9 @@
 #include <jansson.h>
 
 #include "edge/edge_int.h"
+#include "edge/status.h"
 #include "log.h"
+#include "metrics.h"
 
 /* put_str: obj[key] = s unless s is NULL or empty. */
 static void put_str(json_t *obj, const char *key, const char *s)
@@ -17,12 +19,46 @@ static void put_str(json_t *obj, const char *key, const char *s)
 		json_object_set_new(obj, key, json_string(s));
 }
 
+/* label_safe: a label value kept to [a-z0-9_] (it comes from a peer). */
+static void label_safe(char *dst, size_t cap, const char *src)
+{
+	size_t i = 0;
+
+	for (; src != NULL && *src != '\0' && i + 1 < cap; src++)
+		dst[i++] = ((*src >= 'a' && *src <= 'z') || (*src >= '0' && *src <= '9') ||
+		            *src == '_') ? *src : '_';
+	dst[i] = '\0';
+}
+
+/* edge_count_decision: tether_edge_decisions_total for a's operation: the
+ * last refusal a receiver answered, and an allow when an execution served
+ * it (its answer named a generation). */
+static void edge_count_decision(const struct edge_access *a)
+{
+	char labels[160], d[24], r[48];
+
+	if (a->sbx == NULL || a->sbx[0] == '\0')
+		return;
+	if (a->decision != NULL && a->decision[0] != '\0') {
+		label_safe(d, sizeof(d), a->decision);
+		label_safe(r, sizeof(r), a->reason);
+		snprintf(labels, sizeof(labels),
+		         "receiver=\"node\",decision=\"%s\",reason=\"%s\"", d, r);
+		metrics_inc("tether_edge_decisions_total", labels);
+	}
+	if (a->generation > 0)
+		metrics_inc("tether_edge_decisions_total",
+		            "receiver=\"node\",decision=\"allow\",reason=\"\"");
+}
+
 /* edge_access_log: see edge_int.h. */
 void edge_access_log(const struct edge_access *a)
 {
 	json_t *o = json_object();
 	char *line;
 
+	edge_count_decision(a);
+	edge_status_note(a);
 	if (o == NULL)
 		return;
 	put_str(o, "rid", a->rid);

@@ -253,7 +253,9 @@ static int es_write(struct lws *wsi, unsigned status, const char *ctype,
 		  "form-action 'self'; frame-ancestors 'none'; base-uri 'none'" },
 		{ "x-content-type-options:", "nosniff" },
 		{ "x-frame-options:", "DENY" },
-		{ "referrer-policy:", "no-referrer" },
+		/* not no-referrer: Chromium then sends "Origin: null" with
+		 * the login form's POST, which the Origin check refuses */
+		{ "referrer-policy:", "same-origin" },
 	};
 	const size_t head = 2048;
 	_cleanup_free_ unsigned char *buf = malloc(LWS_PRE + head + len);

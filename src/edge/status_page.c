@@ -148,7 +148,7 @@ const char edge_status_js[] =
 	"    tl.parentNode.replaceChild(nl, tl);\n"
 	"    fill(\"decisions\", (d.operations || []).map(function (o) {\n"
 	"      var dec = o.decision || (o.status >= 400 ? \"edge: \" + o.status : \"\");\n"
-	"      if (o.rebuilt) dec += \" (rebuilt)\";\n"
+	"      if (o.rebuilt) dec += \" \\u2192 rebuilt\" + (o.generation ? \" \\u2192 allow\" : \"\");\n"
 	"      return [{ text: new Date(o.at_ms).toLocaleTimeString(), cls: \"muted\" },\n"
 	"              { text: o.method + \" \" + o.path.replace(/^\\/v1\\/sandboxes\\/[^/]+/, \"\"), cls: \"mono\" },\n"
 	"              { text: o.sandbox, cls: \"mono\" },\n"

@@ -10,6 +10,9 @@
 #   logout ends the session;
 # - the page in headless Chromium (a real login through its form): the DOM
 #   holds both workers and the migration; a screenshot in WORK;
+# - tether logs: merged by time with role prefixes, -n, one role as it
+#   is, --follow like tail -F (new lines, a replaced, a truncated and a
+#   late file);
 # - gauges and durations: tether_cp_sandboxes{state}, the lifecycle
 #   durations and tether_edge_decisions_total move after a create and a
 #   migrate; tether_edge_streams_open counts an open exec stream.
@@ -170,6 +173,60 @@ after=$(m "$EDGE" 'tether_edge_streams_open{kind="exec"}')
 expect "tether_edge_streams_open: one more while an exec streams, back after it (and node-api's on w2)" \
 	'[ "$during" = $((open0 + 1)) ] && [ "$after" = "$open0" ] && [ "$node_during" -ge 1 ]' \
 	"before=$open0 during=$during after=$after node=$node_during"
+
+# ---- tether logs -----------------------------------------------------------------------------
+L="$ROOT/build/tether logs --state $STATE"
+# (a copy, so that the counts below hold still)
+mkdir -p "$WORK/snap" && cp -r "$STATE/logs" "$WORK/snap/"
+"$ROOT/build/tether" logs --state "$WORK/snap" >"$WORK/logs.all" 2>"$WORK/err"
+expect "tether logs: every role's lines, each prefixed with its role" \
+	'for r in cp edge w1 w2; do grep -q "^$r  *20[0-9][0-9]-" "$WORK/logs.all" || exit 1; done &&
+	 [ "$(grep -c "" "$WORK/logs.all")" = "$(cat "$WORK"/snap/logs/*.log | grep -c "")" ]' \
+	"$(cat "$WORK/err"; head -3 "$WORK/logs.all")"
+expect "merged by time: the times (RFC 3339, or an access record's ts) never go back" \
+	'python3 - "$WORK/logs.all" <<'"'"'PY'"'"'
+import json, re, sys
+last = ""
+for line in open(sys.argv[1]):
+    rest = line.split(None, 1)[1] if " " in line else ""
+    m = re.match(r"(\d{4}-\d\d-\d\dT[\d:.]+Z) ", rest)
+    t = m.group(1) if m else (json.loads(rest).get("ts", "") if rest.startswith("{") else "")
+    if t:
+        if t < last:
+            sys.exit("went back: " + line)
+        last = t
+PY' "$(head -5 "$WORK/logs.all")"
+"$ROOT/build/tether" logs --state "$WORK/snap" -n 5 edge >"$WORK/logs.edge"
+expect "tether logs -n 5 edge: the edge's last 5 lines as they are" \
+	'cmp -s "$WORK/logs.edge" <(tail -n 5 "$WORK/snap/logs/edge.log")' "$(diff "$WORK/logs.edge" <(tail -n 5 "$WORK/snap/logs/edge.log"))"
+rc=0; $L nosuchrole >/dev/null 2>"$WORK/err" || rc=$?
+expect "tether logs of a role without a log: exit 1, one line" '[ $rc = 1 ] && [ "$(grep -c "" "$WORK/err")" = 1 ]' "$rc $(cat "$WORK/err")"
+# --follow: the edge's next access line, and tail -F's cases on files of
+# our own (a file replaced, one truncated, one that appears later)
+printf '2026-01-01T00:00:00.000Z fake[1] info: old line\n' >"$STATE/logs/fake.log"
+$L -f -n 0 edge fake later >"$WORK/logs.follow" 2>&1 &
+FOLLOW_PID=$!
+at_exit 'kill $FOLLOW_PID 2>/dev/null'
+sleep 0.5
+tcurl -o /dev/null -H 'X-Request-Id: logs-follow-1' "$EDGE/v1/sandboxes/$A" -H "Authorization: Bearer $KEY"
+wait_until 50 grep -q "logs-follow-1" "$WORK/logs.follow"
+echo '2026-01-01T00:00:01.000Z fake[1] info: appended' >>"$STATE/logs/fake.log"
+wait_until 50 grep -q "appended" "$WORK/logs.follow"
+printf '2026-01-01T00:00:02.000Z fake[2] info: replaced\n' >"$STATE/logs/fake.new" && mv "$STATE/logs/fake.new" "$STATE/logs/fake.log"
+wait_until 50 grep -q "replaced" "$WORK/logs.follow"
+: >"$STATE/logs/fake.log"; sleep 0.5
+echo '2026-01-01T00:00:03.000Z fake[2] info: after truncation' >>"$STATE/logs/fake.log"
+wait_until 50 grep -q "after truncation" "$WORK/logs.follow"
+echo '2026-01-01T00:00:04.000Z later[3] info: a late role' >"$STATE/logs/later.log"
+wait_until 50 grep -q "a late role" "$WORK/logs.follow"
+kill $FOLLOW_PID 2>/dev/null; wait $FOLLOW_PID 2>/dev/null
+expect "tether logs -f: new lines of each role, prefixed, as they are written (not the old ones with -n 0)" \
+	'grep -q "^edge .*logs-follow-1" "$WORK/logs.follow" && grep -q "^fake  *2026-01-01T00:00:01.000Z fake.1. info: appended" "$WORK/logs.follow" &&
+	 ! grep -q "old line" "$WORK/logs.follow"' "$(cat "$WORK/logs.follow")"
+expect "and like tail -F: a replaced file, a truncated one, one that appears later" \
+	'grep -q "^fake .*replaced" "$WORK/logs.follow" && grep -q "^fake .*after truncation" "$WORK/logs.follow" &&
+	 grep -q "^later .*a late role" "$WORK/logs.follow"' "$(cat "$WORK/logs.follow")"
+rm -f "$STATE/logs/fake.log" "$STATE/logs/later.log"
 
 # ---- logout --------------------------------------------------------------------------------
 code=$(tcurl -o /dev/null -D "$TT_HDRS" -w '%{http_code}' -X POST -b "$J" -H "Origin: http://evil.example" "$EDGE/logout")

@@ -258,7 +258,7 @@ expect "a repaired RefreshRoute: logged with the node's decision and reason, reb
 	"$code $rec $(cat "$TT_BODY")"
 
 # ---- metrics: every name in the one table and in docs/METRICS.md, HELP + TYPE ----
-used=$(grep -rhoE 'metrics_(inc|add|observe_us)\("tether_[a-z_]+"|"tether_[a-z_]+_total"' "$ROOT/src" "$ROOT/lib" |
+used=$(grep -rhoE 'metrics_(inc|add|observe_us|gauge_set|gauge_add)\("tether_[a-z_]+"|"tether_[a-z_]+_total"' "$ROOT/src" "$ROOT/lib" |
 	grep -oE 'tether_[a-z_]+' | sort -u)
 table=$(sed -n '/^} metrics_docs\[\] = {/,/^};/p' "$ROOT/lib/metrics.c" | grep -oE '"tether_[a-z_]+"' | tr -d '"' | sort -u)
 missing=$(comm -23 <(echo "$used") <(echo "$table"))

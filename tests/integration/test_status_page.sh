@@ -136,6 +136,28 @@ expect "GET / with the session: the page, served with a strict CSP" \
 code=$(tcurl -o /dev/null -w '%{http_code}' -X DELETE -b "$J" "$EDGE/")
 expect "DELETE /: 405" '[ "$code" = 405 ]' "$code"
 
+# ---- the front door's rules hold for the page's paths ----------------------------------------
+P=$ROOT/tests/integration/frontdoor_probe.py
+up1=$(python3 "$P" upgrade $((BASE + 1)) / - -)
+up2=$(python3 "$P" upgrade $((BASE + 1)) /status/data tether.exec.v1 "Bearer $KEY")
+expect "a WebSocket upgrade of / or /status/data is refused before 101" \
+	'[ "$up1" != 101 ] && [ "$up2" != 101 ]' "$up1 $up2"
+code=$(tcurl -o /dev/null -w '%{http_code}' -H "Cookie: tether_session=$(head -c 9000 /dev/zero | tr '\0' a)" "$EDGE/status/data")
+expect "an oversized Cookie header: 431" '[ "$code" = 431 ]' "$code"
+code=$(tcurl -o /dev/null -w '%{http_code}' -H "Origin: $EDGE" --data-binary "key=$(head -c 6000 /dev/zero | tr '\0' a)" "$EDGE/login")
+expect "a login form over 4 KiB: 400, no session" '[ "$code" = 400 ]' "$code"
+code=$(tcurl -o /dev/null -w '%{http_code}' -H "Origin: $EDGE" -H 'Transfer-Encoding: chunked' --data-binary "key=$KEY" "$EDGE/login")
+expect "a chunked login without a length: refused (4xx), no session" '[ "$code" -ge 400 ] && [ "$code" -lt 500 ]' "$code"
+for i in $(seq 1 70); do
+	tcurl -o /dev/null -H "Origin: $EDGE" --data-urlencode "key=$KEY" "$EDGE/login"
+done
+sessions=$(m "$EDGE" tether_edge_status_sessions)
+code=$(tcurl -o /dev/null -w '%{http_code}' -b "$J" "$EDGE/status/data")
+expect "70 more logins: the table holds at most 64 sessions; the least recently used went" \
+	'[ "$sessions" = 64 ] && [ "$code" = 401 ]' "sessions=$sessions code=$code"
+code=$(login "$KEY" "$EDGE")
+expect "log in again" '[ "$code" = 303 ]' "$code"
+
 # ---- the page in headless Chromium --------------------------------------------------------
 CHROMIUM=$(command -v chromium || true)
 if [ -z "$CHROMIUM" ]; then

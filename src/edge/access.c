@@ -1,16 +1,86 @@
 /* The edge's access log: one JSON line per answered request or ended
  * exec stream, written through lib/log.c (tt_log_access), with the
- * request id that the edge sends on to the control plane and the node. */
+ * request id that the edge sends on to the control plane and the node;
+ * the last AX_RING of them on a sandbox stay for the status page, and the
+ * admission decisions they carry are counted. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <jansson.h>
 
 #include "edge/edge_int.h"
-#include "edge/status.h"
+#include "http.h"
 #include "log.h"
 #include "metrics.h"
+
+#define AX_RING 64 /* recent operations kept for the status page */
+
+/* One recent operation, as the status page shows it. */
+struct ax_op {
+	int64_t at_ms;
+	char rid[HTTP_RID_MAX + 1];
+	char method[8];
+	char path[128];
+	char sbx[40];
+	long status;
+	char decision[24];
+	char reason[48];
+	char result[24];
+	int rebuilt;
+	uint64_t generation;
+};
+
+static struct ax_op ax_ring[AX_RING];
+static uint64_t ax_ring_n;
+
+/* ax_note: a into the ring of recent operations (those on a sandbox). */
+static void ax_note(const struct edge_access *a)
+{
+	struct ax_op *o;
+	struct timespec ts;
+
+	if (a->sbx == NULL || a->sbx[0] == '\0')
+		return; /* not an operation on a sandbox */
+	o = &ax_ring[ax_ring_n++ % AX_RING];
+	memset(o, 0, sizeof(*o));
+	clock_gettime(CLOCK_REALTIME, &ts);
+	o->at_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	snprintf(o->rid, sizeof(o->rid), "%s", a->rid ? a->rid : "");
+	snprintf(o->method, sizeof(o->method), "%s", a->method ? a->method : "");
+	snprintf(o->path, sizeof(o->path), "%s", a->path ? a->path : "");
+	snprintf(o->sbx, sizeof(o->sbx), "%s", a->sbx);
+	o->status = a->status;
+	snprintf(o->decision, sizeof(o->decision), "%s",
+	         a->decision && a->decision[0] ? a->decision :
+	         a->generation > 0 ? "allow" : "");
+	snprintf(o->reason, sizeof(o->reason), "%s", a->reason ? a->reason : "");
+	snprintf(o->result, sizeof(o->result), "%s", a->result ? a->result : "");
+	o->rebuilt = a->rebuilt;
+	o->generation = a->generation;
+}
+
+/* edge_access_recent: see edge_int.h. */
+json_t *edge_access_recent(void)
+{
+	json_t *arr = json_array();
+	size_t n = ax_ring_n < AX_RING ? (size_t)ax_ring_n : AX_RING;
+
+	for (size_t k = 0; arr != NULL && k < n; k++) {
+		const struct ax_op *o = &ax_ring[(ax_ring_n - 1 - k) % AX_RING];
+		json_t *j = json_pack("{s:I,s:s,s:s,s:s,s:s,s:I,s:s,s:s,s:s,s:b,s:I}",
+		                      "at_ms", (json_int_t)o->at_ms, "rid", o->rid,
+		                      "method", o->method, "path", o->path,
+		                      "sandbox", o->sbx, "status", (json_int_t)o->status,
+		                      "decision", o->decision, "reason", o->reason,
+		                      "result", o->result, "rebuilt", o->rebuilt,
+		                      "generation", (json_int_t)o->generation);
+		if (j != NULL)
+			json_array_append_new(arr, j);
+	}
+	return arr;
+}
 
 /* put_str: obj[key] = s unless s is NULL or empty. */
 static void put_str(json_t *obj, const char *key, const char *s)
@@ -58,7 +128,7 @@ void edge_access_log(const struct edge_access *a)
 	char *line;
 
 	edge_count_decision(a);
-	edge_status_note(a);
+	ax_note(a);
 	if (o == NULL)
 		return;
 	put_str(o, "rid", a->rid);

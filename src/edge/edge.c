@@ -737,8 +737,9 @@ static void node_retry(struct xreq *x, CURL *easy, const char *why)
 	                                               : "tether_edge_read_retries_total",
 	            NULL);
 	metrics_inc("tether_edge_rebuilt_attempts_total", labels);
+	/* (why ?: gcc -O1 with UBSan sees a null path after the strcmps) */
 	log_info("%s for %s (generation %" PRIu64 "): rebuilding the request once",
-	         why, x->sbx, x->rt.gen);
+	         why ? why : "?", x->sbx, x->rt.gen);
 	x->retried = 1;
 	x->refreshed = strcmp(why, "refresh_route") == 0;
 	x->reject_us = now_us();

@@ -77,6 +77,10 @@ struct edge_access {
 };
 /* edge_access_log: one JSON line for a (lib/log.h tt_log_access). */
 void edge_access_log(const struct edge_access *a);
+/* edge_access_recent: the last operations on a sandbox the access log
+ * recorded (at most 64), newest first, as the status page's JSON array
+ * (caller owns it). */
+json_t *edge_access_recent(void);
 /* edge_refusal_note: decision and reason of a §4 refusal body (copied
  * into dec/reason, "" when body is not one). */
 void edge_refusal_note(const char *body, size_t len, char *dec, size_t dcap,

@@ -8,7 +8,8 @@
  * edge asks the control plane with, and two expiries (idle, absolute).
  * GET /status/data answers only with a live session: workers, sandboxes
  * and recent lifecycle events from the control plane, and the edge's own
- * ring of recent operations with the admission decisions it saw. Nothing
+ * ring of recent operations with the admission decisions it saw
+ * (src/edge/access.c). Nothing
  * changes state on a GET; POST /logout (same Origin check) ends the
  * session. */
 #include <inttypes.h>
@@ -36,7 +37,6 @@
 #define ES_KEY_MAX 512
 #define ES_BODY_MAX 4096       /* the login form */
 #define ES_ANSWER_MAX (8u << 20) /* one control-plane answer */
-#define ES_RING 64             /* recent operations kept for the page */
 #define ES_FETCHES 3
 
 /* One session: what the cookie's id stands for. */
@@ -45,21 +45,6 @@ struct es_session {
 	unsigned char hash[crypto_hash_sha256_BYTES]; /* of the cookie's id */
 	char key[ES_KEY_MAX];  /* the API key the edge asks the cp with */
 	int64_t created, used; /* monotonic seconds */
-};
-
-/* One recent operation, for the page's decisions table. */
-struct es_op {
-	int64_t at_ms;
-	char rid[HTTP_RID_MAX + 1];
-	char method[8];
-	char path[128];
-	char sbx[40];
-	long status;
-	char decision[24];
-	char reason[48];
-	char result[24];
-	int rebuilt;
-	uint64_t generation;
 };
 
 /* One control-plane transfer of a request. */
@@ -99,20 +84,9 @@ struct edge_status_req {
 };
 
 static struct es_session es_tab[ES_SESSIONS];
-static struct es_op es_ring[ES_RING];
-static uint64_t es_ring_n;
 static uv_loop_t *es_loop;
 static struct httpc *es_hc;
 static const char *es_cp_url;
-
-/* es_mono_s: monotonic seconds. */
-static int64_t es_mono_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec;
-}
 
 /* es_now_us: monotonic microseconds. */
 static uint64_t es_now_us(void)
@@ -121,6 +95,12 @@ static uint64_t es_now_us(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* es_mono_s: monotonic seconds. */
+static int64_t es_mono_s(void)
+{
+	return (int64_t)(es_now_us() / 1000000u);
 }
 
 /* es_session_drop: the slot is free again, its key wiped. */
@@ -431,27 +411,6 @@ static json_t *es_fetch_json(const struct es_fetch *f, long status)
 	return json_loadb(f->buf, f->len, JSON_REJECT_DUPLICATES, NULL);
 }
 
-/* es_ops_json: the ring of recent operations, newest first. */
-static json_t *es_ops_json(void)
-{
-	json_t *arr = json_array();
-	size_t n = es_ring_n < ES_RING ? (size_t)es_ring_n : ES_RING;
-
-	for (size_t k = 0; arr != NULL && k < n; k++) {
-		const struct es_op *o = &es_ring[(es_ring_n - 1 - k) % ES_RING];
-		json_t *j = json_pack("{s:I,s:s,s:s,s:s,s:s,s:I,s:s,s:s,s:s,s:b,s:I}",
-		                      "at_ms", (json_int_t)o->at_ms, "rid", o->rid,
-		                      "method", o->method, "path", o->path,
-		                      "sandbox", o->sbx, "status", (json_int_t)o->status,
-		                      "decision", o->decision, "reason", o->reason,
-		                      "result", o->result, "rebuilt", o->rebuilt,
-		                      "generation", (json_int_t)o->generation);
-		if (j != NULL)
-			json_array_append_new(arr, j);
-	}
-	return arr;
-}
-
 /* es_data_answer: the three answers in, the page's JSON composed. */
 static void es_data_answer(struct edge_status_req *r, const long st[ES_FETCHES])
 {
@@ -476,7 +435,7 @@ static void es_data_answer(struct edge_status_req *r, const long st[ES_FETCHES])
 		              "workers", json_object_get(w, "workers"),
 		              "sandboxes", json_object_get(s, "sandboxes"),
 		              "events", ev ? json_object_get(ev, "events") : json_null(),
-		              "operations", es_ops_json());
+		              "operations", edge_access_recent());
 		txt = o ? json_dumps(o, JSON_COMPACT) : NULL;
 		json_decref(o);
 		if (txt != NULL)
@@ -654,6 +613,7 @@ int edge_status_http(struct lws *wsi, struct edge_status_req **sr,
 	int get = method != NULL && strcmp(method, "GET") == 0;
 	int post = method != NULL && strcmp(method, "POST") == 0;
 	struct tt_err gerr = { 0 };
+	enum http_framing fr;
 	int slot = -1;
 
 	if (strcmp(uri, "/") != 0 && strcmp(uri, "/login") != 0 &&
@@ -675,9 +635,13 @@ int edge_status_http(struct lws *wsi, struct edge_status_req **sr,
 	if (strcmp(uri, "/status/data") == 0 ? !get : !post)
 		return http_reply_error(wsi, 405, "method_not_allowed",
 		                        "%s is not allowed on %s", method ? method : "?", uri);
-	if (http_body_framing(wsi, &clen) == HTTP_BODY_UNSIZED ||
-	    http_body_framing(wsi, &clen) == HTTP_BODY_BAD)
-		return http_reply_error(wsi, 400, "bad_request", "bad request body framing");
+	fr = http_body_framing(wsi, &clen);
+	if (fr == HTTP_BODY_UNSIZED || fr == HTTP_BODY_BAD)
+		return http_reply_error(wsi, fr == HTTP_BODY_UNSIZED ? 411 : 400,
+		                        fr == HTTP_BODY_UNSIZED ? "length_required" : "bad_request",
+		                        "request bodies need one Content-Length");
+	if (clen >= ES_BODY_MAX) /* as the edge's own 413: before the body */
+		return http_reply_error(wsi, 413, "too_large", "at most %d bytes", ES_BODY_MAX - 1);
 	if (get && (slot = es_session_find(wsi)) < 0) {
 		es_log(rid, "GET", uri, 401, t0, 0, 0);
 		return http_reply_error(wsi, 401, "unauthorized",
@@ -734,7 +698,7 @@ int edge_status_body(struct lws *wsi, struct edge_status_req **sr,
 /* edge_status_body_done: see status.h. */
 int edge_status_body_done(struct lws *wsi, struct edge_status_req **sr)
 {
-	if (*sr == NULL || (*sr)->pending > 0 || (*sr)->ready)
+	if (*sr == NULL || (*sr)->kind == ES_DATA || (*sr)->pending > 0 || (*sr)->ready)
 		return 0;
 	return es_post_go(wsi, sr);
 }
@@ -774,30 +738,4 @@ void edge_status_closed(struct edge_status_req **sr)
 	r->rxg = NULL;
 	if (r->pending == 0)
 		es_req_free(r);
-}
-
-/* edge_status_note: see status.h. */
-void edge_status_note(const struct edge_access *a)
-{
-	struct es_op *o;
-	struct timespec ts;
-
-	if (a->sbx == NULL || a->sbx[0] == '\0')
-		return; /* not an operation on a sandbox */
-	o = &es_ring[es_ring_n++ % ES_RING];
-	memset(o, 0, sizeof(*o));
-	clock_gettime(CLOCK_REALTIME, &ts);
-	o->at_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-	snprintf(o->rid, sizeof(o->rid), "%s", a->rid ? a->rid : "");
-	snprintf(o->method, sizeof(o->method), "%s", a->method ? a->method : "");
-	snprintf(o->path, sizeof(o->path), "%s", a->path ? a->path : "");
-	snprintf(o->sbx, sizeof(o->sbx), "%s", a->sbx);
-	o->status = a->status;
-	snprintf(o->decision, sizeof(o->decision), "%s",
-	         a->decision && a->decision[0] ? a->decision :
-	         a->generation > 0 ? "allow" : "");
-	snprintf(o->reason, sizeof(o->reason), "%s", a->reason ? a->reason : "");
-	snprintf(o->result, sizeof(o->result), "%s", a->result ? a->result : "");
-	o->rebuilt = a->rebuilt;
-	o->generation = a->generation;
 }

@@ -34,9 +34,6 @@ int edge_status_body(struct lws *wsi, struct edge_status_req **sr,
 int edge_status_body_done(struct lws *wsi, struct edge_status_req **sr);
 int edge_status_writable(struct lws *wsi, struct edge_status_req **sr);
 void edge_status_closed(struct edge_status_req **sr);
-/* edge_status_note: one access record for the page's ring of recent
- * operations and admission decisions (called by edge_access_log). */
-void edge_status_note(const struct edge_access *a);
 
 /* The page's static parts (src/edge/status_page.c). */
 extern const char edge_status_html[];  /* the status page */

@@ -8,9 +8,12 @@ names, then writes the DOM (OUT.html) and a screenshot (OUT.png).
 Chromium is driven over the DevTools protocol with --remote-debugging-pipe
 (JSON messages separated by NUL bytes on fds 3 and 4: no WebSocket needed).
 
-usage: status_browser.py CHROMIUM URL KEY OUT WAIT_FOR... (each WAIT_FOR
-a string the rendered page must contain); exit 0 when all appeared
-within 30 s, 1 otherwise (the DOM and screenshot are written either way).
+usage: status_browser.py CHROMIUM URL KEY OUT WAIT_FOR... [--then CMD]
+(each WAIT_FOR a string the rendered page must contain); with --then,
+once they are there, CMD runs (sh -c) and what it prints (stripped) must
+appear too without a reload: the page refreshes itself. Exit 0 when all
+appeared within 30 s each, 1 otherwise (the DOM and screenshot are
+written either way, after the last wait).
 """
 import base64
 import fcntl
@@ -90,7 +93,10 @@ class Browser:
 
 def main():
     exe, url, key, out = sys.argv[1:5]
-    wants = sys.argv[5:]
+    wants, then = sys.argv[5:], None
+    if "--then" in wants:
+        then = wants[wants.index("--then") + 1]
+        wants = wants[:wants.index("--then")]
     profile = tempfile.mkdtemp(prefix="tt-chromium.")
     b = Browser(exe, profile)
     ok = False
@@ -122,9 +128,19 @@ def main():
         else:
             js("document.getElementById('key').value = %s;"
                "document.getElementById('login').submit(); true" % json.dumps(key))
-            cond = " && ".join("document.body.innerText.includes(%s)" % json.dumps(w)
-                               for w in wants) or "true"
-            ok = until("!!document.getElementById('workers') && (" + cond + ")", 30)
+            def has(ws):
+                return " && ".join("document.body.innerText.includes(%s)" % json.dumps(w)
+                                   for w in ws) or "true"
+            ok = until("!!document.getElementById('workers') && (" + has(wants) + ")", 30)
+            if ok and then:
+                loads = js("performance.getEntriesByType('navigation').length")
+                new = subprocess.run(["sh", "-c", then], capture_output=True,
+                                     text=True, timeout=60).stdout.strip()
+                ok = bool(new) and until(has([new]), 30)
+                # the same document: no navigation happened in between
+                ok = ok and js("performance.getEntriesByType('navigation').length") == loads
+                if not ok:
+                    print("the page did not show %r by itself" % new, file=sys.stderr)
         time.sleep(0.3)
         html = js("document.documentElement.outerHTML") or ""
         cookie = js("document.cookie")

@@ -164,9 +164,9 @@ if [ -z "$CHROMIUM" ]; then
 	notok "chromium is installed (scripts/deps.sh)" "no chromium on PATH"
 else
 	out=$(timeout 120 python3 "$ROOT/tests/integration/status_browser.py" "$CHROMIUM" "$EDGE" "$KEY" \
-		"$WORK/page" w1 w2 "$A" "migrate $A w1 → w2" 2>"$WORK/browser.err")
+		"$WORK/page" w1 w2 "$A" "migrate $A w1 → w2" --then "$T create --worker w1" 2>"$WORK/browser.err")
 	rc=$?
-	expect "Chromium: a real login through the form, then the page renders both workers and the migration" \
+	expect "Chromium: a real login through the form, the page renders both workers and the migration, then a new sandbox without a reload" \
 		'[ $rc = 0 ] && echo "$out" | jget "d[\"ok\"], d[\"location\"]" | grep -qx "(True, ./.)"' \
 		"rc=$rc $out $(cat "$WORK/browser.err")"
 	expect "the DOM holds worker-w1, worker-w2, sandbox-A and the migrate event" \

@@ -139,7 +139,7 @@ const char edge_status_js[] =
 	"      if (e.op === \"migrate\") what += e.from + \" \\u2192 \" + e.to;\n"
 	"      else what += \"on \" + e.to;\n"
 	"      what += \", generation \" + e.generation + \": \" + e.result;\n"
-	"      if (e.duration_s) what += \" in \" + e.duration_s.toFixed(2) + \" s\";\n"
+	"      if (e.duration_s) what += \" in \" + (e.duration_s < 1 ? Math.round(e.duration_s * 1000) + \" ms\" : e.duration_s.toFixed(2) + \" s\");\n"
 	"      li.appendChild(el(\"span\", what, \"what\"));\n"
 	"      if (e.error) li.appendChild(el(\"span\", e.error, \"error\"));\n"
 	"      nl.appendChild(li);\n"

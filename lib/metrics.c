@@ -11,23 +11,25 @@
 #define METRICS_MAX     256
 #define METRICS_NAME    96
 #define METRICS_LABELS  160
-#define METRICS_BUCKETS 5
+#define METRICS_BUCKETS 7
 
-/* Upper bounds (µs) of the latency buckets; +Inf is the count. */
+/* Upper bounds (µs) of the latency buckets; +Inf is the count. 10 s and
+ * 60 s are there for the lifecycle durations (a migrate takes seconds). */
 static const uint64_t metrics_bounds_us[METRICS_BUCKETS] = {
-	100, 1000, 10000, 100000, 1000000
+	100, 1000, 10000, 100000, 1000000, 10000000, 60000000
 };
 static const char *const metrics_bounds_txt[METRICS_BUCKETS] = {
-	"0.0001", "0.001", "0.01", "0.1", "1"
+	"0.0001", "0.001", "0.01", "0.1", "1", "10", "60"
 };
 
-enum metric_kind { METRIC_COUNTER, METRIC_SUMMARY };
+enum metric_kind { METRIC_COUNTER, METRIC_SUMMARY, METRIC_GAUGE };
 
 struct metric {
 	enum metric_kind kind;
 	char name[METRICS_NAME];
 	char labels[METRICS_LABELS];
 	uint64_t value;                    /* counter value, or sample count */
+	int64_t level;                     /* gauge value */
 	uint64_t sum_us;
 	uint64_t buckets[METRICS_BUCKETS]; /* non-cumulative */
 };
@@ -53,6 +55,8 @@ static const struct metric_doc {
 	  "Control-plane requests refused as malformed." },
 	{ "tether_cp_capabilities_total", "counter",
 	  "Capabilities the control plane issued." },
+	{ "tether_cp_events_total", "counter",
+	  "Lifecycle events recorded for GET /v1/events, by event." },
 	{ "tether_cp_feed_parked_total", "counter",
 	  "Feed long polls parked until an update or their timeout." },
 	{ "tether_cp_feed_refused_total", "counter",
@@ -61,6 +65,8 @@ static const struct metric_doc {
 	  "Forced resumes (failover from the last complete snapshot)." },
 	{ "tether_cp_late_snapshots_total", "counter",
 	  "Pause answers recorded after their pause had failed." },
+	{ "tether_cp_lifecycle_duration_seconds", "histogram",
+	  "Create, pause, resume and migrate durations, from the call to the worker's ack, by op and result." },
 	{ "tether_cp_lifecycle_failed_total", "counter",
 	  "Creates, pauses and resumes that failed." },
 	{ "tether_cp_pauses_total", "counter",
@@ -73,6 +79,8 @@ static const struct metric_doc {
 	  "Control-plane requests answered." },
 	{ "tether_cp_resumes_total", "counter",
 	  "Resumes the control plane began." },
+	{ "tether_cp_sandboxes", "gauge",
+	  "Sandboxes the control plane records, by state (read from its database at scrape time)." },
 	{ "tether_cp_sandboxes_created_total", "counter",
 	  "Sandboxes created." },
 	{ "tether_cp_sign_seconds", "histogram",
@@ -81,12 +89,16 @@ static const struct metric_doc {
 	  "Time calls waited for a sandbox transition to end." },
 	{ "tether_cp_transition_waits_total", "counter",
 	  "Calls that waited for a sandbox transition." },
+	{ "tether_cp_workers", "gauge",
+	  "Registered workers, by state (up, stopping, down), at scrape time." },
 	{ "tether_edge_cap_fetch_total", "counter",
 	  "Capability fetches from the control plane at the edge, by why." },
 	{ "tether_edge_capcache_total", "counter",
 	  "Edge route-cache lookups, by result." },
 	{ "tether_edge_connect_retries_total", "counter",
 	  "Edge retries of a next hop that refused the connection, by target." },
+	{ "tether_edge_decisions_total", "counter",
+	  "Admission decisions the edge saw from receivers, by receiver, decision and reason." },
 	{ "tether_edge_exec_streams_total", "counter",
 	  "Streamed execs at the edge, by how they ended." },
 	{ "tether_edge_not_repeated_total", "counter",
@@ -105,6 +117,12 @@ static const struct metric_doc {
 	  "Edge requests answered, by kind and status." },
 	{ "tether_edge_route_repair_duration_seconds", "histogram",
 	  "Time from a RefreshRoute to the rebuilt attempt's answer." },
+	{ "tether_edge_status_logins_total", "counter",
+	  "Status page logins, by result." },
+	{ "tether_edge_status_sessions", "gauge",
+	  "Status page sessions held by the edge now." },
+	{ "tether_edge_streams_open", "gauge",
+	  "Exec streams open at the edge now." },
 	{ "tether_edge_upstream_failures_total", "counter",
 	  "Edge requests whose next hop failed, by upstream." },
 	{ "tether_feed_refused_total", "counter",
@@ -131,6 +149,8 @@ static const struct metric_doc {
 	  "Node-api request latency, by route." },
 	{ "tether_node_requests_total", "counter",
 	  "Node-api requests answered, by route and status." },
+	{ "tether_node_streams_open", "gauge",
+	  "Exec streams open at node-api now." },
 	{ "tether_streams_cancelled_total", "counter",
 	  "Streams cancelled because their identity epoch changed (SPEC 6)." },
 };
@@ -192,6 +212,24 @@ void metrics_add(const char *name, const char *labels, uint64_t n)
 		m->value += n;
 }
 
+/* metrics_gauge_set: gauge = v. */
+void metrics_gauge_set(const char *name, const char *labels, int64_t v)
+{
+	struct metric *m = metrics_find(name, labels, METRIC_GAUGE);
+
+	if (m != NULL)
+		m->level = v;
+}
+
+/* metrics_gauge_add: gauge += delta (delta may be negative). */
+void metrics_gauge_add(const char *name, const char *labels, int64_t delta)
+{
+	struct metric *m = metrics_find(name, labels, METRIC_GAUGE);
+
+	if (m != NULL)
+		m->level += delta;
+}
+
 /* metrics_observe_us: one latency sample into count, sum and its bucket. */
 void metrics_observe_us(const char *name, const char *labels, uint64_t us)
 {
@@ -245,7 +283,8 @@ static void metrics_render_one(FILE *f, size_t first)
 
 	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", m0->name,
 	        d ? d->help : "(not in the list of lib/metrics.c)", m0->name,
-	        m0->kind == METRIC_COUNTER ? "counter" : "histogram");
+	        m0->kind == METRIC_COUNTER ? "counter" :
+	        m0->kind == METRIC_GAUGE ? "gauge" : "histogram");
 	for (size_t i = first; i < metrics_used; i++) {
 		const struct metric *m = &metrics_tab[i];
 		uint64_t cum = 0;
@@ -254,6 +293,11 @@ static void metrics_render_one(FILE *f, size_t first)
 			continue;
 		if (m->kind == METRIC_COUNTER) {
 			snprintf(v, sizeof(v), "%" PRIu64, m->value);
+			metrics_series(f, m->name, "", m->labels, NULL, v);
+			continue;
+		}
+		if (m->kind == METRIC_GAUGE) {
+			snprintf(v, sizeof(v), "%" PRId64, m->level);
 			metrics_series(f, m->name, "", m->labels, NULL, v);
 			continue;
 		}

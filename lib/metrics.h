@@ -10,6 +10,10 @@
  * text such as "decision=\"deny\",reason=\"expired\"" or NULL. */
 void metrics_inc(const char *name, const char *labels);
 void metrics_add(const char *name, const char *labels, uint64_t n);
+/* metrics_gauge_set / metrics_gauge_add: a gauge name{labels} set to v,
+ * or moved by delta (a level: sandboxes by state, streams open). */
+void metrics_gauge_set(const char *name, const char *labels, int64_t v);
+void metrics_gauge_add(const char *name, const char *labels, int64_t delta);
 /* metrics_observe_us: records one latency sample (count, sum and a few
  * fixed buckets) under name{labels}. */
 void metrics_observe_us(const char *name, const char *labels, uint64_t us);

@@ -22,6 +22,7 @@
 #pragma weak cli_watch
 #pragma weak cli_expose
 #pragma weak cli_keys
+#pragma weak cli_logs
 
 struct verb {
 	const char *name;
@@ -45,6 +46,7 @@ static const struct verb verbs[] = {
 	{ "watch", cli_watch, "watch ID PATH\tfile events under PATH" },
 	{ "expose", cli_expose, "expose ID PORT [--proto http|tcp]\tthe gateway address for a sandbox port" },
 	{ "keys", cli_keys, "keys [--json]\tthe cluster's public keys (k4.public), for cap inspect --key" },
+	{ "logs", cli_logs, "logs [--state DIR] [-f|--follow] [-n N] [ROLE...]\tthe cluster's log files (tether up), merged by time or one role's; -f follows" },
 	{ "admin", cli_admin, "admin rotate-keys [--json] | admin keys\trotate the capability signing key (admin key); show the key bundle" },
 	{ "cap", cli_cap, "cap ID [--purpose control|port] [--ops a,b] [--port P --proto tcp|http]\t"
 	                  "issue a capability token (JSON)\n"

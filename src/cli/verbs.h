@@ -21,6 +21,7 @@ int cli_shell(int argc, char **argv);
 int cli_watch(int argc, char **argv);
 int cli_expose(int argc, char **argv);
 int cli_keys(int argc, char **argv);
-int cli_admin(int argc, char **argv);  /* admin rotate-keys | admin keys */
+int cli_admin(int argc, char **argv);
+int cli_logs(int argc, char **argv);   /* the cluster's log files */  /* admin rotate-keys | admin keys */
 
 #endif

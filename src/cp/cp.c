@@ -18,6 +18,7 @@
 #include "claims.h"
 #include "cleanup.h"
 #include "cp/cp.h"
+#include "cp/events.h"
 #include "keyring.h"
 #include "log.h"
 #include "metrics.h"
@@ -306,6 +307,7 @@ static int cp_create(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	log_info("sandbox %s: install gen 1 on %s (rev %lld) for %s", id,
 	         pk.best, (long long)rev, s->caller);
 	metrics_inc("tether_cp_sandboxes_created_total", NULL);
+	cp_events_begin(&sb, "create", 1, pk.best);
 	feed_wake(cp, pk.best);
 	return feed_wait_ack(cp, s, wsi, &(struct cp_waitspec){
 	        .what = CP_WAIT_CREATE, .worker = pk.best, .rev = rev,
@@ -656,6 +658,7 @@ void cp_op_fail(struct cp *cp, const struct cp_sandbox *sb, const char *why)
 	         sb->id, (unsigned long long)sb->generation, cp_op_name(sb),
 	         sb->worker, why, (long long)rrev);
 	metrics_inc("tether_cp_lifecycle_failed_total", NULL);
+	cp_events_check(cp, sb->id);
 	feed_wake(cp, sb->worker);
 	feed_settled(cp, sb->id);
 }
@@ -854,6 +857,7 @@ int cp_resume_begin(struct cp *cp, const struct cp_sandbox *sb,
 	         sb->id, (unsigned long long)out->generation, pk.best, snap.key,
 	         (long long)out->rev);
 	metrics_inc("tether_cp_resumes_total", NULL);
+	cp_events_begin(sb, "resume", out->generation, pk.best);
 	feed_wake(cp, pk.best);
 	return 0;
 }
@@ -887,6 +891,7 @@ int cp_pause_begin(struct cp *cp, const struct cp_sandbox *sb,
 	log_info("sandbox %s: pause gen %llu on %s (rev %lld)", sb->id,
 	         (unsigned long long)sb->generation, sb->worker, (long long)*rev);
 	metrics_inc("tether_cp_pauses_total", NULL);
+	cp_events_begin(sb, "pause", sb->generation, migrate_to);
 	feed_wake(cp, sb->worker);
 	return 0;
 }
@@ -1397,6 +1402,7 @@ static int cp_ack(struct cp *cp, struct lws *wsi, json_t *body)
 		 * is idempotent (each step checks the state it moves from). */
 		if ((rc = cp_ack_apply(cp, worker, up, cp_ack_result(results, r), &err)) < 0)
 			break;
+		cp_events_check(cp, json_string_value(json_object_get(up, "sandbox")));
 	}
 	json_decref(ups);
 	if (rc == 0)
@@ -1423,6 +1429,7 @@ int cp_dispatch(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	if (strcmp(p, "/healthz") == 0)
 		return http_reply_json(wsi, 200, json_pack("{s:b}", "ok", 1));
 	if (strcmp(p, "/metrics") == 0) {
+		cp_events_gauges(cp); /* sandboxes and workers by state, now */
 		_cleanup_free_ char *txt = metrics_render();
 
 		if (txt == NULL)
@@ -1464,6 +1471,8 @@ int cp_dispatch(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 		return cp_workers(cp, wsi);
 	if (strcmp(p, "/v1/keys") == 0 && !strcmp(m, "GET"))
 		return cp_keys(cp, wsi);
+	if (strcmp(p, "/v1/events") == 0 && !strcmp(m, "GET"))
+		return cp_events_get(wsi);
 	if (strcmp(p, "/v1/admin/rotate-keys") == 0 && !strcmp(m, "POST"))
 		return cp_rotate_start(cp, s, wsi);
 	if (strcmp(p, "/v1/admin/keys") == 0 && !strcmp(m, "GET"))

@@ -36,6 +36,7 @@
 #include "curlonce.h"
 #include "edge/edge_int.h"
 #include "edge/routes.h"
+#include "edge/status.h"
 #include "edge/ws.h"
 #include "http.h"
 #include "log.h"
@@ -143,6 +144,7 @@ struct pss {
 	struct xreq *x;
 	int draining;
 	uint64_t drained;
+	struct edge_status_req *st; /* the status page's (src/edge/status.c) */
 };
 
 static int edge_stop_signal;
@@ -171,7 +173,7 @@ static void xreq_log(struct xreq *x, long status)
 	if (x->logged)
 		return;
 	x->logged = 1;
-	access_log(&a);
+	edge_access_log(&a);
 }
 
 /* bytes_append: appends; -1 when out of memory. */
@@ -736,8 +738,9 @@ static void node_retry(struct xreq *x, CURL *easy, const char *why)
 	                                               : "tether_edge_read_retries_total",
 	            NULL);
 	metrics_inc("tether_edge_rebuilt_attempts_total", labels);
+	/* (why ?: gcc -O1 with UBSan sees a null path after the strcmps) */
 	log_info("%s for %s (generation %" PRIu64 "): rebuilding the request once",
-	         why, x->sbx, x->rt.gen);
+	         why ? why : "?", x->sbx, x->rt.gen);
 	x->retried = 1;
 	x->refreshed = strcmp(why, "refresh_route") == 0;
 	x->reject_us = now_us();
@@ -1121,7 +1124,8 @@ static int route(struct xreq *x)
 
 	if (strcmp(x->path, "/v1/sandboxes") == 0)
 		return (strcmp(m, "GET") == 0 || strcmp(m, "POST") == 0) ? 0 : 405;
-	if (strcmp(x->path, "/v1/workers") == 0 || strcmp(x->path, "/v1/keys") == 0)
+	if (strcmp(x->path, "/v1/workers") == 0 || strcmp(x->path, "/v1/keys") == 0 ||
+	    strcmp(x->path, "/v1/events") == 0)
 		return strcmp(m, "GET") == 0 ? 0 : 405;
 	if (strcmp(x->path, "/v1/admin/rotate-keys") == 0) /* the cp checks admin */
 		return strcmp(m, "POST") == 0 ? 0 : 405;
@@ -1364,6 +1368,7 @@ static int edge_cb(struct lws *wsi, enum lws_callback_reasons reason,
 {
 	struct pss *pss = user;
 	struct edge *e = lws_context_user(lws_get_context(wsi));
+	int rc;
 
 	switch (reason) {
 	case LWS_CALLBACK_HTTP:
@@ -1373,20 +1378,30 @@ static int edge_cb(struct lws *wsi, enum lws_callback_reasons reason,
 			xreq_detach(pss->x);
 			pss->x = NULL;
 		}
+		edge_status_closed(&pss->st);
+		if ((rc = edge_status_http(wsi, &pss->st, method_of(wsi), in)) !=
+		    EDGE_STATUS_NOT_MINE)
+			return rc;
 		return edge_http(wsi, pss, e, in);
 	case LWS_CALLBACK_HTTP_BODY:
 		if (pss->draining) {
 			pss->drained += len;
 			return pss->drained > HTTP_DRAIN_MAX ? -1 : 0;
 		}
+		if (pss->st != NULL)
+			return edge_status_body(wsi, &pss->st, in, len);
 		return edge_body(wsi, pss->x, in, len);
 	case LWS_CALLBACK_HTTP_BODY_COMPLETION:
 		if (pss->draining) { /* answered and drained: keep-alive again */
 			pss->draining = 0;
 			return lws_http_transaction_completed(wsi) ? -1 : 0;
 		}
+		if (pss->st != NULL)
+			return edge_status_body_done(wsi, &pss->st);
 		return edge_body_done(pss->x);
 	case LWS_CALLBACK_HTTP_WRITEABLE:
+		if (pss->st != NULL)
+			return edge_status_writable(wsi, &pss->st);
 		if (pss->x == NULL)
 			return 0;
 		return edge_write(wsi, pss, pss->x);
@@ -1396,6 +1411,8 @@ static int edge_cb(struct lws *wsi, enum lws_callback_reasons reason,
 			xreq_detach(pss->x);
 			pss->x = NULL;
 		}
+		if (pss != NULL)
+			edge_status_closed(&pss->st);
 		return 0;
 	default: /* upgrades refused, bounds, HTTP/2 (lib/http.h) */
 		return http_callback_default(wsi, reason, user, in, len);
@@ -1486,6 +1503,7 @@ int edge_main(int argc, char **argv)
 		return 1;
 	}
 	edgews_setup(e.hc, e.cp_url, e.routes);
+	edge_status_setup(e.loop, e.hc, e.cp_url);
 	/* a client, its backend transfer and an rxguard dup */
 	http_server_set_fds_per_conn(3);
 	e.ctx = http_server_new(e.loop, host, port, edge_protocols, &e, &err);

@@ -60,5 +60,13 @@ void edge_cap_request(CURL *c, const char *cp_url, const char *sbx,
 /* One answered request (or ended stream) as the access log records it
  * (src/edge/access.c; docs/CLI.md "Logs"). Strings borrowed; NULL or ""
  * leaves a field out. */
+/* edge_access_log: one access line for a (lib/access.h), noted in the
+ * ring of recent operations the status page shows, its decision counted
+ * (tether_edge_decisions_total). */
+void edge_access_log(const struct tt_access *a);
+/* edge_access_recent: the last operations on a sandbox the access log
+ * recorded (at most 64), newest first, as the status page's JSON array
+ * (caller owns it). */
+json_t *edge_access_recent(void);
 
 #endif

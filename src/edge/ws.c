@@ -172,6 +172,7 @@ static void ews_maybe_free(struct edgews *x)
 	edge_route_clear(&x->rt);
 	sodium_memzero(x->auth, sizeof(x->auth));
 	free(x);
+	metrics_gauge_add("tether_edge_streams_open", "kind=\"exec\"", -1);
 }
 
 /* ews_backend_drop: lets go of the current backend connection (it is
@@ -220,7 +221,7 @@ static void ews_log(struct edgews *x, const char *result)
 		return;
 	x->logged = true;
 	snprintf(path, sizeof(path), "/v1/sandboxes/%s/exec/ws", x->sbx);
-	access_log(&a);
+	edge_access_log(&a);
 }
 
 /* ews_close_client: the client is closed with code (and reason) once what
@@ -695,6 +696,7 @@ static int ews_filter(struct lws *wsi, struct edgews_pss *pss)
 	x->deadline_us = x->t0_us + (uint64_t)x->wait_s * 1000000u;
 	http_request_id(wsi, x->rid);
 	pss->x = x;
+	metrics_gauge_add("tether_edge_streams_open", "kind=\"exec\"", 1);
 	return 0;
 }
 

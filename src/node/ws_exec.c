@@ -76,6 +76,7 @@ static void wsx_free(struct wsexec *x)
 	free(x->start);
 	sodium_memzero(x->token, sizeof(x->token));
 	free(x);
+	metrics_gauge_add("tether_node_streams_open", "kind=\"exec\"", -1);
 }
 
 /* wsx_queue: queues one server message (copied) and asks for a write. */
@@ -453,6 +454,7 @@ int wsexec_callback(struct lws *wsi, enum lws_callback_reasons reason,
 		memcpy(x->token, tok, sizeof(x->token));
 		sodium_memzero(tok, sizeof(tok));
 		pss->x = x;
+		metrics_gauge_add("tether_node_streams_open", "kind=\"exec\"", 1);
 		return 0;
 	case LWS_CALLBACK_ESTABLISHED:
 		if (pss == NULL || pss->x == NULL)

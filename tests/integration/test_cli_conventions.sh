@@ -283,7 +283,7 @@ expect "... and node-api logged both attempts under its request id: the refusal 
 	'[ "$(echo "$nrec" | decisions)" = "200 - 409 refresh_route" ]' "$nrec"
 
 # ---- metrics: every name in the one table and in docs/METRICS.md, HELP + TYPE ----
-used=$(grep -rhoE 'metrics_(inc|add|observe_us)\("tether_[a-z_]+"|"tether_[a-z_]+_total"' "$ROOT/src" "$ROOT/lib" |
+used=$(grep -rhoE 'metrics_(inc|add|observe_us|gauge_set|gauge_add)\("tether_[a-z_]+"|"tether_[a-z_]+_total"' "$ROOT/src" "$ROOT/lib" |
 	grep -oE 'tether_[a-z_]+' | sort -u)
 table=$(sed -n '/^} metrics_docs\[\] = {/,/^};/p' "$ROOT/lib/metrics.c" | grep -oE '"tether_[a-z_]+"' | tr -d '"' | sort -u)
 missing=$(comm -23 <(echo "$used") <(echo "$table"))

@@ -641,6 +641,9 @@ static void test_metrics(void **state)
 	metrics_observe_us("tt_test_seconds", NULL, 50);
 	metrics_observe_us("tt_test_seconds", NULL, 5000);
 	metrics_observe_us("tt_test_seconds", NULL, 5000000);
+	metrics_gauge_set("tt_test_level", "state=\"up\"", 5);
+	metrics_gauge_add("tt_test_level", "state=\"up\"", -7);
+	metrics_gauge_add("tt_test_level", "state=\"down\"", 1);
 	txt = metrics_render();
 	assert_non_null(txt);
 	assert_non_null(strstr(txt, "# HELP tt_test_total (not in the list"));
@@ -653,6 +656,10 @@ static void test_metrics(void **state)
 	        "tt_test_seconds_bucket{le=\"0.0001\"} 1\n"));
 	assert_non_null(strstr(txt, "tt_test_seconds_bucket{le=\"0.01\"} 2\n"));
 	assert_non_null(strstr(txt, "tt_test_seconds_bucket{le=\"1\"} 2\n"));
+	assert_non_null(strstr(txt, "tt_test_seconds_bucket{le=\"10\"} 3\n"));
+	assert_non_null(strstr(txt, "# TYPE tt_test_level gauge\n"));
+	assert_non_null(strstr(txt, "tt_test_level{state=\"up\"} -2\n"));
+	assert_non_null(strstr(txt, "tt_test_level{state=\"down\"} 1\n"));
 	assert_non_null(strstr(txt, "tt_test_seconds_bucket{le=\"+Inf\"} 3\n"));
 	assert_non_null(strstr(txt, "tt_test_seconds_sum 5.005050\n"));
 	assert_non_null(strstr(txt, "tt_test_seconds_count 3\n"));

@@ -52,7 +52,21 @@ static int64_t rev_of(json_t *v)
 	       ? (int64_t)json_integer_value(v) : -1;
 }
 
-/* feedsig_body_parse: strict JSON, then the four fields. */
+/* feedsig_cpu: see feedsig.h. */
+int64_t feedsig_cpu(json_t *u)
+{
+	json_t *v = json_object_get(u, "cpu");
+
+	if (v == NULL || json_is_null(v))
+		return 0;
+	if (!json_is_integer(v) || json_integer_value(v) < FEEDSIG_CPU_MIN ||
+	    json_integer_value(v) > FEEDSIG_CPU_MAX)
+		return -1;
+	return (int64_t)json_integer_value(v);
+}
+
+/* feedsig_body_parse: strict JSON, then the four fields (and an
+ * install's cpu). */
 json_t *feedsig_body_parse(const char *body, size_t len,
                            struct feedsig_head *h, struct tt_err *err)
 {
@@ -82,6 +96,12 @@ json_t *feedsig_body_parse(const char *body, size_t len,
 		json_decref(o);
 		tt_err_set(err, TT_ERR_MALFORMED, "feed update body needs rev > prev >= 0,"
 		           " a kind and a worker (to)");
+		return NULL;
+	}
+	if (strcmp(kind, "install") == 0 && feedsig_cpu(o) < 0) {
+		json_decref(o);
+		tt_err_set(err, TT_ERR_MALFORMED, "install: cpu must be absent, null or an"
+		           " integer of millicores, %d..%d", FEEDSIG_CPU_MIN, FEEDSIG_CPU_MAX);
 		return NULL;
 	}
 	h->rev = (uint64_t)rev;

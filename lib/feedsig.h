@@ -39,6 +39,13 @@
 #define FEEDSIG_MSG_MAX (8 + 2 * 8 + sizeof(FEEDSIG_DOMAIN) + FEEDSIG_BODY_MAX)
 #define FEEDSIG_DIGEST_BYTES 32
 #define FEEDSIG_SEEN_MAX 1024  /* revisions whose digest a manager keeps */
+/* An install's optional "cpu": the sandbox's CPU cap in millicores (1000 =
+ * one CPU), as POST /v1/sandboxes took it (docs/API.md); absent or null =
+ * the worker's own default (--cpu-millis). Any other value, or one out of
+ * these bounds, makes the body malformed: the signer does not sign it and
+ * the manager refuses it. */
+#define FEEDSIG_CPU_MIN 100
+#define FEEDSIG_CPU_MAX 64000
 
 /* The fields of a body the rules look at. */
 struct feedsig_head {
@@ -72,10 +79,16 @@ int feedsig_message(const uint8_t *body, size_t len, uint8_t *out, size_t cap,
                     size_t *out_len);
 
 /* feedsig_body_parse: body's JSON (new reference) when it is well formed
- * as above (rev, prev, kind, to); NULL + err otherwise. The signer runs
- * it before signing, the receiver after verifying. */
+ * as above (rev, prev, kind, to; an install's cpu within its bounds);
+ * NULL + err otherwise. The signer runs it before signing, the receiver
+ * after verifying. */
 json_t *feedsig_body_parse(const char *body, size_t len,
                            struct feedsig_head *h, struct tt_err *err);
+
+/* feedsig_cpu: an install's "cpu" (u: the update): 0 when absent or
+ * null, the millicores when an integer within FEEDSIG_CPU_MIN..MAX, else
+ * -1. */
+int64_t feedsig_cpu(json_t *u);
 
 /* feedsig_init: a verifier for worker with the k4.public feed key. */
 int feedsig_init(struct feedsig_state *st, const char *k4_public,

@@ -28,23 +28,56 @@ static int has_flag(int argc, char **argv, const char *flag)
 	return 0;
 }
 
-/* cli_create: create [--worker W]; prints the new sandbox id. */
+/* cpu_arg: --cpu's value, millicores: digits only, > 0 (the control
+ * plane checks its bounds and says them); 0 when it is not that. */
+static uint32_t cpu_arg(const char *s)
+{
+	char *end = NULL;
+	unsigned long long v;
+
+	if (s[0] < '0' || s[0] > '9')
+		return 0;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	return errno != 0 || *end != '\0' || v > UINT32_MAX ? 0 : (uint32_t)v;
+}
+
+/* cpu_refuse: the usage error for a --cpu value that is not millicores
+ * (a number of CPUs, docker's --cpus, gets its translation). */
+static int cpu_refuse(const char *s)
+{
+	char *end = NULL;
+	double cpus = strtod(s, &end);
+
+	if (end != s && *end == '\0' && strchr(s, '.') != NULL && cpus > 0 && cpus < 1000)
+		return cli_fail("create: --cpu takes millicores: %s CPU is --cpu %.0f", s,
+		                cpus * 1000);
+	return cli_fail("create: --cpu takes a whole number of millicores (1000 = one "
+	                "CPU, 250 = a quarter), not '%s'", s);
+}
+
+/* cli_create: create [--worker W] [--cpu N]; prints the new sandbox id. */
 int cli_create(int argc, char **argv)
 {
-	const char *worker = NULL;
+	static const char usage[] = "usage: tether create [--worker W] [--cpu MILLICORES]";
+	struct tether_create_opts o = { 0 };
 	struct tt_err err = { 0 };
 	struct tether *t;
 	json_t *sbx;
 
 	for (int i = 1; i < argc; i++) {
-		if (strcmp(argv[i], "--worker") == 0 && i + 1 < argc)
-			worker = argv[++i];
-		else
-			return cli_fail("usage: tether create [--worker W]");
+		if (strcmp(argv[i], "--worker") == 0 && i + 1 < argc) {
+			o.worker = argv[++i];
+		} else if (strcmp(argv[i], "--cpu") == 0 && i + 1 < argc) {
+			if ((o.cpu = cpu_arg(argv[++i])) == 0)
+				return cpu_refuse(argv[i]);
+		} else {
+			return cli_fail("%s", usage);
+		}
 	}
 	if ((t = cli_open()) == NULL)
 		return 1;
-	sbx = tether_create(t, worker, &err);
+	sbx = tether_create_with(t, &o, &err);
 	tether_free(t);
 	if (sbx == NULL)
 		return cli_fail("create: %s", err.msg);
@@ -159,6 +192,11 @@ static void info_print(json_t *s)
 	printf("worker:      %s\n", cli_str(s, "worker", "-"));
 	printf("substrate:   %s\n", cli_str(s, "substrate", "-"));
 	printf("activation:  %" JSON_INTEGER_FORMAT "\n", cli_int(s, "activation"));
+	if (json_is_integer(json_object_get(s, "cpu")))
+		printf("cpu:         %" JSON_INTEGER_FORMAT " millicores (%.2f CPU)\n",
+		       cli_int(s, "cpu"), (double)cli_int(s, "cpu") / 1000);
+	else
+		printf("cpu:         the worker's default\n");
 	printf("created_at:  %s\n", cli_str(s, "created_at", "-"));
 	if (json_is_object(snap))
 		printf("snapshot:    generation %" JSON_INTEGER_FORMAT ", %s, taken %s\n",

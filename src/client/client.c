@@ -494,10 +494,20 @@ static char *file_path(struct tether *t, const char *id, const char *path,
 /* tether_create: POST /v1/sandboxes. */
 json_t *tether_create(struct tether *t, const char *worker, struct tt_err *err)
 {
-	json_t *body = worker ? json_pack("{s:s}", "worker", worker) : json_object();
+	return tether_create_with(t, &(struct tether_create_opts){ .worker = worker }, err);
+}
+
+/* tether_create_with: POST /v1/sandboxes with o's fields that are set. */
+json_t *tether_create_with(struct tether *t, const struct tether_create_opts *o,
+                           struct tt_err *err)
+{
+	json_t *body = json_object();
 	json_t *j;
 
-	if (body == NULL) {
+	if (body == NULL ||
+	    (o->worker != NULL && json_object_set_new(body, "worker", json_string(o->worker))) ||
+	    (o->cpu != 0 && json_object_set_new(body, "cpu", json_integer(o->cpu)))) {
+		json_decref(body);
 		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 		return NULL;
 	}

@@ -47,8 +47,19 @@ struct tether;
 struct tether *tether_new(const struct tether_config *cfg, struct tt_err *err);
 void tether_free(struct tether *t);
 
+/* What a create asks (docs/API.md, POST /v1/sandboxes); zero = default. */
+struct tether_create_opts {
+	const char *worker; /* NULL: where the control plane places it */
+	uint32_t cpu;       /* CPU cap in millicores (1000 = one CPU; the cp
+	                     * takes 100..64000); 0: none sent, the worker's
+	                     * default applies */
+};
+
 /* Lifecycle calls return the answer's JSON object (caller decrefs). */
 json_t *tether_create(struct tether *t, const char *worker, struct tt_err *err);
+/* tether_create_with: tether_create with the options in o. */
+json_t *tether_create_with(struct tether *t, const struct tether_create_opts *o,
+                           struct tt_err *err);
 json_t *tether_list(struct tether *t, struct tt_err *err);
 json_t *tether_info(struct tether *t, const char *id, struct tt_err *err);
 json_t *tether_workers(struct tether *t, struct tt_err *err);

@@ -77,12 +77,13 @@ json_t *cp_sandbox_json(struct cp *cp, const struct cp_sandbox *s)
 
 	if (cpdb_worker_get(cp->db, s->worker, &w, &err) <= 0)
 		w.node_url[0] = '\0';
-	o = json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:I,s:s,s:o}", "id", s->id,
+	o = json_pack("{s:s,s:s,s:I,s:s,s:s,s:s,s:I,s:s,s:o,s:o}", "id", s->id,
 	              "state", s->state, "generation", (json_int_t)s->generation,
 	              "worker", s->worker, "substrate", s->substrate,
 	              "pod", s->pod, "activation", (json_int_t)s->activation,
 	              "node_url", w.node_url, "created_at",
-	              cp_time(s->created_at));
+	              cp_time(s->created_at), "cpu",
+	              s->cpu > 0 ? json_integer(s->cpu) : json_null());
 	if (o == NULL)
 		return NULL;
 	if (s->error[0] != '\0')
@@ -265,6 +266,23 @@ static void cp_pick_one(const struct cp_worker *w, void *arg)
 	}
 }
 
+/* cp_body_cpu: the create body's "cpu" into *cpu (0: absent or null, the
+ * worker's default); -1 when it is anything but an integer of millicores
+ * within the feed's bounds (lib/feedsig.h). */
+static int cp_body_cpu(json_t *body, int64_t *cpu)
+{
+	json_t *v = body ? json_object_get(body, "cpu") : NULL;
+
+	*cpu = 0;
+	if (v == NULL || json_is_null(v))
+		return 0;
+	if (!json_is_integer(v) || json_integer_value(v) < FEEDSIG_CPU_MIN ||
+	    json_integer_value(v) > FEEDSIG_CPU_MAX)
+		return -1;
+	*cpu = (int64_t)json_integer_value(v);
+	return 0;
+}
+
 /* cp_create: placement, sandbox row + install update, then wait for the
  * worker's ack (the reply is written by feed.c). */
 static int cp_create(struct cp *cp, struct cp_sess *s, struct lws *wsi,
@@ -276,9 +294,15 @@ static int cp_create(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	char id[TT_SBX_ID_LEN + 1];
 	struct cp_sandbox sb;
 	struct cp_worker w;
-	int64_t rev;
+	int64_t rev, cpu;
 	int rc;
 
+	/* checked before anything is placed: a refusal creates nothing */
+	if (cp_body_cpu(body, &cpu) < 0)
+		return http_reply_error(wsi, 400, "bad_request", "cpu must be an integer "
+		                        "number of millicores, %d..%d (1000 = one CPU), "
+		                        "or null for the worker's default",
+		                        FEEDSIG_CPU_MIN, FEEDSIG_CPU_MAX);
 	if (jw != NULL && !json_is_null(jw)) {
 		const char *wid = json_string_value(jw);
 
@@ -301,11 +325,12 @@ static int cp_create(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	if (pk.best[0] == '\0')
 		return http_reply_error(wsi, 503, "unavailable", "no worker is up");
 	sbx_id_new(id);
-	if (cpdb_sandbox_create(cp->db, id, pk.best, pk.now, &sb, &rev,
+	if (cpdb_sandbox_create(cp->db, id, pk.best, cpu, pk.now, &sb, &rev,
 	                        &err) < 0)
 		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
-	log_info("sandbox %s: install gen 1 on %s (rev %lld) for %s", id,
-	         pk.best, (long long)rev, s->caller);
+	log_info("sandbox %s: install gen 1 on %s (rev %lld, cpu %lld%s) for %s", id,
+	         pk.best, (long long)rev, (long long)cpu, cpu ? "m" : " = default",
+	         s->caller);
 	metrics_inc("tether_cp_sandboxes_created_total", NULL);
 	cp_events_begin(&sb, "create", 1, pk.best);
 	feed_wake(cp, pk.best);

@@ -66,6 +66,9 @@ static const struct {
 	{ "workers", "draining", "draining INTEGER NOT NULL DEFAULT 0" },
 	/* the highest rev a feed answer gave the worker (issue 13) */
 	{ "workers", "sent_rev", "sent_rev INTEGER NOT NULL DEFAULT 0" },
+	/* the CPU cap asked at create, in millicores (issue 13; 0 = the
+	 * worker's default): every install of the sandbox carries it */
+	{ "sandboxes", "cpu", "cpu INTEGER NOT NULL DEFAULT 0" },
 };
 
 /* cpdb_fail: err from the connection's last error; returns -1. */
@@ -510,10 +513,17 @@ int cpdb_feed_append(struct cpdb *db, const char *kind, const char *worker,
 	                                        rev, err), err);
 }
 
+/* cpdb_install_cpu: an install body carries the sandbox's CPU cap when
+ * one was asked (absent: the worker's default; lib/feedsig.h). */
+static int cpdb_install_cpu(json_t *body, int64_t cpu)
+{
+	return cpu > 0 ? json_object_set_new(body, "cpu", json_integer(cpu)) : 0;
+}
+
 /* cpdb_sandbox_create: sandbox row + install update, atomically. */
 int cpdb_sandbox_create(struct cpdb *db, const char *id, const char *worker,
-                        int64_t now, struct cp_sandbox *out, int64_t *rev,
-                        struct tt_err *err)
+                        int64_t cpu, int64_t now, struct cp_sandbox *out,
+                        int64_t *rev, struct tt_err *err)
 {
 	json_t *body;
 	int rc;
@@ -527,19 +537,22 @@ int cpdb_sandbox_create(struct cpdb *db, const char *id, const char *worker,
 	out->activation = 1;
 	out->created_at = now;
 	out->progress_bytes = out->progress_total = -1;
+	out->cpu = cpu;
 	if (cpdb_exec(db, "BEGIN IMMEDIATE", err) < 0)
 		return -1;
 	if (cpdb_change(db, err, "insert sandbox", "INSERT INTO sandboxes(id,state,"
-	                "generation,worker,substrate,pod,activation,created_at)"
-	                " VALUES(?,'starting',1,?,'ns','',1,?)", "tti", id, worker,
-	                now) < 0)
+	                "generation,worker,substrate,pod,activation,created_at,cpu)"
+	                " VALUES(?,'starting',1,?,'ns','',1,?,?)", "ttii", id, worker,
+	                now, cpu) < 0)
 		return cpdb_commit(db, -1, err);
 	body = json_pack("{s:s,s:I,s:s,s:s,s:s,s:I,s:n}", "sandbox", id,
 	                 "generation", (json_int_t)1, "worker", worker,
 	                 "substrate", "ns", "pod", "", "activation",
 	                 (json_int_t)1, "snapshot");
-	if (body == NULL)
+	if (body == NULL || cpdb_install_cpu(body, cpu) < 0) {
+		json_decref(body);
 		return cpdb_commit(db, tt_err_set(err, TT_ERR_NOMEM, "oom"), err);
+	}
 	rc = cpdb_feed_insert(db, "install", worker, body, now, rev, err);
 	json_decref(body);
 	return cpdb_commit(db, rc, err);
@@ -590,12 +603,13 @@ static void cpdb_sandbox_row(sqlite3_stmt *st, void *out)
 	cpdb_text(st, 15, s->resume_on, sizeof(s->resume_on));
 	s->relaunches = sqlite3_column_int64(st, 16);
 	s->relaunch_at = sqlite3_column_int64(st, 17);
+	s->cpu = sqlite3_column_int64(st, 18);
 }
 
 #define CPDB_SBX_COLS "id,state,generation,worker,substrate,pod,activation," \
                       "created_at,error,op_rev,op_at,progress_bytes," \
                       "progress_total,migrate_to,note,resume_on,relaunches," \
-                      "relaunch_at"
+                      "relaunch_at,cpu"
 
 /* cpdb_sandbox_get: one sandbox (deleted ones too: they keep their gen). */
 int cpdb_sandbox_get(struct cpdb *db, const char *id, struct cp_sandbox *out,
@@ -949,9 +963,10 @@ int cpdb_sandbox_resume(struct cpdb *db, const char *id,
 	                 (json_int_t)(cur.activation + (r->reactivate ? 1 : 0)),
 	                 "snapshot", r->snapshot_key, "from_layer",
 	                 r->snapshot_key == NULL);
-	rc = body ? cpdb_feed_insert(db, "install", r->worker, body, now, rev,
-	                             err)
-	          : tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+	/* every execution of the sandbox keeps the cap it was created with */
+	rc = body && cpdb_install_cpu(body, cur.cpu) == 0
+	     ? cpdb_feed_insert(db, "install", r->worker, body, now, rev, err)
+	     : tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 	json_decref(body);
 	if (rc == 0)
 		rc = cpdb_change(db, err, "update", "UPDATE sandboxes SET op_rev=?2"

@@ -70,6 +70,9 @@ struct cp_sandbox {
 	/* relaunches after lost executions within CPDB_RELAUNCH_WINDOW s of
 	 * each other, and when the last one began */
 	int64_t relaunches, relaunch_at;
+	/* the CPU cap asked at create, in millicores (0: none asked, the
+	 * worker's --cpu-millis applies); in every install of the sandbox */
+	int64_t cpu;
 };
 
 #define CPDB_RELAUNCH_WINDOW 600
@@ -132,11 +135,12 @@ int cpdb_worker_load(struct cpdb *db, const char *id, int64_t *n,
                      struct tt_err *err);
 
 /* cpdb_sandbox_create: in one transaction, inserts the sandbox (starting,
- * generation 1, substrate "ns", pod "", activation 1) and its install feed
- * update; *rev is that update's rev. */
+ * generation 1, substrate "ns", pod "", activation 1, its CPU cap cpu in
+ * millicores, 0 = the worker's default) and its install feed update;
+ * *rev is that update's rev. */
 int cpdb_sandbox_create(struct cpdb *db, const char *id, const char *worker,
-                        int64_t now, struct cp_sandbox *out, int64_t *rev,
-                        struct tt_err *err);
+                        int64_t cpu, int64_t now, struct cp_sandbox *out,
+                        int64_t *rev, struct tt_err *err);
 /* cpdb_generation_next: allocates the next generation of sandbox id in a
  * write transaction (for resume/migrate; deleted sandboxes keep counting). */
 int cpdb_generation_next(struct cpdb *db, const char *id, uint64_t *gen,

@@ -89,7 +89,7 @@ static bool layer_held(struct manager *m, const char *sbx)
 
 /* apply_install: install {sandbox,generation,worker,substrate,pod,activation}
  * (+ snapshot: restore it first; + from_layer: relaunch on the layer held
- * here). */
+ * here; + cpu: its CPU cap in millicores, else ours, --cpu-millis). */
 static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_err *err)
 {
 	const char *sbx = update_str(u, "sandbox", TT_SBX_ID_LEN, false);
@@ -102,13 +102,14 @@ static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 	 * an empty one */
 	bool from_layer = json_is_true(json_object_get(u, "from_layer"));
 	uint64_t gen = update_u64(u, "generation"), att = update_u64(u, "activation");
+	int64_t cpu = feedsig_cpu(u); /* bounded by feedsig_open already */
 	const struct rec_exec *cur;
 	struct rec_exec rec = { 0 };
 	struct mgr_exec *ex;
 	int64_t t_put, t_start, t_put2, t_end;
 
 	if (sbx == NULL || !sbx_id_valid(sbx) || wrk == NULL || sst == NULL ||
-	    pod == NULL || gen == 0 || att == 0 || att > UINT32_MAX ||
+	    pod == NULL || gen == 0 || att == 0 || att > UINT32_MAX || cpu < 0 ||
 	    (jsnap != NULL && !json_is_null(jsnap) &&
 	     (snap == NULL || strlen(snap) >= SNAPSTORE_KEY_MAX)))
 		return tt_err_set(err, TT_ERR_MALFORMED, "install: bad or missing fields");
@@ -135,6 +136,7 @@ static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 	snprintf(rec.id.pod, sizeof(rec.id.pod), "%s", pod);
 	rec.id.gen = gen;
 	rec.id.att = (uint32_t)att;
+	rec.cpu_millis = (uint32_t)cpu;
 	rec.epoch = cur ? cur->epoch + 1 : 1;
 	/* A fresh sandbox takes the spare sandbox's slot (and so the spare);
 	 * any other slot must avoid it. */
@@ -176,9 +178,10 @@ static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 	}
 	t_end = mgr_now_us();
 	log_info("installed %s generation %" PRIu64 " activation %" PRIu64
-	         " (init pid %d, bridge pid %d, epoch %" PRIu64 ") in %.2f ms: record "
-	         "%.2f, sandbox %.2f, bridge spawn %.2f, both ready %.2f, record %.2f",
-	         sbx, gen, att, (int)rec.init_pid, (int)rec.bridge_pid, rec.epoch,
+	         " (init pid %d, bridge pid %d, epoch %" PRIu64 ", cpu %" PRIu32 "m%s) in"
+	         " %.2f ms: record %.2f, sandbox %.2f, bridge spawn %.2f, both ready %.2f,"
+	         " record %.2f", sbx, gen, att, (int)rec.init_pid, (int)rec.bridge_pid,
+	         rec.epoch, exec_cpu(m, &rec), rec.cpu_millis ? "" : " by default",
 	         (double)(t_end - t_put) / 1000, (double)(t_start - t_put) / 1000,
 	         (double)ex->launch_us / 1000, (double)ex->spawn_us / 1000,
 	         (double)ex->ready_us / 1000, (double)(t_end - t_put2) / 1000);

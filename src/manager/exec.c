@@ -340,6 +340,12 @@ void exec_cfg(struct manager *m, struct ns_config *cfg, const char *dir,
 	}
 }
 
+/* exec_cpu: see manager_int.h. */
+uint32_t exec_cpu(const struct manager *m, const struct rec_exec *rec)
+{
+	return rec->cpu_millis != 0 ? rec->cpu_millis : m->cpu_millis;
+}
+
 /* exec_runtime_init: see manager_int.h. */
 void exec_runtime_init(struct manager *m, struct mgr_exec *ex)
 {
@@ -365,6 +371,7 @@ struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec,
 	 * after a manager restart the adopted bridge and guest still hold it,
 	 * and any re-activation draws a new one. */
 	uint8_t secret[NS_SECRET_LEN];
+	uint32_t cpu = exec_cpu(m, rec);
 
 	/* A spare launch in flight: its result first, so that the checks
 	 * below see whether a spare holds rec's slot. */
@@ -389,8 +396,11 @@ struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec,
 	hello_adopt_key(secret, rec->id.sbx, rec->id.gen, rec->id.att, ex->adopt_key);
 	t = mgr_now_us();
 	/* The spare sandbox, when it holds this slot (apply_install gave it
-	 * to a fresh create): only its identity and secret are handed over. */
+	 * to a fresh create): only its identity and secret are handed over,
+	 * and its CPU cap rewritten when the install asks another one (it
+	 * has none to rewrite under --cpu-millis 0: not used then). */
 	use_spare = m->spare_sb_on && m->spare_sb_slot == rec->slot &&
+	            (cpu == m->cpu_millis || m->cpu_millis != 0) &&
 	            spare_claim(m, dir, &ex->sb);
 	if (!use_spare) {
 		/* Never two sandboxes in one uid range: a spare we could
@@ -409,8 +419,10 @@ struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec,
 		/* Its tree moved here with it (the agent's socket too). */
 		snprintf(ex->sb.guest_socket, sizeof(ex->sb.guest_socket), "%.4000s/run/guest.sock",
 		         dir);
-		rc = ns_sandbox_assign(&ex->sb, rec->id.sbx, rec->id.gen, rec->id.att, secret,
-		                       err);
+		rc = cpu != m->cpu_millis ? ns_cgroup_set_cpu(&ex->sb, cpu, err) : 0;
+		if (rc == 0)
+			rc = ns_sandbox_assign(&ex->sb, rec->id.sbx, rec->id.gen, rec->id.att,
+			                       secret, err);
 		if (rc < 0)
 			ns_sandbox_stop(&ex->sb, &e2);
 	} else {
@@ -419,6 +431,7 @@ struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec,
 		cfg.att = rec->id.att;
 		cfg.secret = secret;
 		exec_cfg(m, &cfg, dir, rec->slot);
+		cfg.cpu_millis = cpu;
 		/* The guest and its bridge come up side by side: the bridge
 		 * needs only the init's final identity (after exec), not its
 		 * listener. */

@@ -285,6 +285,9 @@ int exec_watch(struct manager *m, struct mgr_exec *ex, struct tt_err *err);
  * closes it) and the clean mount namespace when there are. */
 void exec_cfg(struct manager *m, struct ns_config *cfg, const char *dir,
               uint32_t slot);
+/* exec_cpu: the CPU cap rec runs under, in millicores: the one its
+ * install asked, else ours (--cpu-millis; 0 = none). */
+uint32_t exec_cpu(const struct manager *m, const struct rec_exec *rec);
 /* exec_runtime_init: what every runtime state starts with, started here
  * or adopted after a restart: its owner, a serial never handed out before,
  * and its (empty) pool of bridge connections (NULL when out of memory:

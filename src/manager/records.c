@@ -10,7 +10,7 @@
 
 #include "timefmt.h"
 
-#define RECORDS_SCHEMA_VERSION 2 /* 2: executions.adopt_key */
+#define RECORDS_SCHEMA_VERSION 3 /* 2: executions.adopt_key; 3: .cpu_millis */
 
 /* The store: the database handle plus the committed mirror. The mirror
  * array is owned by the struct and only changed after a COMMIT. */
@@ -31,7 +31,7 @@ static const char *const schema_sql =
 	" slot INTEGER NOT NULL, init_pid INTEGER NOT NULL,"
 	" init_start INTEGER NOT NULL, bridge_pid INTEGER NOT NULL,"
 	" bridge_start INTEGER NOT NULL, updated_at INTEGER NOT NULL,"
-	" adopt_key BLOB);"
+	" adopt_key BLOB, cpu_millis INTEGER NOT NULL DEFAULT 0);"
 	"CREATE TABLE IF NOT EXISTS keys(kid TEXT PRIMARY KEY,"
 	" public BLOB NOT NULL, not_before INTEGER NOT NULL,"
 	" not_after INTEGER NOT NULL);"
@@ -174,8 +174,8 @@ static int load_execs(struct records *db, struct tt_err *err)
 
 	if (sqlite3_prepare_v2(db->db,
 	        "SELECT sbx, gen, wrk, sst, pod, att, retired, epoch, state, slot,"
-	        " init_pid, init_start, bridge_pid, bridge_start, updated_at, adopt_key"
-	        " FROM executions ORDER BY sbx", -1, &st, NULL) != SQLITE_OK)
+	        " init_pid, init_start, bridge_pid, bridge_start, updated_at, adopt_key,"
+	        " cpu_millis FROM executions ORDER BY sbx", -1, &st, NULL) != SQLITE_OK)
 		return db_err(db, err, "prepare");
 	while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
 		struct rec_exec e = { 0 };
@@ -205,6 +205,7 @@ static int load_execs(struct records *db, struct tt_err *err)
 			memcpy(e.adopt_key, sqlite3_column_blob(st, 15), sizeof(e.adopt_key));
 			e.has_adopt_key = true;
 		}
+		e.cpu_millis = (uint32_t)sqlite3_column_int64(st, 16);
 		db->execs[db->n++] = e;
 	}
 	if (rc != SQLITE_DONE) {
@@ -272,16 +273,26 @@ static int load_meta(struct records *db, struct tt_err *err)
 		version = sqlite3_column_int(st, 0);
 	sqlite3_finalize(st);
 	if (version == 0) {
-		if (db_exec(db, "INSERT INTO schema_version(version) VALUES (2)", err) < 0)
+		if (db_exec(db, "INSERT INTO schema_version(version) VALUES (3)", err) < 0)
 			return -1;
 		version = RECORDS_SCHEMA_VERSION;
-	} else if (version == 1) {
+	}
+	if (version == 1) {
 		/* v1 -> v2 (same transaction): executions recorded before have
 		 * no adoption key, so a restarted manager cannot adopt them. */
 		if (db_exec(db, "ALTER TABLE executions ADD COLUMN adopt_key BLOB;"
 		            "UPDATE schema_version SET version = 2", err) < 0)
 			return -1;
 		version = 2;
+	}
+	if (version == 2) {
+		/* v2 -> v3: executions installed before asked no CPU cap of
+		 * their own (the manager's default applied). */
+		if (db_exec(db, "ALTER TABLE executions ADD COLUMN cpu_millis INTEGER"
+		            " NOT NULL DEFAULT 0; UPDATE schema_version SET version = 3",
+		            err) < 0)
+			return -1;
+		version = 3;
 	}
 	if (version != RECORDS_SCHEMA_VERSION)
 		return tt_err_set(err, TT_ERR_INVALID,
@@ -386,8 +397,8 @@ static int db_write_exec(struct records *db, const struct rec_exec *e,
 	if (sqlite3_prepare_v2(db->db,
 	        "INSERT OR REPLACE INTO executions(sbx, gen, wrk, sst, pod, att,"
 	        " retired, epoch, state, slot, init_pid, init_start, bridge_pid,"
-	        " bridge_start, updated_at, adopt_key)"
-	        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", -1, &st, NULL) != SQLITE_OK)
+	        " bridge_start, updated_at, adopt_key, cpu_millis)"
+	        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", -1, &st, NULL) != SQLITE_OK)
 		return db_err(db, err, "prepare");
 	sqlite3_bind_text(st, 1, e->id.sbx, -1, SQLITE_STATIC);
 	sqlite3_bind_int64(st, 2, (sqlite3_int64)e->id.gen);
@@ -408,6 +419,7 @@ static int db_write_exec(struct records *db, const struct rec_exec *e,
 		sqlite3_bind_blob(st, 16, e->adopt_key, (int)sizeof(e->adopt_key), SQLITE_STATIC);
 	else
 		sqlite3_bind_null(st, 16);
+	sqlite3_bind_int64(st, 17, e->cpu_millis);
 	rc = sqlite3_step(st);
 	sqlite3_finalize(st);
 	if (rc != SQLITE_DONE)

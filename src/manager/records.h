@@ -45,6 +45,9 @@ struct rec_exec {
 	 * for executions recorded before schema 2. */
 	uint8_t adopt_key[32];
 	bool has_adopt_key;
+	/* The CPU cap its install asked, in millicores (0: none asked, the
+	 * manager's --cpu-millis applied); schema 3. */
+	uint32_t cpu_millis;
 };
 
 struct records;

@@ -83,7 +83,7 @@ static void test_generation_never_reused(void **state)
 	int64_t rev, rev2;
 	uint64_t gen;
 
-	assert_int_equal(cpdb_sandbox_create(f->db, id, "w1", 100, &sb, &rev,
+	assert_int_equal(cpdb_sandbox_create(f->db, id, "w1", 0, 100, &sb, &rev,
 	                                     &err), 0);
 	assert_int_equal(sb.generation, 1);
 	assert_int_equal(cpdb_generation_next(f->db, id, &gen, &err), 0);
@@ -101,7 +101,7 @@ static void test_generation_never_reused(void **state)
 	assert_int_equal(cpdb_generation_next(f->db, id, &gen, &err), 0);
 	assert_int_equal(gen, 4);
 	/* the same id cannot be created again (it would restart at 1) */
-	assert_int_equal(cpdb_sandbox_create(f->db, id, "w1", 102, &sb, &rev,
+	assert_int_equal(cpdb_sandbox_create(f->db, id, "w1", 0, 102, &sb, &rev,
 	                                     &err), -1);
 	assert_int_equal(cpdb_sandbox_get(f->db, id, &got, &err), 1);
 	assert_int_equal(got.generation, 4);
@@ -284,7 +284,7 @@ static void running_sbx(struct dbfix *f, const char *id, struct cp_sandbox *sb)
 	struct tt_err err = { 0 };
 	int64_t rev;
 
-	assert_int_equal(cpdb_sandbox_create(f->db, id, "w1", 100, sb, &rev,
+	assert_int_equal(cpdb_sandbox_create(f->db, id, "w1", 0, 100, sb, &rev,
 	                                     &err), 0);
 	assert_int_equal(cpdb_sandbox_set_state(f->db, id, "running", NULL,
 	                                        &err), 0);
@@ -583,6 +583,76 @@ static void test_resume_generations(void **state)
 	assert_int_equal(got.generation, 3);
 }
 
+/* install_cpu: the "cpu" of the install update at rev (-1: none). */
+static int64_t install_cpu(struct dbfix *f, int64_t rev)
+{
+	struct tt_err err = { 0 };
+	char kind[16];
+	json_t *u, *v;
+	int64_t cpu;
+
+	assert_int_equal(cpdb_feed_get(f->db, rev, kind, sizeof(kind), &u, &err), 1);
+	assert_string_equal(kind, "install");
+	v = json_object_get(u, "cpu");
+	cpu = v ? (int64_t)json_integer_value(v) : -1;
+	json_decref(u);
+	return cpu;
+}
+
+/* The CPU cap asked at create is stored with the sandbox (across a
+ * restart) and carried in every install of it: the create's, a resume's
+ * from a snapshot, a relaunch's from the layer, a re-activation's; a
+ * sandbox created without one has none in any install. */
+static void test_cpu_carried(void **state)
+{
+	struct dbfix *f = *state;
+	struct tt_err err = { 0 };
+	const char *id = "sbx_dddddddddddddddddddddddddd", *plain = "sbx_eeeeeeeeeeeeeeeeeeeeeeeeee";
+	struct cp_sandbox sb;
+	struct cp_snapshot sn;
+	struct cpdb_record r = { .from = "pausing", .keep_older = 1, .worker = "w1", .now = 300 };
+	int64_t rev, prune_rev = 0;
+	uint64_t g;
+
+	assert_int_equal(cpdb_sandbox_create(f->db, id, "w1", 250, 100, &sb, &rev, &err), 0);
+	assert_int_equal(sb.cpu, 250);
+	assert_int_equal(install_cpu(f, rev), 250);
+	assert_int_equal(cpdb_sandbox_create(f->db, plain, "w1", 0, 100, &sb, &rev, &err), 0);
+	assert_int_equal(install_cpu(f, rev), -1);
+	reopen(f);
+	assert_int_equal(cpdb_sandbox_get(f->db, id, &sb, &err), 1);
+	assert_int_equal(sb.cpu, 250);
+	assert_int_equal(cpdb_sandbox_set_state(f->db, id, "running", NULL, &err), 0);
+	/* migrate: pause, snapshot, resume on w2 */
+	assert_int_equal(cpdb_sandbox_get(f->db, id, &sb, &err), 1);
+	assert_int_equal(cpdb_sandbox_pause(f->db, &sb, "w2", NULL, 200, &rev, &err), 1);
+	sn = snap_of(id, sb.generation);
+	r.gen = sb.generation;
+	r.op_rev = rev;
+	assert_int_equal(cpdb_snapshot_record(f->db, id, &r, &sn, &prune_rev, &err), 1);
+	assert_int_equal(cpdb_sandbox_resume(f->db, id, &(struct cpdb_resume){
+	                 .from = "paused", .gen = 1, .worker = "w2",
+	                 .snapshot_key = sn.key }, 400, &g, &rev, NULL, &err), 1);
+	assert_int_equal(install_cpu(f, rev), 250);
+	/* relaunch from the layer after a lost execution, then a re-activation */
+	assert_int_equal(cpdb_sandbox_set_state(f->db, id, "running", NULL, &err), 0);
+	assert_int_equal(cpdb_sandbox_resume(f->db, id, &(struct cpdb_resume){
+	                 .from = "running", .gen = g, .worker = "w2",
+	                 .note = "relaunched" }, 500, &g, &rev, NULL, &err), 1);
+	assert_int_equal(install_cpu(f, rev), 250);
+	assert_int_equal(cpdb_sandbox_set_state(f->db, id, "running", NULL, &err), 0);
+	assert_int_equal(cpdb_sandbox_resume(f->db, id, &(struct cpdb_resume){
+	                 .from = "running", .gen = g, .worker = "w2",
+	                 .reactivate = 1 }, 600, &g, &rev, NULL, &err), 1);
+	assert_int_equal(install_cpu(f, rev), 250);
+	/* the one without a cap: none in its resume either */
+	assert_int_equal(cpdb_sandbox_set_state(f->db, plain, "running", NULL, &err), 0);
+	assert_int_equal(cpdb_sandbox_resume(f->db, plain, &(struct cpdb_resume){
+	                 .from = "running", .gen = 1, .worker = "w1",
+	                 .note = "relaunched" }, 700, &g, &rev, NULL, &err), 1);
+	assert_int_equal(install_cpu(f, rev), -1);
+}
+
 /* A database made before the lifecycle columns existed opens, gains them
  * with their defaults, and keeps its rows. */
 static void test_migrate_old_schema(void **state)
@@ -607,6 +677,7 @@ static void test_migrate_old_schema(void **state)
 	assert_int_equal(got.generation, 7);
 	assert_int_equal(got.op_rev, 0);
 	assert_int_equal(got.progress_bytes, -1);
+	assert_int_equal(got.cpu, 0); /* no cap asked: the worker's default */
 	reopen(f); /* migrating twice is a no-op */
 	assert_int_equal(cpdb_sandbox_get(f->db, id, &got, &err), 1);
 	assert_string_equal(got.state, "running");
@@ -672,6 +743,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_late_snapshot, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_resume_generations, setup,
 		                                teardown),
+		cmocka_unit_test_setup_teardown(test_cpu_carried, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_migrate_old_schema, setup,
 		                                teardown),
 	};

@@ -255,6 +255,68 @@ static void test_signer_checks(void **state)
 	free(big);
 }
 
+/* install_body: an install body for w1 with cpu_json spliced in ("" =
+ * none), into buf. */
+static const char *install_body(char *buf, size_t cap, const char *cpu_json)
+{
+	snprintf(buf, cap, "{\"rev\":2,\"prev\":1,\"kind\":\"install\",\"to\":\"w1\","
+	         "\"sandbox\":\"sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa\",\"generation\":1%s}",
+	         cpu_json);
+	return buf;
+}
+
+/* test_install_cpu: an install's cpu is signed and opened only within
+ * its bounds (or absent, or null); the same body with a bad cpu is
+ * refused by the signer, and by a receiver when signed anyway. */
+static void test_install_cpu(void **state)
+{
+	static const char *const good[] = { "", ",\"cpu\":null", ",\"cpu\":100",
+	                                    ",\"cpu\":250", ",\"cpu\":64000" };
+	static const char *const bad[] = { ",\"cpu\":99", ",\"cpu\":0", ",\"cpu\":-250",
+	                                   ",\"cpu\":64001", ",\"cpu\":0.5",
+	                                   ",\"cpu\":\"250\"", ",\"cpu\":true",
+	                                   ",\"cpu\":1e400" };
+	char body[512], sig[FEEDSIG_SIG_B64_LEN + 1], msg[FEEDSIG_MSG_MAX];
+	uint8_t raw[64];
+	size_t mlen;
+	struct feedsig_state st;
+	struct tt_err err = { 0 };
+	const char *why;
+	json_t *u;
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+		install_body(body, sizeof(body), good[i]);
+		assert_int_equal(signer_feed_sig(fsk, body, strlen(body), sig, &err), 0);
+		verifier(&st);
+		assert_int_equal(feedsig_open(&st, json_pack("{s:i,s:s,s:s,s:s}", "rev", 2,
+		                 "kind", "install", "body", body, "sig", sig), 1, &u, &why,
+		                 &err), FEEDSIG_APPLY);
+		assert_int_equal(feedsig_cpu(u), i < 2 ? 0 : atoi(good[i] + 7));
+		json_decref(u);
+	}
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		install_body(body, sizeof(body), bad[i]);
+		assert_int_equal(signer_feed_sig(fsk, body, strlen(body), sig, &err), -1);
+		/* signed by the key all the same (a signer without the check):
+		 * the receiver's own parse refuses it */
+		assert_int_equal(feedsig_message((const uint8_t *)body, strlen(body),
+		                                 (uint8_t *)msg, sizeof(msg), &mlen), 0);
+		crypto_sign_detached(raw, NULL, (const uint8_t *)msg, mlen, fsk);
+		sodium_bin2base64(sig, sizeof(sig), raw, sizeof(raw),
+		                  sodium_base64_VARIANT_URLSAFE_NO_PADDING);
+		verifier(&st);
+		assert_int_equal(open_env(&st, json_pack("{s:i,s:s,s:s,s:s}", "rev", 2, "kind",
+		                 "install", "body", body, "sig", sig), 1, &why),
+		                 FEEDSIG_REFUSED);
+		assert_string_equal(why, "malformed");
+	}
+	/* the bound is the install's: another kind's cpu is not looked at */
+	snprintf(body, sizeof(body), "{\"rev\":2,\"prev\":1,\"kind\":\"retire\","
+	         "\"to\":\"w1\",\"cpu\":\"x\"}");
+	assert_int_equal(signer_feed_sig(fsk, body, strlen(body), sig, &err), 0);
+}
+
 /* test_pin: the first key is pinned; the same one is accepted again,
  * another one refused. */
 static void test_pin(void **state)
@@ -286,6 +348,7 @@ int main(void)
 		cmocka_unit_test(test_order),
 		cmocka_unit_test(test_replay),
 		cmocka_unit_test(test_signer_checks),
+		cmocka_unit_test(test_install_cpu),
 		cmocka_unit_test(test_pin),
 	};
 	uint8_t pk[32];

@@ -256,7 +256,8 @@ static void test_isolation(void **state)
 }
 
 /* Memory limit: written to the cgroup, enforced (the hog is killed, a
- * modest allocation passes); stop removes the cgroups. */
+ * modest allocation passes); the cpu cap written, then rewritten; stop
+ * removes the cgroups. */
 static void test_memory_limit(void **state)
 {
 	(void)state;
@@ -272,6 +273,11 @@ static void test_memory_limit(void **state)
 	snprintf(quota, sizeof quota, "%s/cpu.cfs_quota_us", fx->sb.cgroup_cpu);
 	read_file_str(quota, qv, sizeof qv);
 	assert_string_equal(qv, "50000");
+	/* rewritten while it runs (a spare taken with another cap) */
+	struct tt_err cerr = { 0 };
+	assert_int_equal(ns_cgroup_set_cpu(&fx->sb, 250, &cerr), 0);
+	read_file_str(quota, qv, sizeof qv);
+	assert_string_equal(qv, "25000");
 	char val[64], path[PATH_MAX + 32];
 	snprintf(path, sizeof path, "%s/memory.limit_in_bytes", fx->sb.cgroup_memory);
 	read_file_str(path, val, sizeof val);

@@ -349,7 +349,7 @@ static void test_adopt_key_and_v1(void **state)
 	assert_non_null(g);
 	assert_false(g->has_adopt_key);
 	records_close(db);
-	/* Migrated once: the file says schema 2. */
+	/* Migrated once, through 2 to 3: the file says schema 3. */
 	assert_int_equal(sqlite3_open(path, &raw), SQLITE_OK);
 	{
 		sqlite3_stmt *st = NULL;
@@ -357,10 +357,52 @@ static void test_adopt_key_and_v1(void **state)
 		assert_int_equal(sqlite3_prepare_v2(raw, "SELECT version FROM schema_version",
 		                                    -1, &st, NULL), SQLITE_OK);
 		assert_int_equal(sqlite3_step(st), SQLITE_ROW);
-		assert_int_equal(sqlite3_column_int(st, 0), 2);
+		assert_int_equal(sqlite3_column_int(st, 0), 3);
 		sqlite3_finalize(st);
 	}
 	sqlite3_close(raw);
+}
+
+/* test_cpu_and_v2: the CPU cap an install asked survives a reopen (a
+ * manager restart), and a schema-2 store (before it) opens migrated to 3:
+ * its executions asked none (0, the manager's default) and keep their
+ * adoption key; a cap can be stored from then on. */
+static void test_cpu_and_v2(void **state)
+{
+	struct tt_err err = { 0 };
+	struct records *db = NULL;
+	struct rec_exec b = mkexec(SBX_B, 4);
+	const struct rec_exec *g;
+	sqlite3 *raw;
+
+	(void)state;
+	assert_int_equal(sqlite3_open(path, &raw), SQLITE_OK);
+	assert_int_equal(sqlite3_exec(raw,
+		"CREATE TABLE schema_version(version INTEGER NOT NULL);"
+		"INSERT INTO schema_version(version) VALUES (2);"
+		"CREATE TABLE executions(sbx TEXT PRIMARY KEY, gen INTEGER NOT NULL,"
+		" wrk TEXT NOT NULL, sst TEXT NOT NULL, pod TEXT NOT NULL, att INTEGER NOT NULL,"
+		" retired INTEGER NOT NULL, epoch INTEGER NOT NULL, state TEXT NOT NULL,"
+		" slot INTEGER NOT NULL, init_pid INTEGER NOT NULL, init_start INTEGER NOT NULL,"
+		" bridge_pid INTEGER NOT NULL, bridge_start INTEGER NOT NULL,"
+		" updated_at INTEGER NOT NULL, adopt_key BLOB);"
+		"INSERT INTO executions VALUES ('" SBX_A "', 3, 'w1', 'ns', '', 1, 0, 3,"
+		" 'running', 2, 1234, 987654321, 1240, 987654400, 1, zeroblob(32));",
+		NULL, NULL, NULL), SQLITE_OK);
+	sqlite3_close(raw);
+	assert_int_equal(records_open(path, &db, &err), 0);
+	g = records_get(db, SBX_A);
+	assert_non_null(g);
+	assert_true(g->has_adopt_key);
+	assert_int_equal(g->cpu_millis, 0);
+	b.cpu_millis = 250;
+	assert_int_equal(records_put(db, &b, 0, &err), 0);
+	db = reopen(db);
+	g = records_get(db, SBX_B);
+	assert_non_null(g);
+	assert_int_equal(g->cpu_millis, 250);
+	assert_int_equal(records_get(db, SBX_A)->cpu_millis, 0);
+	records_close(db);
 }
 
 int main(void)
@@ -374,6 +416,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_bad_file, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_private_file, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_adopt_key_and_v1, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_cpu_and_v2, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

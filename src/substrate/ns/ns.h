@@ -142,6 +142,11 @@ int ns_sandbox_assign(struct ns_sandbox *sb, const char *sbx_id, uint64_t gen,
  * that exist (an execution adopted or found lost after a restart), so
  * ns_sandbox_stop removes them. */
 void ns_cgroup_find(const char *sbx_id, uint64_t gen, struct ns_sandbox *sb);
+/* ns_cgroup_set_cpu: rewrites the CPU cap of a running sandbox (a spare
+ * taken by an install that asks another cap than the one it was launched
+ * with) to cpu_millis millicores. -1 when it has no cpu cgroup (launched
+ * with cpu_millis 0) or the write fails. */
+int ns_cgroup_set_cpu(const struct ns_sandbox *sb, uint32_t cpu_millis, struct tt_err *err);
 /* ns_cgroup_kill: SIGKILLs every process in sb's pids cgroup (v2: its
  * one cgroup) until it is empty, for a sandbox whose init is not known
  * (e.g. a manager killed between starting it and recording its pid). Each

@@ -199,6 +199,27 @@ static int cg_create_v2(const char *root, const char *name, uint64_t memory_max,
 	return cg_write(dir, "cpu.max", val, err);
 }
 
+/* ns_cgroup_set_cpu: see ns.h. */
+int ns_cgroup_set_cpu(const struct ns_sandbox *sb, uint32_t cpu_millis, struct tt_err *err)
+{
+	char val[64];
+	uint64_t quota = (uint64_t)cpu_millis * CG_PERIOD_US / 1000;
+
+	if (cpu_millis == 0)
+		return tt_err_set(err, TT_ERR_INVALID, "cgroup: a cpu cap of 0 lifts nothing");
+	/* Privileged: the cpu cap of our own sandbox's cgroup. */
+	if (sb->cgroup_cpu[0] != '\0') { /* v1 */
+		snprintf(val, sizeof val, "%" PRIu64, quota);
+		return cg_write(sb->cgroup_cpu, "cpu.cfs_quota_us", val, err);
+	}
+	if (sb->cgroup_memory[0] != '\0' && strcmp(sb->cgroup_memory, sb->cgroup_pids) == 0 &&
+	    cg_has_file(sb->cgroup_memory, "cpu.max")) { /* v2, cpu enabled */
+		snprintf(val, sizeof val, "%" PRIu64 " %u", quota, CG_PERIOD_US);
+		return cg_write(sb->cgroup_memory, "cpu.max", val, err);
+	}
+	return tt_err_set(err, TT_ERR_INVALID, "cgroup: the sandbox has no cpu cgroup to cap");
+}
+
 int ns_cgroup_create(const char *name, uint64_t memory_max, uint32_t pids_max,
                      uint32_t cpu_millis, struct ns_sandbox *sb,
                      struct tt_err *err)

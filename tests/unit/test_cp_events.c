@@ -80,7 +80,7 @@ static void sbx_new(struct fix *f, const char *id, struct cp_sandbox *sb)
 	struct tt_err err = { 0 };
 	int64_t rev;
 
-	assert_int_equal(cpdb_sandbox_create(f->cp.db, id, "w1", tt_now(), sb, &rev,
+	assert_int_equal(cpdb_sandbox_create(f->cp.db, id, "w1", 0, tt_now(), sb, &rev,
 	                                     &err), 0);
 }
 

@@ -41,7 +41,7 @@ void access_log(const struct tt_access *a)
 	json_object_set_new(o, "bytes_out", json_integer((json_int_t)a->bytes_out));
 	/* ENSURE_ASCII: a path is the caller's text; escaped, it cannot
 	 * break the line or drive a terminal */
-	line = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+	line = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII | JSON_REAL_PRECISION(6));
 	json_decref(o);
 	if (line != NULL)
 		tt_log_access(line, strlen(line));

@@ -1,6 +1,6 @@
 #!/bin/bash
 # The short churn run (issue 12): a `tether up --workers 3` cluster, 6
-# sandboxes spread over the workers, and build/churn for 60 s through the
+# sandboxes spread over the workers, and build/churn for 40 s through the
 # edge: 5 client threads of mixed exec / file read / file write / append /
 # CLI exec, each checked against an exact model of what the client was
 # acknowledged, while a migrate loop moves the sandboxes continuously; then a
@@ -10,7 +10,7 @@
 # migrations at least once a second. The error rate and the failure classes
 # are printed as comments; the error rate fails the test only when
 # CHURN_MAX_ERROR_RATE (percent, e.g. 0.0001) is set, since the transitions
-# are still surfaced to clients today. CHURN_TEST_SECONDS overrides the 60 s;
+# are still surfaced to clients today. CHURN_TEST_SECONDS overrides the 40 s;
 # CHURN_UPLOAD_KEEPALIVE=1 sends the file PUTs on keep-alive connections too
 # (see scripts/churn.sh: today's edge stops answering after those).
 # Prints TAP.
@@ -18,7 +18,7 @@ set -u
 . "$(dirname "$0")/lib.sh"
 cluster_setup tether-churn-test
 T=$ROOT/build/tether
-SECS=${CHURN_TEST_SECONDS:-60}
+SECS=${CHURN_TEST_SECONDS:-40}
 CHURN_MAX_ERROR_RATE=${CHURN_MAX_ERROR_RATE:-}
 
 [ -x build/churn ] || tap_bail "build/churn is built" "run make all"

@@ -282,18 +282,19 @@ static void test_install_cpu(void **state)
 	struct feedsig_state st;
 	struct tt_err err = { 0 };
 	const char *why;
-	json_t *u;
+	json_t *u, *env;
 
 	(void)state;
 	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
 		install_body(body, sizeof(body), good[i]);
 		assert_int_equal(signer_feed_sig(fsk, body, strlen(body), sig, &err), 0);
 		verifier(&st);
-		assert_int_equal(feedsig_open(&st, json_pack("{s:i,s:s,s:s,s:s}", "rev", 2,
-		                 "kind", "install", "body", body, "sig", sig), 1, &u, &why,
-		                 &err), FEEDSIG_APPLY);
+		env = json_pack("{s:i,s:s,s:s,s:s}", "rev", 2, "kind", "install", "body",
+		                body, "sig", sig);
+		assert_int_equal(feedsig_open(&st, env, 1, &u, &why, &err), FEEDSIG_APPLY);
 		assert_int_equal(feedsig_cpu(u), i < 2 ? 0 : atoi(good[i] + 7));
 		json_decref(u);
+		json_decref(env);
 	}
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		install_body(body, sizeof(body), bad[i]);

@@ -774,10 +774,21 @@ static int http_reply_write(struct lws *wsi, unsigned status,
                             const char *content_type, const void *body,
                             size_t len)
 {
-	const size_t head_room = 512;
-	_cleanup_free_ unsigned char *buf = malloc(LWS_PRE + head_room + len);
+	return http_reply_with(wsi, status, content_type, body, len, NULL, 0);
+}
+
+/* http_reply_with: see http.h. */
+int http_reply_with(struct lws *wsi, unsigned status, const char *content_type,
+                    const void *body, size_t len, const struct http_hdr *extra,
+                    size_t n_extra)
+{
+	size_t head_room = 512;
+	_cleanup_free_ unsigned char *buf = NULL;
 	unsigned char *start, *p, *end;
 
+	for (size_t i = 0; i < n_extra; i++)
+		head_room += strlen(extra[i].name) + strlen(extra[i].value) + 4;
+	buf = malloc(LWS_PRE + head_room + len);
 	if (buf == NULL)
 		return -1;
 	start = p = buf + LWS_PRE;
@@ -787,8 +798,14 @@ static int http_reply_write(struct lws *wsi, unsigned status,
 	                                &p, end) ||
 	    lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CACHE_CONTROL,
 	                                 (const unsigned char *)"no-store", 8,
-	                                 &p, end) ||
-	    lws_finalize_http_header(wsi, &p, end))
+	                                 &p, end))
+		return -1;
+	for (size_t i = 0; i < n_extra; i++)
+		if (lws_add_http_header_by_name(wsi, (const unsigned char *)extra[i].name,
+		                                (const unsigned char *)extra[i].value,
+		                                (int)strlen(extra[i].value), &p, end))
+			return -1;
+	if (lws_finalize_http_header(wsi, &p, end))
 		return -1;
 	if (len > 0)
 		memcpy(p, body, len);

@@ -161,6 +161,17 @@ bool http_rxguard_stop(struct http_rxguard *g);
  * should return. */
 int http_reply(struct lws *wsi, unsigned status, const char *content_type,
                const void *body, size_t len);
+/* One more response header: "name:" (lowercase, with its colon), value. */
+struct http_hdr {
+	const char *name;
+	const char *value;
+};
+/* http_reply_with: http_reply's write with extra headers (the status
+ * page's security headers, Set-Cookie, Location), without completing the
+ * transaction; -1 when it cannot be written. */
+int http_reply_with(struct lws *wsi, unsigned status, const char *content_type,
+                    const void *body, size_t len, const struct http_hdr *extra,
+                    size_t n_extra);
 /* Answering before the request's body is in (a refusal, an upload the disk
  * cannot hold): closing at once would make the kernel reset the connection
  * over the unread bytes, and the client could lose the answer before

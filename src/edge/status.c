@@ -227,7 +227,7 @@ static int es_write(struct lws *wsi, unsigned status, const char *ctype,
                     const char *body, size_t len, const char *cookie,
                     const char *location)
 {
-	static const struct { const char *name, *value; } sec[] = {
+	struct http_hdr h[6] = {
 		{ "content-security-policy:", "default-src 'none'; script-src 'self'; "
 		  "style-src 'self'; connect-src 'self'; img-src 'self'; "
 		  "form-action 'self'; frame-ancestors 'none'; base-uri 'none'" },
@@ -237,38 +237,13 @@ static int es_write(struct lws *wsi, unsigned status, const char *ctype,
 		 * the login form's POST, which the Origin check refuses */
 		{ "referrer-policy:", "same-origin" },
 	};
-	const size_t head = 2048;
-	_cleanup_free_ unsigned char *buf = malloc(LWS_PRE + head + len);
-	unsigned char *start, *p, *end;
+	size_t n = 4;
 
-	if (buf == NULL)
-		return -1;
-	start = p = buf + LWS_PRE;
-	end = start + head;
-	if (lws_add_http_common_headers(wsi, status | LWSAHH_FLAG_NO_SERVER_NAME,
-	                                ctype, (lws_filepos_t)len, &p, end) ||
-	    lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CACHE_CONTROL,
-	                                 (const unsigned char *)"no-store", 8, &p, end))
-		return -1;
-	for (size_t i = 0; i < sizeof(sec) / sizeof(sec[0]); i++)
-		if (lws_add_http_header_by_name(wsi, (const unsigned char *)sec[i].name,
-		                                (const unsigned char *)sec[i].value,
-		                                (int)strlen(sec[i].value), &p, end))
-			return -1;
-	if ((cookie && cookie[0] &&
-	     lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_SET_COOKIE,
-	                                  (const unsigned char *)cookie,
-	                                  (int)strlen(cookie), &p, end)) ||
-	    (location && lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_LOCATION,
-	                                              (const unsigned char *)location,
-	                                              (int)strlen(location), &p, end)) ||
-	    lws_finalize_http_header(wsi, &p, end))
-		return -1;
-	if (len > 0)
-		memcpy(p, body, len);
-	p += len;
-	if (lws_write(wsi, start, (size_t)(p - start), LWS_WRITE_HTTP_FINAL) !=
-	    (int)(p - start))
+	if (cookie != NULL && cookie[0] != '\0')
+		h[n++] = (struct http_hdr){ "set-cookie:", cookie };
+	if (location != NULL)
+		h[n++] = (struct http_hdr){ "location:", location };
+	if (http_reply_with(wsi, status, ctype, body, len, h, n) < 0)
 		return -1;
 	return lws_http_transaction_completed(wsi) ? -1 : 0;
 }

@@ -11,7 +11,7 @@
 CC      ?= gcc
 BUILD   ?= build
 SAN     ?=
-PKGS    := libsodium jansson libwebsockets libuv libcurl sqlite3 libseccomp
+PKGS    := libsodium jansson libwebsockets libuv libcurl sqlite3 libpq libseccomp
 WARN    := -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wmissing-prototypes \
            -Wstrict-prototypes
 CFLAGS  ?= -O2 -g

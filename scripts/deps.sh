@@ -5,7 +5,7 @@ set -eu
 quiet=${1:-}
 PKGS="build-essential pkg-config clang libclang-rt-14-dev libsodium-dev
 libjansson-dev libwebsockets-dev libuv1-dev libcurl4-openssl-dev
-libsqlite3-dev sqlite3 libseccomp-dev libcmocka-dev iproute2 util-linux
+libsqlite3-dev sqlite3 libpq-dev postgresql libseccomp-dev libcmocka-dev iproute2 util-linux
 procps curl jq python3 perl e2fsprogs chromium"
 missing=""
 for p in $PKGS; do

@@ -1,10 +1,14 @@
-/* Control-plane state in SQLite (WAL, synchronous=FULL, foreign keys):
- * API keys (hashed), workers, sandboxes, snapshots and the update feed.
- * Lifecycle transitions are compare-and-swaps (UPDATE ... WHERE id AND
- * state AND generation; one changed row wins), each in one transaction
- * with the feed updates it implies. Generations
- * and feed revs are allocated inside write transactions and never reused,
- * also across restarts. Implementation: src/cp/db.c. */
+/* The control plane's store: API keys (hashed), workers, sandboxes,
+ * snapshots, the update feed, worker credentials, rebuilt-attempt leases
+ * and the idempotency records of lifecycle calls. Two backends behind one
+ * interface: SQLite (a file; WAL, synchronous=FULL; the default, one cp)
+ * and PostgreSQL (a database several cp replicas share). Lifecycle
+ * transitions are compare-and-swaps (UPDATE ... WHERE id AND state AND
+ * generation; one changed row wins, also between replicas), each in one
+ * transaction with the feed updates it implies. Generations and feed revs
+ * are allocated inside write transactions and never reused, also across
+ * restarts; feed revs become visible in order, without gaps. The logic:
+ * src/cp/db.c; the backends: src/cp/db_sqlite.c, src/cp/db_pg.c. */
 #ifndef TT_CP_DB_H
 #define TT_CP_DB_H
 
@@ -20,6 +24,7 @@
 #define CPDB_ERR_MAX 256
 #define CPDB_SNAPKEY_MAX 80   /* "<sbx>/<gen>" */
 #define CPDB_CHECKSUM_MAX 160 /* "blake2b:<hex>" */
+#define CPDB_IDEM_KEY_MAX 64  /* an Idempotency-Key */
 
 struct cpdb;
 
@@ -87,9 +92,61 @@ struct cp_snapshot {
 	int64_t created_at;
 };
 
-/* cpdb_open: opens (creating) path and its schema. Owner: the caller. */
+/* cpdb_open: opens (creating) the store and its schema: a PostgreSQL
+ * connection URI ("postgresql://…" or "postgres://…"), else the path of
+ * a SQLite file. Owner: the caller. */
 struct cpdb *cpdb_open(const char *path, struct tt_err *err);
 void cpdb_close(struct cpdb *db);
+/* cpdb_is_url: path names a PostgreSQL database (cpdb_open). */
+int cpdb_is_url(const char *path);
+/* cpdb_backend: "sqlite" or "postgresql". */
+const char *cpdb_backend(const struct cpdb *db);
+/* cpdb_shared: several cp replicas may use this store at once. */
+int cpdb_shared(const struct cpdb *db);
+
+/* Telling the other replicas (PostgreSQL NOTIFY; nothing on SQLite):
+ * cpdb_notify sends msg (at most 200 bytes) to every other replica;
+ * cpdb_listen_fd is readable when one told us something (-1: none can);
+ * cpdb_listen_read calls fn for each message. */
+int cpdb_notify(struct cpdb *db, const char *msg, struct tt_err *err);
+int cpdb_listen_fd(struct cpdb *db);
+int cpdb_listen_read(struct cpdb *db, void (*fn)(const char *msg, void *arg),
+                     void *arg, struct tt_err *err);
+
+/* Idempotency of lifecycle calls (an Idempotency-Key the edge sends with
+ * each one): cpdb_idem_arm makes the next create, destroy, pause or
+ * resume write record, in its own transaction, what the call started
+ * under (caller, key); cpdb_idem_disarm ends that (each call's end).
+ * A call repeated with the same key (the edge failing over to another
+ * replica after the first one died) finds the record and waits for the
+ * operation it started instead of starting another. */
+struct cpdb_idem {
+	char op[16];                /* create|delete|pause|resume|migrate */
+	char sandbox[TT_SBX_ID_LEN + 1];
+	uint64_t generation;        /* what its waiter waits for */
+	int64_t rev;                /* the update whose ack answers it */
+	char worker[TT_NAME_MAX + 1]; /* whose ack */
+	char target[TT_NAME_MAX + 1]; /* migrate: where to */
+	int forced;
+	uint64_t resumed_from;
+	int64_t created_at;
+};
+void cpdb_idem_arm(struct cpdb *db, const char *caller, const char *key,
+                   const char *op);
+void cpdb_idem_disarm(struct cpdb *db);
+/* cpdb_idem_get: 1 and *out, 0 when (caller, key) started nothing. */
+int cpdb_idem_get(struct cpdb *db, const char *caller, const char *key,
+                  struct cpdb_idem *out, struct tt_err *err);
+/* cpdb_idem_prune: records made before `before` go. */
+int cpdb_idem_prune(struct cpdb *db, int64_t before, struct tt_err *err);
+
+/* Rebuilt-attempt leases (cp.c, cp_lease): sandbox id's execution (gen,
+ * att) stays put until until_ms (unix ms) for every replica. */
+int cpdb_lease_set(struct cpdb *db, const char *id, uint64_t gen,
+                   uint32_t att, int64_t until_ms, struct tt_err *err);
+/* cpdb_leased: 1 when that execution is leased at now_ms, else 0. */
+int cpdb_leased(struct cpdb *db, const char *id, uint64_t gen, uint32_t att,
+                int64_t now_ms, struct tt_err *err);
 
 /* cpdb_key_hash: SHA-256 hex of an API key (what is stored). */
 void cpdb_key_hash(const char *key, char out[CPDB_HASH_HEX + 1]);

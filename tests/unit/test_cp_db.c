@@ -1,7 +1,14 @@
-/* Control-plane SQLite store on real database files: generations and feed
- * revs are never reused across reopen, API keys are stored hashed, the feed
- * is filtered per worker, lifecycle transitions are compare-and-swaps that
- * commit together with their feed updates, older files are migrated. */
+/* Control-plane store on real databases, once on SQLite files and once on
+ * a PostgreSQL server the test starts (scripts/pgtest.sh; skipped, with a
+ * note, where PostgreSQL is not installed): generations and feed revs are
+ * never reused across reopen, API keys are stored hashed, the feed is
+ * filtered per worker, lifecycle transitions are compare-and-swaps that
+ * commit together with their feed updates, older databases are migrated.
+ * Then the races of several cp replicas, as processes with a connection
+ * each: generations allocated concurrently are all distinct, concurrent
+ * pauses and resumes of one sandbox have exactly one winner each, and a
+ * reader of the feed never sees a rev before a lower one that commits
+ * later. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,21 +17,52 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <libpq-fe.h>
 #include <sodium.h>
 #include <sqlite3.h>
 
 #include "cp/db.h"
 
+/* The PostgreSQL server's URL while the PostgreSQL group runs, else NULL
+ * (the SQLite group). */
+static const char *g_pg;
+
 struct dbfix {
 	char dir[64];
-	char path[128];
+	char path[1024];
 	struct cpdb *db;
 };
 
-/* setup: a fresh database file in a temp dir. */
+/* pg_sql: SQL on the test server behind the store's back. */
+static void pg_sql(const char *sql)
+{
+	PGconn *c = PQconnectdb(g_pg);
+	PGresult *r;
+
+	assert_int_equal(PQstatus(c), CONNECTION_OK);
+	PQclear(PQexec(c, "SET client_min_messages=warning"));
+	r = PQexec(c, sql);
+	if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK)
+		fail_msg("%s: %s", sql, PQerrorMessage(c));
+	PQclear(r);
+	PQfinish(c);
+}
+
+/* fresh_store: an empty store (SQLite: the file is gone; PostgreSQL: the
+ * schema is dropped). */
+static void fresh_store(struct dbfix *f)
+{
+	if (g_pg != NULL)
+		pg_sql("DROP SCHEMA public CASCADE; CREATE SCHEMA public");
+	else
+		unlink(f->path);
+}
+
+/* setup: a fresh database (a file in a temp dir, or an empty schema). */
 static int setup(void **state)
 {
 	struct dbfix *f = calloc(1, sizeof(*f));
@@ -33,9 +71,14 @@ static int setup(void **state)
 	assert_non_null(f);
 	snprintf(f->dir, sizeof(f->dir), "/tmp/tt-cpdb.XXXXXX");
 	assert_non_null(mkdtemp(f->dir));
-	snprintf(f->path, sizeof(f->path), "%s/cp.db", f->dir);
+	if (g_pg != NULL)
+		snprintf(f->path, sizeof(f->path), "%s", g_pg);
+	else
+		snprintf(f->path, sizeof(f->path), "%s/cp.db", f->dir);
+	fresh_store(f);
 	f->db = cpdb_open(f->path, &err);
-	assert_non_null(f->db);
+	if (f->db == NULL)
+		fail_msg("open %s: %s", f->path, err.msg);
 	*state = f;
 	return 0;
 }
@@ -53,7 +96,7 @@ static int teardown(void **state)
 	return 0;
 }
 
-/* reopen: close and open the same file again (a cp restart). */
+/* reopen: close and open the same store again (a cp restart). */
 static void reopen(struct dbfix *f)
 {
 	struct tt_err err = { 0 };
@@ -63,11 +106,15 @@ static void reopen(struct dbfix *f)
 	assert_non_null(f->db);
 }
 
-/* raw_exec: SQL on the file behind the store's back. */
+/* raw_exec: SQL on the store behind its back. */
 static void raw_exec(struct dbfix *f, const char *sql)
 {
 	sqlite3 *h;
 
+	if (g_pg != NULL) {
+		pg_sql(sql);
+		return;
+	}
 	assert_int_equal(sqlite3_open(f->path, &h), SQLITE_OK);
 	assert_int_equal(sqlite3_exec(h, sql, NULL, NULL, NULL), SQLITE_OK);
 	sqlite3_close(h);
@@ -173,7 +220,12 @@ static void test_apikey_hashing(void **state)
 	sodium_bin2hex(want, sizeof(want), h, sizeof(h));
 	cpdb_key_hash(key, hash);
 	assert_string_equal(hash, want);
-	/* and the plaintext is nowhere in the database files */
+	/* and the plaintext is nowhere in the database files (SQLite: the
+	 * file itself; PostgreSQL: no column holds it) */
+	if (g_pg != NULL) {
+		assert_int_equal(cpdb_apikey_lookup(f->db, key, name, sizeof(name), &err), 1);
+		return;
+	}
 	cpdb_close(f->db);
 	f->db = NULL;
 	raw_exec(f, "PRAGMA wal_checkpoint(TRUNCATE)");
@@ -664,7 +716,7 @@ static void test_migrate_old_schema(void **state)
 
 	cpdb_close(f->db);
 	f->db = NULL;
-	unlink(f->path);
+	fresh_store(f);
 	raw_exec(f, "CREATE TABLE sandboxes(id TEXT PRIMARY KEY, state TEXT NOT"
 	         " NULL, generation INTEGER NOT NULL, worker TEXT NOT NULL,"
 	         " substrate TEXT NOT NULL, pod TEXT NOT NULL, activation"
@@ -697,9 +749,12 @@ static void test_private_files(void **state)
 {
 	struct dbfix *f = *state;
 	struct tt_err err = { 0 };
-	char wal[300], shm[300];
-	mode_t old = umask(0);
+	char wal[1100], shm[1100];
+	mode_t old;
 
+	if (g_pg != NULL)
+		skip(); /* a file of SQLite's */
+	old = umask(0);
 	snprintf(wal, sizeof(wal), "%s-wal", f->path);
 	snprintf(shm, sizeof(shm), "%s-shm", f->path);
 	/* The fixture opened it under the test's umask: reopen under 0. */
@@ -725,6 +780,394 @@ static void test_private_files(void **state)
 	assert_int_equal(mode_of(shm), 0600);
 }
 
+/* Idempotency records: an armed lifecycle write records what it started,
+ * in its own transaction; a key used twice fails the second write whole
+ * (nothing of it stays); a disarmed write records nothing. */
+static void test_idem_records(void **state)
+{
+	struct dbfix *f = *state;
+	struct tt_err err = { 0 };
+	struct cp_sandbox sb;
+	struct cpdb_idem rec;
+	int64_t rev, rev2;
+
+	cpdb_idem_arm(f->db, "alice", "idem_1", "create");
+	assert_int_equal(cpdb_sandbox_create(f->db, "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa", "w1",
+	                                     0, 100, &sb, &rev, &err), 0);
+	assert_int_equal(cpdb_idem_get(f->db, "alice", "idem_1", &rec, &err), 1);
+	assert_string_equal(rec.op, "create");
+	assert_string_equal(rec.sandbox, "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa");
+	assert_string_equal(rec.worker, "w1");
+	assert_int_equal(rec.rev, rev);
+	assert_int_equal(rec.generation, 1);
+	/* the same key again: the whole create fails, no sandbox, no update */
+	assert_int_equal(cpdb_sandbox_create(f->db, "sbx_bbbbbbbbbbbbbbbbbbbbbbbbbb", "w1",
+	                                     0, 100, &sb, &rev2, &err), -1);
+	assert_int_equal(cpdb_sandbox_get(f->db, "sbx_bbbbbbbbbbbbbbbbbbbbbbbbbb", &sb,
+	                                  &err), 0);
+	assert_int_equal(cpdb_feed_latest(f->db, &rev2, &err), 0);
+	assert_int_equal(rev2, rev);
+	/* another caller's key space is its own */
+	assert_int_equal(cpdb_idem_get(f->db, "bob", "idem_1", &rec, &err), 0);
+	cpdb_idem_disarm(f->db);
+	assert_int_equal(cpdb_sandbox_create(f->db, "sbx_cccccccccccccccccccccccccc", "w1",
+	                                     0, 100, &sb, &rev2, &err), 0);
+	assert_int_equal(cpdb_idem_prune(f->db, 101, &err), 0);
+	assert_int_equal(cpdb_idem_get(f->db, "alice", "idem_1", &rec, &err), 0);
+}
+
+/* Leases: one per sandbox (the newest), for its execution, until its end. */
+static void test_leases(void **state)
+{
+	struct dbfix *f = *state;
+	struct tt_err err = { 0 };
+	const char *id = "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa";
+
+	assert_int_equal(cpdb_leased(f->db, id, 1, 1, 1000, &err), 0);
+	assert_int_equal(cpdb_lease_set(f->db, id, 1, 1, 1500, &err), 0);
+	assert_int_equal(cpdb_leased(f->db, id, 1, 1, 1000, &err), 1);
+	assert_int_equal(cpdb_leased(f->db, id, 1, 2, 1000, &err), 0);
+	assert_int_equal(cpdb_leased(f->db, id, 1, 1, 1500, &err), 0);
+	assert_int_equal(cpdb_lease_set(f->db, id, 2, 1, 3000, &err), 0);
+	assert_int_equal(cpdb_leased(f->db, id, 1, 1, 1000, &err), 0);
+	assert_int_equal(cpdb_leased(f->db, id, 2, 1, 2999, &err), 1);
+}
+
+/* ---- races between replicas (processes, a connection each) ---------- */
+
+#define RACERS 4
+
+/* One result a racer reports: what it won, and the generation. */
+struct race_rec {
+	char what; /* 'G' generation allocated, 'P' pause won, 'R' resume won */
+	uint64_t gen;
+};
+
+/* race_fn: a racer's work on its own store; writes race_recs to fd;
+ * returns its exit status. */
+typedef int (*race_fn)(struct cpdb *db, const char *path, int i, int fd);
+
+/* race_run: RACERS processes run fn at once; their records are collected
+ * into out (at most cap, *n of them). Every racer must exit 0. */
+static void race_run(const char *path, race_fn fn, struct race_rec *out,
+                     size_t cap, size_t *n)
+{
+	int p[2];
+	pid_t pids[RACERS];
+	ssize_t got;
+	int status;
+
+	assert_int_equal(pipe(p), 0);
+	for (int i = 0; i < RACERS; i++) {
+		pids[i] = fork();
+		assert_true(pids[i] >= 0);
+		if (pids[i] == 0) {
+			struct tt_err err = { 0 };
+			struct cpdb *db;
+
+			close(p[0]);
+			db = cpdb_open(path, &err);
+			if (db == NULL) {
+				fprintf(stderr, "racer %d: %s\n", i, err.msg);
+				_exit(10);
+			}
+			status = fn(db, path, i, p[1]);
+			cpdb_close(db);
+			_exit(status);
+		}
+	}
+	close(p[1]);
+	*n = 0;
+	while (*n < cap && (got = read(p[0], &out[*n], sizeof(out[0]))) == sizeof(out[0]))
+		(*n)++;
+	close(p[0]);
+	for (int i = 0; i < RACERS; i++) {
+		assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
+		assert_true(WIFEXITED(status));
+		assert_int_equal(WEXITSTATUS(status), 0);
+	}
+}
+
+/* race_put: one record to the parent. */
+static int race_put(int fd, char what, uint64_t gen)
+{
+	struct race_rec r = { what, gen };
+
+	return write(fd, &r, sizeof(r)) == sizeof(r) ? 0 : -1;
+}
+
+/* race_gens: 40 generations each. */
+static int race_gens(struct cpdb *db, const char *path, int i, int fd)
+{
+	struct tt_err err = { 0 };
+	uint64_t gen;
+
+	(void)path;
+	(void)i;
+	for (int k = 0; k < 40; k++) {
+		if (cpdb_generation_next(db, "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa", &gen, &err) < 0) {
+			fprintf(stderr, "generation_next: %s\n", err.msg);
+			return 1;
+		}
+		if (race_put(fd, 'G', gen) < 0)
+			return 2;
+	}
+	return 0;
+}
+
+/* cmp_gen: sort race_recs by generation. */
+static int cmp_gen(const void *a, const void *b)
+{
+	uint64_t x = ((const struct race_rec *)a)->gen, y = ((const struct race_rec *)b)->gen;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Generations allocated by several replicas at once are all distinct and
+ * leave no hole: 2..161 after 4 x 40 allocations on generation 1. */
+static void test_race_generations(void **state)
+{
+	struct dbfix *f = *state;
+	struct tt_err err = { 0 };
+	struct race_rec recs[RACERS * 40];
+	struct cp_sandbox sb;
+	size_t n;
+	int64_t rev;
+
+	assert_int_equal(cpdb_sandbox_create(f->db, "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa", "w1",
+	                                     0, 100, &sb, &rev, &err), 0);
+	race_run(f->path, race_gens, recs, RACERS * 40, &n);
+	assert_int_equal(n, RACERS * 40);
+	qsort(recs, n, sizeof(recs[0]), cmp_gen);
+	for (size_t k = 0; k < n; k++)
+		assert_int_equal(recs[k].gen, k + 2);
+	assert_int_equal(cpdb_sandbox_get(f->db, sb.id, &sb, &err), 1);
+	assert_int_equal(sb.generation, n + 1);
+}
+
+/* race_lifecycle: pause what runs, resume what is paused, each step a
+ * CAS from the state read; the winner completes its step (as the
+ * worker's ack would), losers look again. */
+static int race_lifecycle(struct cpdb *db, const char *path, int i, int fd)
+{
+	const char *id = "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa";
+	struct tt_err err = { 0 };
+	struct cp_sandbox sb;
+	int64_t rev, rrev;
+	uint64_t gen;
+	int rc;
+
+	(void)path;
+	(void)i;
+	for (int k = 0; k < 60; k++) {
+		if (cpdb_sandbox_get(db, id, &sb, &err) != 1)
+			return 1;
+		if (strcmp(sb.state, "running") == 0) {
+			struct cp_snapshot sn = { .generation = sb.generation, .size = 1 };
+
+			rc = cpdb_sandbox_pause(db, &sb, NULL, NULL, 200, &rev, &err);
+			if (rc < 0)
+				return fprintf(stderr, "pause: %s\n", err.msg), 2;
+			if (rc == 0)
+				continue;
+			if (race_put(fd, 'P', sb.generation) < 0)
+				return 3;
+			snprintf(sn.sandbox, sizeof(sn.sandbox), "%s", id);
+			snprintf(sn.key, sizeof(sn.key), "%s/%llu", id,
+			         (unsigned long long)sb.generation);
+			snprintf(sn.checksum, sizeof(sn.checksum), "blake2b:00");
+			if (cpdb_sandbox_paused(db, id, sb.generation, rev, &sn, &err) != 1)
+				return fprintf(stderr, "paused: %s\n", err.msg), 4;
+		} else if (strcmp(sb.state, "paused") == 0) {
+			char key[CPDB_SNAPKEY_MAX];
+
+			snprintf(key, sizeof(key), "%s/%llu", id, (unsigned long long)sb.generation);
+			rc = cpdb_sandbox_resume(db, id, &(struct cpdb_resume){
+			        .from = "paused", .gen = sb.generation, .worker = "w1",
+			        .snapshot_key = key }, 300, &gen, &rev, &rrev, &err);
+			if (rc < 0)
+				return fprintf(stderr, "resume: %s\n", err.msg), 5;
+			if (rc == 0)
+				continue;
+			if (race_put(fd, 'R', gen) < 0)
+				return 6;
+			if (cpdb_sandbox_cas(db, id, "resuming", gen, rev, "running", NULL,
+			                     NULL, 300, NULL, &err) != 1)
+				return fprintf(stderr, "running: %s\n", err.msg), 7;
+		} else {
+			usleep(200);
+		}
+	}
+	return 0;
+}
+
+/* Concurrent pauses and resumes of one sandbox from several replicas:
+ * each generation is paused once and created once, the resumes made
+ * exactly the generations 2..final, and the feed holds one pause and one
+ * install per step, nothing from a loser. */
+static void test_race_lifecycle(void **state)
+{
+	struct dbfix *f = *state;
+	struct tt_err err = { 0 };
+	const char *id = "sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa";
+	struct race_rec recs[RACERS * 60], p[RACERS * 60], r[RACERS * 60];
+	struct cp_sandbox sb;
+	size_t n, np = 0, nr = 0, pauses = 0, installs = 0, i;
+	json_t *ups, *u;
+	int64_t rev;
+
+	assert_int_equal(cpdb_sandbox_create(f->db, id, "w1", 0, 100, &sb, &rev, &err), 0);
+	assert_int_equal(cpdb_sandbox_set_state(f->db, id, "running", NULL, &err), 0);
+	race_run(f->path, race_lifecycle, recs, RACERS * 60, &n);
+	for (size_t k = 0; k < n; k++) {
+		if (recs[k].what == 'P')
+			p[np++] = recs[k];
+		else
+			r[nr++] = recs[k];
+	}
+	assert_true(nr > 5); /* the race made progress */
+	qsort(p, np, sizeof(p[0]), cmp_gen);
+	qsort(r, nr, sizeof(r[0]), cmp_gen);
+	for (size_t k = 0; k < np; k++)
+		assert_int_equal(p[k].gen, k + 1); /* each generation paused once */
+	for (size_t k = 0; k < nr; k++)
+		assert_int_equal(r[k].gen, k + 2); /* each made once, in order */
+	assert_int_equal(cpdb_sandbox_get(f->db, id, &sb, &err), 1);
+	assert_int_equal(sb.generation, nr + 1);
+	ups = cpdb_feed_since(f->db, "w1", 0, 100000, &err);
+	assert_non_null(ups);
+	json_array_foreach(ups, i, u) {
+		const char *kind = json_string_value(json_object_get(u, "kind"));
+
+		if (strcmp(kind, "pause") == 0)
+			pauses++;
+		if (strcmp(kind, "install") == 0) {
+			assert_int_equal(json_integer_value(json_object_get(u, "generation")),
+			                 installs + 1);
+			installs++;
+		}
+	}
+	json_decref(ups);
+	assert_int_equal(pauses, np);
+	assert_int_equal(installs, nr + 1);
+}
+
+#define FEED_PER_RACER 100
+
+/* race_feed: appends, each in its own transaction. */
+static int race_feed(struct cpdb *db, const char *path, int i, int fd)
+{
+	struct tt_err err = { 0 };
+	json_t *body = json_pack("{s:i}", "racer", i);
+	int64_t rev;
+
+	(void)path;
+	(void)fd;
+	for (int k = 0; k < FEED_PER_RACER; k++) {
+		if (cpdb_feed_append(db, "keys", NULL, body, 1, &rev, &err) < 0) {
+			fprintf(stderr, "append: %s\n", err.msg);
+			json_decref(body);
+			return 1;
+		}
+	}
+	json_decref(body);
+	return 0;
+}
+
+/* The feed as a worker polls it while replicas append at once: after
+ * reading the newest rev L, the updates after its position up to L are
+ * exactly the next revs, without a gap: no rev becomes visible before a
+ * lower one (which the worker would otherwise skip for good). */
+static void test_race_feed_order(void **state)
+{
+	struct dbfix *f = *state;
+	struct tt_err err = { 0 };
+	struct race_rec none[1];
+	int64_t after = 0, latest = 0;
+	size_t n, polls = 0, i;
+	json_t *ups, *u;
+	pid_t pid;
+	int status;
+
+	/* the appenders run in a child, the parent polls meanwhile */
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		race_run(f->path, race_feed, none, 0, &n);
+		_exit(0);
+	}
+	for (int spins = 0; after < RACERS * FEED_PER_RACER && spins < 200000; spins++) {
+		assert_int_equal(cpdb_feed_latest(f->db, &latest, &err), 0);
+		ups = cpdb_feed_since(f->db, "w1", after, 100000, &err);
+		assert_non_null(ups);
+		json_array_foreach(ups, i, u) {
+			int64_t rev = json_integer_value(json_object_get(u, "rev"));
+
+			if (rev > latest)
+				break;
+			assert_int_equal(rev, after + 1);
+			after = rev;
+		}
+		assert_int_equal(after, latest);
+		json_decref(ups);
+		polls++;
+	}
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	assert_int_equal(after, RACERS * FEED_PER_RACER);
+	assert_true(polls > 1);
+}
+
+/* pg_start: a PostgreSQL server for the second group, from
+ * scripts/pgtest.sh beside this binary's build tree; NULL when there is
+ * none (not installed). TETHER_TEST_PG_URL names one to use instead. */
+static char *pg_start(char *dir, size_t cap)
+{
+	char exe[512], cmd[1200], url[512];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	FILE *p;
+	int rc;
+
+	if (getenv("TETHER_TEST_PG_URL") != NULL)
+		return strdup(getenv("TETHER_TEST_PG_URL"));
+	if (n <= 0)
+		return NULL;
+	exe[n] = '\0';
+	for (int up = 0; up < 3; up++) /* build/tests/test_cp_db -> the tree */
+		*strrchr(exe, '/') = '\0';
+	snprintf(dir, cap, "/tmp/tt-cpdb-pg.XXXXXX");
+	if (mkdtemp(dir) == NULL || chmod(dir, 0711) < 0)
+		return NULL; /* the server runs as nobody when we are root */
+	snprintf(cmd, sizeof(cmd), "'%s/scripts/pgtest.sh' start '%s/pg'", exe, dir);
+	p = popen(cmd, "r");
+	if (p == NULL)
+		return NULL;
+	if (fgets(url, sizeof(url), p) == NULL)
+		url[0] = '\0';
+	rc = pclose(p);
+	if (WIFEXITED(rc) && WEXITSTATUS(rc) == 3)
+		return NULL; /* not installed */
+	if (rc != 0 || url[0] == '\0')
+		return strdup(""); /* installed, but it did not start */
+	url[strcspn(url, "\n")] = '\0';
+	snprintf(cmd, sizeof(cmd), "%s/scripts", exe);
+	setenv("TT_PGTEST_SCRIPTS", cmd, 1);
+	return strdup(url);
+}
+
+/* pg_stop: the server pg_start made, and its directory. */
+static void pg_stop(const char *dir)
+{
+	char cmd[700];
+
+	if (dir[0] == '\0' || getenv("TT_PGTEST_SCRIPTS") == NULL)
+		return;
+	snprintf(cmd, sizeof(cmd), "'%s/pgtest.sh' stop '%s/pg'; rmdir '%s'",
+	         getenv("TT_PGTEST_SCRIPTS"), dir, dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "# could not stop the test server in %s\n", dir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -746,7 +1189,34 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_cpu_carried, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_migrate_old_schema, setup,
 		                                teardown),
+		cmocka_unit_test_setup_teardown(test_idem_records, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_leases, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_race_generations, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_race_lifecycle, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_race_feed_order, setup, teardown),
 	};
+	char dir[64] = "";
+	char *url;
+	int rc;
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	rc = cmocka_run_group_tests_name("sqlite", tests, NULL, NULL);
+	url = pg_start(dir, sizeof(dir));
+	if (url == NULL) {
+		printf("# PostgreSQL is not installed here (scripts/deps.sh): the"
+		       " postgresql group is skipped\n");
+		pg_stop(dir);
+		return rc;
+	}
+	if (url[0] == '\0') {
+		printf("# the PostgreSQL test server did not start\n");
+		pg_stop(dir);
+		free(url);
+		return 1;
+	}
+	g_pg = url;
+	rc |= cmocka_run_group_tests_name("postgresql", tests, NULL, NULL);
+	g_pg = NULL;
+	pg_stop(dir);
+	free(url);
+	return rc;
 }

@@ -124,36 +124,42 @@ int cp_transitional(const struct cp_sandbox *sb)
 	       (strcmp(sb->state, "paused") == 0 && sb->migrate_to[0] != '\0');
 }
 
+/* cp_wall_ms: the wall clock in ms (leases are shared by replicas). */
+static int64_t cp_wall_ms(void)
+{
+	struct timeval tv;
+
+	gettimeofday(&tv, NULL);
+	return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+}
+
+/* A capability given to a rebuilt attempt (SPEC §8: exactly one, after a
+ * RefreshRoute) holds lifecycle calls on its execution for a moment, so
+ * the attempt is admitted and drained by a pause rather than refused by
+ * it: the caller would see the second RefreshRoute. The lease is in the
+ * store: a lifecycle call on another replica holds too. */
+
 /* cp_leased: a rebuilt attempt was given a capability of sb's execution
  * less than CP_REBUILD_LEASE_MS ago. */
 static int cp_leased(struct cp *cp, const struct cp_sandbox *sb)
 {
-	uint64_t now = uv_now(cp->loop);
+	struct tt_err err = { 0 };
+	int rc = cpdb_leased(cp->db, sb->id, sb->generation, sb->activation,
+	                     cp_wall_ms(), &err);
 
-	for (size_t i = 0; i < CP_REBUILD_LEASES; i++) {
-		const struct cp_lease *l = &cp->leases[i];
-
-		if (l->until > now && l->gen == sb->generation &&
-		    l->att == sb->activation && strcmp(l->sbx, sb->id) == 0)
-			return 1;
-	}
-	return 0;
+	if (rc < 0)
+		log_warn("sandbox %s: lease: %s", sb->id, err.msg);
+	return rc == 1;
 }
 
-/* cp_lease: notes the capability just given to a rebuilt attempt (the
- * slot that ends first is reused). */
+/* cp_lease: notes the capability just given to a rebuilt attempt. */
 static void cp_lease(struct cp *cp, const struct cp_sandbox *sb)
 {
-	struct cp_lease *l = &cp->leases[0];
+	struct tt_err err = { 0 };
 
-	for (size_t i = 1; i < CP_REBUILD_LEASES; i++) {
-		if (cp->leases[i].until < l->until)
-			l = &cp->leases[i];
-	}
-	snprintf(l->sbx, sizeof(l->sbx), "%s", sb->id);
-	l->gen = sb->generation;
-	l->att = sb->activation;
-	l->until = uv_now(cp->loop) + CP_REBUILD_LEASE_MS;
+	if (cpdb_lease_set(cp->db, sb->id, sb->generation, sb->activation,
+	                   cp_wall_ms() + CP_REBUILD_LEASE_MS, &err) < 0)
+		log_warn("sandbox %s: lease: %s", sb->id, err.msg);
 }
 
 /* cp_settle_waits: a transition in flight, or (for a capability refused
@@ -749,6 +755,7 @@ static void cp_sweep(uv_timer_t *t)
 	int64_t now = tt_now();
 
 	cp_rotate_sweep(cp); /* key rotation (rotate.c) */
+	cp_replica_sweep(cp); /* other replicas (replica.c) */
 	if (cpdb_sandboxes_each(cp->db, cp_sweep_one, &l, &err) < 0)
 		log_error("sweep: %s", err.msg);
 	owned = l.v; /* owner of the collected copies */
@@ -1440,16 +1447,15 @@ static int cp_ack(struct cp *cp, struct lws *wsi, json_t *body)
 	return http_reply_json(wsi, 200, json_pack("{s:b}", "ok", 1));
 }
 
+static int cp_dispatch_api(struct cp *cp, struct cp_sess *s, struct lws *wsi,
+                           json_t *body);
+
 /* cp_dispatch: routes a complete request (body may be NULL). */
 int cp_dispatch(struct cp *cp, struct cp_sess *s, struct lws *wsi,
                 json_t *body)
 {
 	const char *p = s->path, *m = s->method;
-	char id[TT_SBX_ID_LEN + 2];
-	const char *rest;
-	struct cp_sandbox sb;
-	int replied, rc;
-	size_t n;
+	int rc;
 
 	if (strcmp(p, "/healthz") == 0)
 		return http_reply_json(wsi, 200, json_pack("{s:b}", "ok", 1));
@@ -1492,6 +1498,25 @@ int cp_dispatch(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 		return http_reply_error(wsi, 401, "unauthorized",
 		                        "a valid API key is required");
 	}
+	/* a lifecycle call repeated under its Idempotency-Key (replica.c) */
+	if (cp_idem_begin(cp, s, wsi, &rc))
+		return rc;
+	rc = cp_dispatch_api(cp, s, wsi, body);
+	cpdb_idem_disarm(cp->db);
+	return rc;
+}
+
+/* cp_dispatch_api: the API key's routes (after authentication). */
+static int cp_dispatch_api(struct cp *cp, struct cp_sess *s, struct lws *wsi,
+                           json_t *body)
+{
+	const char *p = s->path, *m = s->method;
+	char id[TT_SBX_ID_LEN + 2];
+	const char *rest;
+	struct cp_sandbox sb;
+	int replied, rc;
+	size_t n;
+
 	if (strcmp(p, "/v1/workers") == 0 && !strcmp(m, "GET"))
 		return cp_workers(cp, wsi);
 	if (strcmp(p, "/v1/keys") == 0 && !strcmp(m, "GET"))
@@ -1743,6 +1768,20 @@ static int cp_publish_keys(struct cp *cp, struct tt_err *err)
 			return 0;
 		}
 	}
+	/* replicas sign with one key: another's open key here means this
+	 * one was given other key files (its bundle would shut them out) */
+	for (size_t i = 0; cpdb_shared(cp->db) && i < json_array_size(keys); i++) {
+		json_t *k = json_array_get(keys, i);
+
+		if (json_is_null(json_object_get(k, "not_after"))) {
+			rc = tt_err_set(err, TT_ERR_INVALID, "the database's replicas sign with"
+			                " %s, this one with %s (its --state signer.key): every"
+			                " replica needs the same signer.key and feed.key",
+			                json_string_value(json_object_get(k, "kid")), kid);
+			json_decref(last);
+			return rc;
+		}
+	}
 	json_decref(last);
 	body = json_pack("{s:[{s:s,s:s,s:o,s:n}]}", "keys", "kid", kid,
 	                 "public", pub, "not_before", cp_time(now - 5),
@@ -1791,17 +1830,39 @@ static void cp_close_walk(uv_handle_t *h, void *arg)
 }
 
 #define CP_USAGE "usage: tetherd cp --state DIR [--listen 127.0.0.1:PORT]" \
-                 " [--worker-timeout SECONDS] [--keep-snapshots N]\n"
+                 " [--worker-timeout SECONDS] [--keep-snapshots N]" \
+                 " [--db postgresql://…]\n"
+
+/* cp_replicas_agree: on a store replicas share, this one holds the keys
+ * the others do (docs/ARCHITECTURE.md "Control-plane replicas"): the feed
+ * key every worker pinned, and the signing key of the newest bundle. */
+static int cp_replicas_agree(struct cp *cp, struct tt_err *err)
+{
+	char have[PASERK_K4_PUBLIC_LEN + 1];
+
+	if (!cpdb_shared(cp->db))
+		return 0;
+	if (cpdb_meta_claim(cp->db, "feed_pub", cp->signer.feed_pub, have,
+	                    sizeof(have), err) < 0)
+		return -1;
+	if (strcmp(have, cp->signer.feed_pub) != 0)
+		return tt_err_set(err, TT_ERR_INVALID, "the database's replicas sign the feed"
+		                  " with %s, this one with %s (its --state feed.key): every"
+		                  " replica needs the same signer.key and feed.key", have,
+		                  cp->signer.feed_pub);
+	return 0;
+}
 
 /* cp_main: "tetherd cp --state DIR --listen HOST:PORT
- * [--worker-timeout S] [--keep-snapshots N]" (S: seconds without a feed
- * poll before a worker counts as down; default 60. N: complete snapshots
- * kept per sandbox besides the newest; default 1). */
+ * [--worker-timeout S] [--keep-snapshots N] [--db URL]" (S: seconds
+ * without a feed poll before a worker counts as down; default 60. N:
+ * complete snapshots kept per sandbox besides the newest; default 1. URL:
+ * a PostgreSQL database several replicas share, else DIR/cp.db). */
 int cp_main(int argc, char **argv)
 {
 	struct cp *cp = &cp_global;
 	struct tt_err err = { 0 };
-	const char *state = NULL, *listen = "127.0.0.1:7700";
+	const char *state = NULL, *listen = "127.0.0.1:7700", *dburl = NULL;
 	char host[64], path[PATH_MAX];
 	uv_signal_t sigint, sigterm;
 	uv_loop_t loop;
@@ -1817,6 +1878,8 @@ int cp_main(int argc, char **argv)
 			state = argv[++i];
 		else if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc)
 			listen = argv[++i];
+		else if (strcmp(argv[i], "--db") == 0 && i + 1 < argc)
+			dburl = argv[++i];
 		else if (strcmp(argv[i], "--worker-timeout") == 0 && i + 1 < argc) {
 			errno = 0;
 			cp->worker_timeout = strtoll(argv[++i], &end, 10);
@@ -1843,7 +1906,8 @@ int cp_main(int argc, char **argv)
 		}
 	}
 	if (state == NULL || cp_parse_listen(listen, host, sizeof(host),
-	                                     &port) < 0) {
+	                                     &port) < 0 ||
+	    (dburl != NULL && !cpdb_is_url(dburl))) {
 		fprintf(stderr, CP_USAGE);
 		return 2;
 	}
@@ -1857,7 +1921,8 @@ int cp_main(int argc, char **argv)
 		return 1;
 	}
 	snprintf(path, sizeof(path), "%s/cp.db", state);
-	cp->db = cpdb_open(path, &err);
+	cp->listen_fd = -1;
+	cp->db = cpdb_open(dburl != NULL ? dburl : path, &err);
 	if (cp->db == NULL || cp_bootstrap(cp, state, &err) < 0) {
 		log_error("%s", err.msg);
 		cpdb_close(cp->db);
@@ -1865,7 +1930,9 @@ int cp_main(int argc, char **argv)
 	}
 	snprintf(path, sizeof(path), "%s/signer.key", state);
 	if (cp_signer_spawn(path, &cp->signer, &err) < 0 ||
-	    cp_publish_keys(cp, &err) < 0) {
+	    cp_signer_public(&cp->signer, (char[PASERK_K4_PUBLIC_LEN + 1]){ 0 },
+	                     (char[PASERK_K4_PID_LEN + 1]){ 0 }, &err) < 0 ||
+	    cp_replicas_agree(cp, &err) < 0 || cp_publish_keys(cp, &err) < 0) {
 		log_error("signer: %s", err.msg);
 		goto out_db;
 	}
@@ -1883,12 +1950,14 @@ int cp_main(int argc, char **argv)
 	uv_timer_init(&loop, &cp->sweep);
 	cp->sweep.data = cp;
 	uv_timer_start(&cp->sweep, cp_sweep, CP_SWEEP_MS, CP_SWEEP_MS);
-	log_info("listening on %s:%d, state %s, worker timeout %lld s, keeping %u older"
-	         " snapshot(s)", host, port, state, (long long)cp->worker_timeout,
-	         cp->keep_snapshots);
+	cp_replica_listen(cp);
+	log_info("listening on %s:%d, state %s, store %s, worker timeout %lld s, keeping"
+	         " %u older snapshot(s)", host, port, state, cpdb_backend(cp->db),
+	         (long long)cp->worker_timeout, cp->keep_snapshots);
 	uv_run(&loop, UV_RUN_DEFAULT);
 	rc = 0;
 	feed_shutdown(cp);
+	cp_replica_close(cp);
 	http_server_free(cp->ctx);
 	uv_close((uv_handle_t *)&sigint, NULL);
 	uv_close((uv_handle_t *)&sigterm, NULL);

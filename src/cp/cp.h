@@ -26,7 +26,6 @@
 #define CP_FEED_BATCH 256     /* updates per feed answer */
 #define CP_SETTLE_POLL_MS 200 /* a transition waiter re-checks this often */
 #define CP_REBUILD_LEASE_MS 500 /* a rebuilt attempt's execution stays put */
-#define CP_REBUILD_LEASES 32    /* rebuilt attempts leased at once */
 
 /* Client side of the signer process (src/cp/signer.c; the signer itself
  * is build/tether-signer, src/signer/). Requests are
@@ -75,17 +74,6 @@ void cp_signer_stop(struct cp_signer *s);
 
 struct cp_park;
 
-/* A capability given to a rebuilt attempt (SPEC §8: exactly one, after a
- * RefreshRoute) holds lifecycle calls on its execution for a moment, so
- * the attempt is admitted and drained by a pause rather than refused by
- * it: the caller would see the second RefreshRoute. */
-struct cp_lease {
-	char sbx[TT_SBX_ID_LEN + 1];
-	uint64_t gen;
-	uint32_t att;
-	uint64_t until; /* uv_now() */
-};
-
 /* A capability key rotation (src/cp/rotate.c). */
 struct cp_rotation {
 	int active;                         /* next key published, not signing */
@@ -108,8 +96,12 @@ struct cp {
 	unsigned keep_snapshots; /* older complete snapshots kept per sandbox
 	                          * besides the newest (--keep-snapshots) */
 	uv_timer_t sweep;       /* fails pauses/resumes that cannot finish */
-	struct cp_lease leases[CP_REBUILD_LEASES];
 	struct cp_rotation rot;
+	/* replicas (replica.c): the store's LISTEN connection, watched */
+	uv_poll_t listen;
+	int listen_fd;          /* -1 while not watched */
+	int listen_open;        /* the handle is initialized */
+	int64_t idem_pruned;    /* when old idempotency records last went */
 };
 
 /* Per-HTTP-connection state (lws allocates and zeroes it). */
@@ -211,6 +203,17 @@ void cp_pause_failed(struct cp *cp, const struct cp_sandbox *sb, const char *why
 /* cp_resume_returned: a sandbox paused by its worker's stop, whose worker
  * is up again: resumed there (sweep). */
 void cp_resume_returned(struct cp *cp, const struct cp_sandbox *sb);
+/* replica.c: several replicas on one store (see there). */
+/* cp_replica_listen: watches the store's messages from other replicas. */
+void cp_replica_listen(struct cp *cp);
+/* cp_replica_sweep: listening again, the messages' backstop, pruning. */
+void cp_replica_sweep(struct cp *cp);
+void cp_replica_close(struct cp *cp);
+/* cp_idem_begin: a lifecycle call repeated under its Idempotency-Key
+ * waits for what it started (1, *rc answered or parked); else the store
+ * records what it starts (0). */
+int cp_idem_begin(struct cp *cp, struct cp_sess *s, struct lws *wsi, int *rc);
+
 /* cp_name_ok: worker ids are short [A-Za-z0-9._-] names. */
 int cp_name_ok(const char *s);
 
@@ -283,13 +286,19 @@ int feed_polling(struct cp *cp, const char *worker);
 /* feed_settled: answers the lifecycle waiters of sbx whose operation is no
  * longer pending (failed by the sweep, or overtaken by a forced resume). */
 void feed_settled(struct cp *cp, const char *sbx);
-/* feed_wake: new updates for worker (NULL = all workers). */
+/* feed_wake: new updates for worker (NULL = all workers); these three
+ * also tell the other replicas. */
 void feed_wake(struct cp *cp, const char *worker);
 /* feed_acked: worker acknowledged everything up to rev. */
 void feed_acked(struct cp *cp, const char *worker, int64_t rev);
 int feed_writable(struct cp *cp, struct cp_sess *s, struct lws *wsi);
 /* feed_closed: the connection went away; drop its parked request. */
 void feed_closed(struct cp *cp, struct cp_sess *s);
+/* feed_told: a message from another replica (feed_wake, feed_acked and
+ * feed_settled tell them); feed_recheck: what lost messages would have
+ * said, from the store (the sweep, when replicas share it). */
+void feed_told(struct cp *cp, const char *msg);
+void feed_recheck(struct cp *cp);
 /* feed_shutdown: releases every parked request (daemon exit). */
 void feed_shutdown(struct cp *cp);
 

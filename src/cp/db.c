@@ -845,6 +845,19 @@ int cpdb_idem_prune(struct cpdb *db, int64_t before, struct tt_err *err)
 	                   " WHERE created_at<?1", "i", before) < 0 ? -1 : 0;
 }
 
+/* cpdb_meta_claim: see db.h. */
+int cpdb_meta_claim(struct cpdb *db, const char *name, const char *value,
+                    char *out, size_t cap, struct tt_err *err)
+{
+	struct cpdb_strbuf b = { out, cap };
+
+	if (cpdb_change(db, err, "meta", "INSERT INTO meta(name,value) VALUES(?1,?2)"
+	                " ON CONFLICT(name) DO NOTHING", "tt", name, value) < 0)
+		return -1;
+	return cpdb_get1(db, "SELECT value FROM meta WHERE name=?1", name,
+	                 cpdb_str_row, &b, "meta", err) == 1 ? 0 : -1;
+}
+
 /* ---- rebuilt-attempt leases ------------------------------------------ */
 
 /* cpdb_lease_set: the newest lease of a sandbox replaces its older one. */

@@ -140,6 +140,11 @@ int cpdb_idem_get(struct cpdb *db, const char *caller, const char *key,
 /* cpdb_idem_prune: records made before `before` go. */
 int cpdb_idem_prune(struct cpdb *db, int64_t before, struct tt_err *err);
 
+/* cpdb_meta_claim: value is recorded under name unless another one is;
+ * the one recorded comes back in out (cap bytes). */
+int cpdb_meta_claim(struct cpdb *db, const char *name, const char *value,
+                    char *out, size_t cap, struct tt_err *err);
+
 /* Rebuilt-attempt leases (cp.c, cp_lease): sandbox id's execution (gen,
  * att) stays put until until_ms (unix ms) for every replica. */
 int cpdb_lease_set(struct cpdb *db, const char *id, uint64_t gen,

@@ -76,6 +76,8 @@ static const char pg_schema[] =
 	" worker TEXT NOT NULL, target TEXT NOT NULL, forced BIGINT NOT NULL,"
 	" resumed_from BIGINT NOT NULL, created_at BIGINT NOT NULL,"
 	" PRIMARY KEY (caller, key));"
+	/* facts every replica must agree on (the feed key) */
+	"CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL);"
 	"CREATE TABLE IF NOT EXISTS leases("
 	" sandbox TEXT PRIMARY KEY, generation BIGINT NOT NULL,"
 	" activation BIGINT NOT NULL, until_ms BIGINT NOT NULL);";

@@ -50,6 +50,8 @@ static const char sq_schema[] =
 	" resumed_from INTEGER NOT NULL, created_at INTEGER NOT NULL,"
 	" PRIMARY KEY (caller, key));"
 	/* rebuilt-attempt leases: one per sandbox, the newest */
+	/* facts every replica must agree on (the feed key) */
+	"CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL);"
 	"CREATE TABLE IF NOT EXISTS leases("
 	" sandbox TEXT PRIMARY KEY, generation INTEGER NOT NULL,"
 	" activation INTEGER NOT NULL, until_ms INTEGER NOT NULL);";

@@ -32,6 +32,7 @@ struct cp_park {
 	int forced;
 	uint64_t resumed_from;
 	uv_timer_t timer;
+	int64_t stamped;    /* feed: when last_seen was last written for it */
 	unsigned status;    /* reply, once ready */
 	json_t *reply;
 	/* PARK_SETTLE: what it waits for, the request body kept for the
@@ -100,6 +101,7 @@ static struct cp_park *park_new(struct cp *cp, struct cp_sess *s,
 	p->sess = s;
 	p->kind = kind;
 	p->rev = rev;
+	p->stamped = tt_now();
 	snprintf(p->worker, sizeof(p->worker), "%s", worker);
 	uv_timer_init(cp->loop, &p->timer);
 	p->timer.data = p;
@@ -168,28 +170,33 @@ static int feed_seal_all(struct cp *cp, const char *worker, json_t *ups,
 
 /* feed_answer: {"rev":R,"updates":[...]} for worker after rev, each update
  * signed (feed_seal); NULL when there is nothing and nonempty is asked, or
- * on error (*err set). */
+ * on error (*err set). The newest rev is read first and nothing past it
+ * is served: revs become visible in order (db.h), so every rev up to it
+ * is there, and one another replica commits meanwhile waits for the next
+ * answer instead of being skipped by the position this one gives. */
 static json_t *feed_answer(struct cp *cp, const char *worker, int64_t after,
                            int nonempty, struct tt_err *err)
 {
-	json_t *ups = cpdb_feed_since(cp->db, worker, after, CP_FEED_BATCH, err);
 	int64_t latest = 0;
-	size_t n;
+	json_t *ups;
+	size_t n, got;
 
+	if (cpdb_feed_latest(cp->db, &latest, err) < 0)
+		return NULL;
+	ups = cpdb_feed_since(cp->db, worker, after, CP_FEED_BATCH, err);
 	if (ups == NULL)
 		return NULL;
-	n = json_array_size(ups);
+	n = got = json_array_size(ups);
+	while (n > 0 && json_integer_value(json_object_get(
+	                        json_array_get(ups, n - 1), "rev")) > latest)
+		json_array_remove(ups, --n);
 	if (n == 0 && nonempty) {
 		json_decref(ups);
 		return NULL;
 	}
-	if (n == CP_FEED_BATCH) /* truncated: resume right after the last */
+	if (got == CP_FEED_BATCH && n > 0) /* truncated: resume after the last */
 		latest = json_integer_value(json_object_get(
 		        json_array_get(ups, n - 1), "rev"));
-	else if (cpdb_feed_latest(cp->db, &latest, err) < 0) {
-		json_decref(ups);
-		return NULL;
-	}
 	/* what the worker may acknowledge from now on (src/cp/workers.c) */
 	if (cp_worker_sent(cp, worker, latest, err) < 0) {
 		json_decref(ups);
@@ -237,9 +244,9 @@ int feed_poll(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	return 0;
 }
 
-/* feed_wake: parked polls of worker (or of all, for NULL) with something
+/* wake_here: parked polls of worker (or of all, for NULL) with something
  * new now get it. */
-void feed_wake(struct cp *cp, const char *worker)
+static void wake_here(struct cp *cp, const char *worker)
 {
 	for (struct cp_park *p = cp->parked; p != NULL; p = p->next) {
 		struct tt_err err = { 0 };
@@ -414,8 +421,8 @@ int feed_wait_ack(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	return 0;
 }
 
-/* feed_acked: resolves every ack waiter of worker covered by rev. */
-void feed_acked(struct cp *cp, const char *worker, int64_t rev)
+/* acked_here: resolves every ack waiter of worker covered by rev. */
+static void acked_here(struct cp *cp, const char *worker, int64_t rev)
 {
 	for (struct cp_park *p = cp->parked; p != NULL; p = p->next) {
 		if (p->kind == PARK_ACK && p->reply == NULL && p->rev <= rev &&
@@ -425,8 +432,8 @@ void feed_acked(struct cp *cp, const char *worker, int64_t rev)
 	settle_wake(cp, NULL);
 }
 
-/* feed_settled: lifecycle waiters of sbx get their answer if done. */
-void feed_settled(struct cp *cp, const char *sbx)
+/* settled_here: lifecycle waiters of sbx get their answer if done. */
+static void settled_here(struct cp *cp, const char *sbx)
 {
 	struct tt_err err = { 0 };
 	struct cp_sandbox sb;
@@ -511,6 +518,112 @@ int feed_polling(struct cp *cp, const char *worker)
 			return 1;
 	}
 	return 0;
+}
+
+/* ---- replicas (several cp on one PostgreSQL store) ------------------- */
+
+/* The messages replicas send each other (cpdb_notify): "f WORKER" (or
+ * "f *": all) new updates; "a WORKER REV" an ack applied; "s SBX" a
+ * sandbox's pending operation settled otherwise. Each replica does for
+ * its own parked requests what the sender did for its. */
+
+/* feed_tell: "KIND A[ REV]" to the other replicas (none: nothing). */
+static void feed_tell(struct cp *cp, char kind, const char *a, int64_t rev)
+{
+	struct tt_err err = { 0 };
+	char msg[TT_NAME_MAX + TT_SBX_ID_LEN + 32];
+
+	if (!cpdb_shared(cp->db))
+		return;
+	if (kind == 'a')
+		snprintf(msg, sizeof(msg), "a %s %lld", a, (long long)rev);
+	else
+		snprintf(msg, sizeof(msg), "%c %s", kind, a);
+	if (cpdb_notify(cp->db, msg, &err) < 0)
+		log_warn("replicas: cannot notify (%s): %s", msg, err.msg);
+}
+
+/* feed_wake: new updates for worker (NULL = all workers), here and on
+ * the other replicas. */
+void feed_wake(struct cp *cp, const char *worker)
+{
+	wake_here(cp, worker);
+	feed_tell(cp, 'f', worker ? worker : "*", 0);
+}
+
+/* feed_acked: worker acknowledged everything up to rev, here and there. */
+void feed_acked(struct cp *cp, const char *worker, int64_t rev)
+{
+	acked_here(cp, worker, rev);
+	feed_tell(cp, 'a', worker, rev);
+}
+
+/* feed_settled: the pending operation of sbx settled, here and there. */
+void feed_settled(struct cp *cp, const char *sbx)
+{
+	settled_here(cp, sbx);
+	feed_tell(cp, 's', sbx, 0);
+}
+
+/* feed_told: one message from another replica (see feed_tell). */
+void feed_told(struct cp *cp, const char *msg)
+{
+	char a[TT_NAME_MAX + TT_SBX_ID_LEN + 2];
+	long long rev = 0;
+
+	if (strlen(msg) < 3 || msg[1] != ' ' ||
+	    sscanf(msg + 2, "%65s %lld", a, &rev) < 1)
+		return;
+	if (msg[0] == 'f')
+		wake_here(cp, strcmp(a, "*") == 0 ? NULL : a);
+	else if (msg[0] == 'a')
+		acked_here(cp, a, rev);
+	else if (msg[0] == 's')
+		settled_here(cp, a);
+}
+
+/* ack_recheck: what a lost message would have told p: answered once its
+ * worker's ack (in the store) covers it, or its operation settled. */
+static void ack_recheck(struct cp_park *p)
+{
+	struct tt_err err = { 0 };
+	struct cp_worker w;
+	struct cp_sandbox sb;
+
+	if (cpdb_worker_get(p->cp->db, p->worker, &w, &err) == 1 && w.acked_rev >= p->rev) {
+		ack_answer(p);
+		return;
+	}
+	if (p->what == CP_WAIT_DELETE ||
+	    (p->what == CP_WAIT_CREATE &&
+	     (cpdb_sandbox_get(p->cp->db, p->sbx, &sb, &err) != 1 ||
+	      strcmp(sb.state, "starting") == 0)))
+		return;
+	ack_answer(p); /* a pending operation is still waited for */
+}
+
+/* feed_recheck: the backstop of the messages (a replica's LISTEN
+ * connection may have broken, and one the store cannot deliver is lost):
+ * parked polls look for updates, ack waiters at the store, and polls
+ * parked here keep their worker's liveness stamp fresh for the other
+ * replicas (which do not see this poll). From the sweep. */
+void feed_recheck(struct cp *cp)
+{
+	struct tt_err err = { 0 };
+	int64_t now = tt_now();
+	int64_t every = cp->worker_timeout / 3 > 1 ? cp->worker_timeout / 3 : 1;
+
+	wake_here(cp, NULL);
+	for (struct cp_park *p = cp->parked; p != NULL; p = p->next) {
+		if (p->kind == PARK_ACK && p->reply == NULL)
+			ack_recheck(p);
+		if (p->kind == PARK_FEED && p->reply == NULL && now - p->stamped >= every) {
+			p->stamped = now;
+			if (cpdb_worker_seen(cp->db, p->worker, now, &err) < 0)
+				log_warn("replicas: stamping %s: %s", p->worker, err.msg);
+		}
+	}
+	settle_wake(cp, NULL);
 }
 
 /* feed_writable: writes a ready reply of this connection's parked request,

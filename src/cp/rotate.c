@@ -110,6 +110,13 @@ int cp_rotate_start(struct cp *cp, struct cp_sess *s, struct lws *wsi)
 	if (r->active)
 		return http_reply_error(wsi, 409, "conflict", "a rotation to %s is in progress",
 		                        r->next_kid);
+	/* each replica's signer would need the next key, and all of them to
+	 * switch together: not built (docs/ARCHITECTURE.md) */
+	if (cpdb_shared(cp->db))
+		return http_reply_error(wsi, 409, "conflict", "key rotation needs a single "
+		                        "control plane on SQLite; with replicas on %s, "
+		                        "rotate by giving every replica a new key pair "
+		                        "while stopped", cpdb_backend(cp->db));
 	if (slash == NULL || snprintf(next, sizeof(next), "%.*s/signer.next.key",
 	                              (int)(slash - cp->signer.key_path),
 	                              cp->signer.key_path) >= (int)sizeof(next))

@@ -184,11 +184,12 @@ int cp_worker_sent(struct cp *cp, const char *worker, int64_t rev,
 
 static const char worker_usage[] =
 	"usage: tetherd worker add --state CPDIR --id W --node-url URL [--out FILE]\n"
-	"       tetherd worker revoke --state CPDIR --id W\n"
+	"                          [--db postgresql://…]\n"
+	"       tetherd worker revoke --state CPDIR --id W [--db postgresql://…]\n"
 	"  add: a fresh credential for worker W ([a-z0-9_-], as tetherd node takes;\n"
 	"  replacing its old one, which is refused from then on), allowed to\n"
 	"  register only at URL; written once to FILE (mode 0600; default stdout).\n"
-	"  Only its SHA-256 is kept, in CPDIR/cp.db.\n";
+	"  Only its SHA-256 is kept, in CPDIR/cp.db (or the replicas' --db).\n";
 
 /* cred_write: the credential to path (0600, whole or not at all). */
 static int cred_write(const char *path, const char *cred, struct tt_err *err)
@@ -250,9 +251,11 @@ int worker_main(int argc, char **argv)
 		{ "id", required_argument, NULL, 'i' },
 		{ "node-url", required_argument, NULL, 'u' },
 		{ "out", required_argument, NULL, 'o' },
+		{ "db", required_argument, NULL, 'd' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *state = NULL, *id = NULL, *url = NULL, *out = NULL, *verb;
+	const char *dburl = NULL;
 	char path[PATH_MAX];
 	struct tt_err err = { 0 };
 	struct cpdb *db;
@@ -270,10 +273,11 @@ int worker_main(int argc, char **argv)
 		case 'i': id = optarg; break;
 		case 'u': url = optarg; break;
 		case 'o': out = optarg; break;
+		case 'd': dburl = optarg; break;
 		default: fputs(worker_usage, stderr); return 2;
 		}
 	}
-	if (optind != argc || state == NULL ||
+	if (optind != argc || state == NULL || (dburl != NULL && !cpdb_is_url(dburl)) ||
 	    !cp_name_ok(id) || id[strspn(id, "abcdefghijklmnopqrstuvwxyz0123456789_-")] ||
 	    (strcmp(verb, "add") == 0 && (url == NULL || strlen(url) >= CPDB_URL_MAX ||
 	     (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0))) ||
@@ -290,7 +294,7 @@ int worker_main(int argc, char **argv)
 		fprintf(stderr, "tetherd worker: --state is too long\n");
 		return 1;
 	}
-	db = cpdb_open(path, &err);
+	db = cpdb_open(dburl != NULL ? dburl : path, &err);
 	if (db == NULL) {
 		fprintf(stderr, "tetherd worker: %s\n", err.msg);
 		return 1;

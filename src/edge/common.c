@@ -12,6 +12,7 @@
 #include "cleanup.h"
 #include "metrics.h"
 #include "timefmt.h"
+#include "urllist.h"
 
 /* edge_route_take: ent's token moves into rt, the old one is wiped. */
 void edge_route_take(struct edge_route *rt, struct route_entry *ent)
@@ -138,4 +139,56 @@ void edge_cap_request(CURL *c, const char *cp_url, const char *sbx,
 	curl_easy_setopt(c, CURLOPT_HTTPHEADER, *hdrs);
 	curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)n);
 	curl_easy_setopt(c, CURLOPT_COPYPOSTFIELDS, body);
+}
+
+/* ---- the control-plane replicas -------------------------------------- */
+
+static struct urllist edge_cps;
+
+/* edge_cp_set: see edge_int.h. */
+int edge_cp_set(const char *csv, struct tt_err *err)
+{
+	return urllist_parse(&edge_cps, csv, err);
+}
+
+/* edge_cp_url: see edge_int.h. */
+const char *edge_cp_url(void)
+{
+	return urllist_pick(&edge_cps, 1);
+}
+
+/* edge_cp_failed: see edge_int.h. */
+int edge_cp_failed(CURL *e, CURLcode rc)
+{
+	if (!urllist_failed(&edge_cps, e, rc))
+		return 0;
+	if (edge_cps.n > 1)
+		metrics_inc("tether_edge_cp_failovers_total", NULL);
+	return 1;
+}
+
+/* edge_idem_key: see edge_int.h. */
+void edge_idem_key(struct lws *wsi, char out[EDGE_IDEM_MAX + 1])
+{
+	static const char name[] = "idempotency-key:";
+	static const char b32[] = "abcdefghijklmnopqrstuvwxyz234567";
+	unsigned char rnd[17];
+	int len = lws_hdr_custom_length(wsi, name, (int)sizeof(name) - 1);
+
+	if (len > 0 && len <= EDGE_IDEM_MAX &&
+	    lws_hdr_custom_copy(wsi, out, EDGE_IDEM_MAX + 1, name,
+	                        (int)sizeof(name) - 1) == len &&
+	    strspn(out, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+	                "0123456789._:-") == (size_t)len)
+		return;
+	randombytes_buf(rnd, 16);
+	rnd[16] = 0;
+	memcpy(out, "idem_", 5);
+	for (unsigned i = 0; i < 26; i++) { /* 5 bits each, 128 in all */
+		unsigned bit = i * 5, v = rnd[bit / 8] | (unsigned)rnd[bit / 8 + 1] << 8;
+
+		out[5 + i] = b32[(v >> (bit % 8)) & 31];
+	}
+	out[31] = '\0';
+	sodium_memzero(rnd, sizeof(rnd));
 }

@@ -43,6 +43,7 @@
 #include "metrics.h"
 #include "tetherd/roles.h"
 #include "timefmt.h"
+#include "urllist.h"
 #include "wirecode.h"
 
 #define EDGE_CAP_MARGIN 30          /* refresh capabilities this early (s) */
@@ -59,7 +60,6 @@ struct edge {
 	uv_loop_t *loop;
 	struct httpc *hc;
 	struct lws_context *ctx;
-	char cp_url[256];
 	struct routes *routes; /* owned */
 };
 
@@ -130,6 +130,7 @@ struct xreq {
 	uint64_t t0_us;
 	/* the access log (src/edge/access.c) */
 	char rid[HTTP_RID_MAX + 1]; /* X-Request-Id, sent on to cp and node */
+	char idem[EDGE_IDEM_MAX + 1]; /* lifecycle calls: Idempotency-Key */
 	char decision[24];         /* a receiver's refusal, and why */
 	char reason[48];
 	uint64_t in_received;      /* request body bytes from the client */
@@ -574,10 +575,16 @@ static void lifecycle_done(CURL *easy, CURLcode rc, void *arg)
 	long status = 0;
 
 	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
-	/* the cp restarts: a call that never reached it, or a read, is
-	 * asked again (a transition it made is never repeated) */
-	if (rc != CURLE_OK && ((rc == CURLE_COULDNT_CONNECT && !curlonce_sent(&x->in_once)) ||
-	                       strcmp(x->method, "GET") == 0) &&
+	/* the cp restarts, or a replica died: a call that never reached it,
+	 * a read, or one whose answer was lost but that carries its
+	 * Idempotency-Key (the replica that started it recorded what; one
+	 * that did not start it does so now) is asked again, on another
+	 * replica where there is one; a transition is never made twice */
+	if (rc != CURLE_OK)
+		edge_cp_failed(easy, rc);
+	if (rc != CURLE_OK &&
+	    ((rc == CURLE_COULDNT_CONNECT && !curlonce_sent(&x->in_once)) ||
+	     strcmp(x->method, "GET") == 0 || (x->idem[0] != '\0' && urllist_lost(rc))) &&
 	    xreq_retry_later(x, easy, RETRY_LIFECYCLE))
 		return;
 	/* a transition the edge itself carried replaces the execution: no
@@ -594,7 +601,7 @@ static void lifecycle_start(struct xreq *x)
 	char url[3000];
 	struct tt_err err;
 
-	snprintf(url, sizeof(url), "%s%s%s%s", x->e->cp_url, x->path,
+	snprintf(url, sizeof(url), "%s%s%s%s", edge_cp_url(), x->path,
 	         x->query[0] ? "?" : "", x->query);
 	x->phase = P_NODE;
 	x->easy = up_easy(x, url);
@@ -616,6 +623,10 @@ static void lifecycle_start(struct xreq *x)
 		x->hdrs = curl_slist_append(x->hdrs, w);
 		if (!x->auth[0]) { /* up_headers adds it otherwise */
 			snprintf(w, sizeof(w), "X-Request-Id: %s", x->rid);
+			x->hdrs = curl_slist_append(x->hdrs, w);
+		}
+		if (x->idem[0] != '\0') {
+			snprintf(w, sizeof(w), "Idempotency-Key: %s", x->idem);
 			x->hdrs = curl_slist_append(x->hdrs, w);
 		}
 	}
@@ -926,6 +937,8 @@ static void cap_done(CURL *easy, CURLcode rc, void *arg)
 	long status = 0;
 
 	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+	if (rc != CURLE_OK)
+		edge_cp_failed(easy, rc); /* the next fetch asks another replica */
 	if (rc != CURLE_OK && x->wsi != NULL) {
 		route_fetch_end(x);
 		if (xreq_retry_later(x, easy, RETRY_ROUTE))
@@ -968,7 +981,7 @@ static void cap_fetch(struct xreq *x)
 	}
 	/* a rebuilt attempt after RefreshRoute asks for another execution than
 	 * the refused one (the cp waits for it, within wait_s) */
-	edge_cap_request(x->easy, x->e->cp_url, x->sbx, x->auth, x->wait_s,
+	edge_cap_request(x->easy, edge_cp_url(), x->sbx, x->auth, x->wait_s,
 	                 x->refreshed ? &x->rt : NULL, &x->hdrs);
 	{
 		char rid[HTTP_RID_MAX + 16];
@@ -1249,6 +1262,8 @@ static int edge_http(struct lws *wsi, struct pss *pss, struct edge *e,
 	x->in_length = -1;
 	snprintf(x->method, sizeof(x->method), "%s", m);
 	http_request_id(wsi, x->rid);
+	if (strcmp(m, "GET") != 0)
+		edge_idem_key(wsi, x->idem);
 	if (strlen(uri) >= sizeof(x->path) ||
 	    query_rebuild(wsi, x->query, sizeof(x->query)) < 0)
 		return xreq_refuse(x, wsi, 414, "too_large", "URI too long");
@@ -1455,7 +1470,8 @@ static int edge_parse_listen(const char *s, char *host, size_t cap, int *port)
 	return 0;
 }
 
-/* edge_main: tetherd edge --listen HOST:PORT --cp URL. */
+/* edge_main: tetherd edge --listen HOST:PORT --cp URL[,URL…] (several:
+ * control-plane replicas, failed over). */
 int edge_main(int argc, char **argv)
 {
 	struct edge e;
@@ -1478,14 +1494,12 @@ int edge_main(int argc, char **argv)
 	}
 	if (listen == NULL || cp == NULL ||
 	    edge_parse_listen(listen, host, sizeof(host), &port) < 0 ||
-	    strncmp(cp, "http", 4) != 0 || strlen(cp) >= sizeof(e.cp_url)) {
-		fprintf(stderr, "usage: tetherd edge --listen HOST:PORT --cp URL\n");
+	    edge_cp_set(cp, &err) < 0) {
+		fprintf(stderr, "%s%susage: tetherd edge --listen HOST:PORT --cp URL[,URL…]\n",
+		        err.msg, err.msg[0] ? "\n" : "");
 		return 1;
 	}
 	memset(&e, 0, sizeof(e));
-	snprintf(e.cp_url, sizeof(e.cp_url), "%s", cp);
-	for (size_t n = strlen(e.cp_url); n > 0 && e.cp_url[n - 1] == '/'; n--)
-		e.cp_url[n - 1] = '\0';
 	if (sodium_init() < 0) {
 		log_error("sodium_init failed");
 		return 1;
@@ -1502,8 +1516,8 @@ int edge_main(int argc, char **argv)
 		log_error("%s", err.msg);
 		return 1;
 	}
-	edgews_setup(e.hc, e.cp_url, e.routes);
-	edge_status_setup(e.loop, e.hc, e.cp_url);
+	edgews_setup(e.hc, e.routes);
+	edge_status_setup(e.loop, e.hc);
 	/* a client, its backend transfer and an rxguard dup */
 	http_server_set_fds_per_conn(3);
 	e.ctx = http_server_new(e.loop, host, port, edge_protocols, &e, &err);
@@ -1515,7 +1529,7 @@ int edge_main(int argc, char **argv)
 	uv_signal_init(e.loop, &sigterm);
 	uv_signal_start(&sigint, edge_on_signal, SIGINT);
 	uv_signal_start(&sigterm, edge_on_signal, SIGTERM);
-	log_info("listening on %s:%d, control plane %s", host, port, e.cp_url);
+	log_info("listening on %s:%d, control plane %s", host, port, cp);
 	uv_run(e.loop, UV_RUN_DEFAULT);
 	log_info("signal %d: stopping", edge_stop_signal);
 	http_server_free(e.ctx);

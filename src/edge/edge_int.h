@@ -8,9 +8,13 @@
 
 #include <curl/curl.h>
 #include <jansson.h>
+#include <libwebsockets.h>
 
 #include "access.h"
 #include "edge/routes.h"
+#include "err.h"
+
+#define EDGE_IDEM_MAX 64 /* an Idempotency-Key */
 
 /* The ops of every capability the edge asks for: the ones it relays. */
 #define EDGE_CAP_OPS "[\"exec\",\"fs.read\",\"fs.write\"]"
@@ -47,6 +51,20 @@ int edge_cap_parse(json_t *j, struct route_entry *f);
 int edge_cap_commit(struct routes *r, const unsigned char *kh, const char *sbx,
                     const struct route_ticket *t, const struct route_entry *f,
                     struct route_entry *take);
+/* The control-plane replicas the edge calls (--cp URL[,URL…], lib/urllist.h):
+ * edge_cp_set parses them; edge_cp_url is the one the next call goes to
+ * (spread over those up); edge_cp_failed, after a transfer to one, passes
+ * it over for a while when rc says it refused, timed out or lost the
+ * answer (1 then). */
+int edge_cp_set(const char *csv, struct tt_err *err);
+const char *edge_cp_url(void);
+int edge_cp_failed(CURL *e, CURLcode rc);
+/* edge_idem_key: the key a lifecycle call carries to the cp
+ * (Idempotency-Key): the client's own when it sent a valid one, else a
+ * fresh random one; the same key goes to every replica the call is tried
+ * on, so the one that started it is the only one that does. */
+void edge_idem_key(struct lws *wsi, char out[EDGE_IDEM_MAX + 1]);
+
 /* edge_cap_request: makes c a capability request for
  * sbx to cp_url with the caller's auth ("Bearer …"); the header list goes
  * to *hdrs (owned by the caller until the transfer ends). The cp waits up

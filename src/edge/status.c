@@ -86,7 +86,6 @@ struct edge_status_req {
 static struct es_session es_tab[ES_SESSIONS];
 static uv_loop_t *es_loop;
 static struct httpc *es_hc;
-static const char *es_cp_url;
 
 /* es_now_us: monotonic microseconds. */
 static uint64_t es_now_us(void)
@@ -354,7 +353,7 @@ static int es_fetch_start(struct edge_status_req *r, size_t i, const char *path)
 	f->easy = curl_easy_init();
 	if (f->easy == NULL)
 		return -1;
-	snprintf(url, sizeof(url), "%s%s", es_cp_url, path);
+	snprintf(url, sizeof(url), "%s%s", edge_cp_url(), path);
 	snprintf(line, sizeof(line), "Authorization: Bearer %s", r->key);
 	f->hdrs = curl_slist_append(NULL, line);
 	sodium_memzero(line, sizeof(line));
@@ -457,7 +456,8 @@ static void es_fetch_done(CURL *easy, CURLcode rc, void *arg)
 	struct edge_status_req *r = f->r;
 	long st[ES_FETCHES] = { 0 };
 
-	(void)easy, (void)rc; /* a failed transfer's status is 0 */
+	if (rc != CURLE_OK) /* a failed transfer's status is 0 */
+		edge_cp_failed(easy, rc); /* the next page asks another replica */
 	r->pending--;
 	if (r->pending > 0)
 		return;
@@ -555,11 +555,10 @@ static int es_post_go(struct lws *wsi, struct edge_status_req **sr)
 }
 
 /* edge_status_setup: see status.h. */
-void edge_status_setup(uv_loop_t *loop, struct httpc *hc, const char *cp_url)
+void edge_status_setup(uv_loop_t *loop, struct httpc *hc)
 {
 	es_loop = loop;
 	es_hc = hc;
-	es_cp_url = cp_url;
 }
 
 /* es_static: the page's fixed resources; NULL when uri is none of them. */

@@ -18,7 +18,7 @@ struct edge_status_req;
 
 /* edge_status_setup: the client the data endpoint asks the control plane
  * with, and its URL (borrowed for the process's life). */
-void edge_status_setup(uv_loop_t *loop, struct httpc *hc, const char *cp_url);
+void edge_status_setup(uv_loop_t *loop, struct httpc *hc);
 /* What edge_status_http answers when the request is not the page's. */
 #define EDGE_STATUS_NOT_MINE 1000
 /* edge_status_http: a new request for uri: the page's paths (/, /login,

@@ -59,7 +59,6 @@
 /* What the relay borrows from the HTTP edge (edgews_setup). */
 static struct {
 	struct httpc *hc;
-	const char *cp_url;
 	struct routes *routes;
 } ews_env;
 
@@ -118,10 +117,9 @@ static void ews_resolve(struct edgews *x);
 static bool ews_retry_later(struct edgews *x);
 
 /* edgews_setup: see ws.h. */
-void edgews_setup(struct httpc *hc, const char *cp_url, struct routes *routes)
+void edgews_setup(struct httpc *hc, struct routes *routes)
 {
 	ews_env.hc = hc;
-	ews_env.cp_url = cp_url;
 	ews_env.routes = routes;
 }
 
@@ -349,6 +347,8 @@ static void ews_cap_done(CURL *easy, CURLcode rc, void *arg)
 	int ok;
 
 	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+	if (rc != CURLE_OK)
+		edge_cp_failed(easy, rc); /* the next fetch asks another replica */
 	curl_easy_cleanup(easy);
 	curl_slist_free_all(x->hdrs);
 	x->hdrs = NULL;
@@ -416,7 +416,7 @@ static void ews_cap_fetch(struct edgews *x)
 	if (c == NULL)
 		goto fail;
 	/* the rebuilt attempt asks for another execution than the refused one */
-	edge_cap_request(c, ews_env.cp_url, x->sbx, x->auth, x->wait_s,
+	edge_cap_request(c, edge_cp_url(), x->sbx, x->auth, x->wait_s,
 	                 x->retried ? &x->rt : NULL, &x->hdrs);
 	{
 		char rid[HTTP_RID_MAX + 16];

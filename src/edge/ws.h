@@ -24,7 +24,7 @@ struct edgews_pss {
 
 /* edgews_setup: what the relay shares with the HTTP edge (borrowed; they
  * outlive every stream): the curl client, the cp URL and the route cache. */
-void edgews_setup(struct httpc *hc, const char *cp_url, struct routes *routes);
+void edgews_setup(struct httpc *hc, struct routes *routes);
 /* edgews_callback: lws callback of the "tether.exec.v1" protocol, for both
  * the client-facing (server) and the node-facing (client) connections. */
 int edgews_callback(struct lws *wsi, enum lws_callback_reasons reason,

@@ -107,6 +107,8 @@ static void ev_post_done(CURL *easy, CURLcode rc, void *arg)
 
 	if (rc == CURLE_OK)
 		curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+	else
+		urllist_failed(&p->n->cps, easy, rc); /* the next goes elsewhere */
 	curl_easy_cleanup(easy);
 	if (status != 0 && p->ans != NULL)
 		ans = json_loadb(p->ans, p->ans_len, JSON_REJECT_DUPLICATES, NULL);
@@ -142,7 +144,7 @@ int node_cp_post(struct node *n, const char *path, json_t *body, long timeout_ms
 	sodium_memzero(auth, sizeof(auth));
 	if (p->hdrs != NULL)
 		p->hdrs = curl_slist_append(p->hdrs, "Content-Type: application/json");
-	snprintf(url, sizeof(url), "%s%s", n->cp_url, path);
+	snprintf(url, sizeof(url), "%s%s", urllist_pick(&n->cps, 0), path);
 	curl_easy_setopt(easy, CURLOPT_URL, url);
 	curl_easy_setopt(easy, CURLOPT_HTTPHEADER, p->hdrs);
 	http_easy_direct(easy);

@@ -145,7 +145,7 @@ static void feed_register(struct node_feed *f)
 	char url[1024];
 	json_t *body = json_pack("{s:s,s:s}", "id", n->id, "node_url", n->node_url);
 
-	snprintf(url, sizeof(url), "%s/v1/workers/register", n->cp_url);
+	snprintf(url, sizeof(url), "%s/v1/workers/register", urllist_pick(&n->cps, 0));
 	if (body == NULL || feed_http(f, url, body, FEED_CALL_TIMEOUT_MS) < 0)
 		feed_retry(f);
 	json_decref(body);
@@ -158,7 +158,7 @@ static void feed_poll(struct node_feed *f)
 	char url[1024];
 
 	snprintf(url, sizeof(url), "%s/v1/feed?worker=%s&after=%" PRIu64 "&wait=%d",
-	         n->cp_url, n->id, n->applied_rev, FEED_WAIT_S);
+	         urllist_pick(&n->cps, 0), n->id, n->applied_rev, FEED_WAIT_S);
 	f->poll_started = uv_now(n->loop);
 	if (feed_http(f, url, NULL, FEED_POLL_TIMEOUT_MS) < 0)
 		feed_retry(f);
@@ -175,7 +175,7 @@ static void feed_ack(struct node_feed *f)
 		f->results = json_array();
 	body = json_pack("{s:s,s:I,s:O}", "worker", n->id, "rev",
 	                 (json_int_t)n->applied_rev, "results", f->results);
-	snprintf(url, sizeof(url), "%s/v1/feed/ack", n->cp_url);
+	snprintf(url, sizeof(url), "%s/v1/feed/ack", urllist_pick(&n->cps, 0));
 	if (body == NULL || feed_http(f, url, body, FEED_CALL_TIMEOUT_MS) < 0)
 		feed_retry(f);
 	json_decref(body);
@@ -460,6 +460,11 @@ static void feed_on_http_done(CURL *easy, CURLcode rc, void *arg)
 	json_error_t jerr;
 
 	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+	/* a replica gone: the next request goes to another (an ack too: its
+	 * updates are in the one database; the position is ours) */
+	if (rc != CURLE_OK && urllist_failed(&f->n->cps, easy, rc) && f->n->cps.n > 1)
+		log_warn("feed: control plane %s failed (%s); failing over",
+		         f->n->cps.url[f->n->cps.cur], curl_easy_strerror(rc));
 	curl_easy_cleanup(easy);
 	f->easy = NULL;
 	if (f->stopping)

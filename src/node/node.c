@@ -186,9 +186,8 @@ static int node_parse(struct node *n, int argc, char **argv, struct tt_err *err)
 	n->port = (int)port;
 	snprintf(n->node_url, sizeof(n->node_url), "http://%s:%d", n->listen_host,
 	         n->port);
-	if (strncmp(n->cp_url, "http://", 7) != 0 &&
-	    strncmp(n->cp_url, "https://", 8) != 0)
-		return tt_err_set(err, TT_ERR_INVALID, "--cp wants an http(s) URL");
+	if (urllist_parse(&n->cps, n->cp_url, err) < 0)
+		return -1;
 	/* Unix socket paths may be of any length (unixaddr.h); the state
 	 * dir's own limit is the manager's (manager/paths.h). */
 	if (strlen(n->state_dir) > TT_WORKER_STATE_MAX)

@@ -5,6 +5,7 @@
 #ifndef TT_NODE_NODE_H
 #define TT_NODE_NODE_H
 
+#include "urllist.h"
 #include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -30,7 +31,10 @@ struct uvutil_pool;
 struct node {
 	uv_loop_t *loop;
 	const char *id;            /* worker id ("w1") */
-	const char *cp_url;        /* control plane base URL */
+	const char *cp_url;        /* --cp: the control plane's base URL, or
+	                            * its replicas' (URL,URL…) */
+	struct urllist cps;        /* those URLs: the feed stays on one, and
+	                            * moves on when it fails (lib/urllist.h) */
 	const char *state_dir;
 	const char *guest_bin;     /* may be NULL */
 	const char *snap_dir;      /* --snapshots, passed to the manager; may be NULL */

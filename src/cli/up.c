@@ -124,6 +124,7 @@ static int up_parse(struct up *u, int argc, char **argv)
 	const char *home = getenv("HOME");
 
 	u->workers = 2;
+	u->replicas = 1;
 	u->base = 7700;
 	if (home == NULL || home[0] == '\0')
 		home = "/root";
@@ -148,6 +149,16 @@ static int up_parse(struct up *u, int argc, char **argv)
 				return cli_fail("up: --port must be 1024..%d",
 				               65535 - 10 - UP_MAX_WORKERS);
 			u->base = (int)n;
+		} else if (strcmp(argv[i], "--cp-replicas") == 0 && v) {
+			long n = strtol(v, &end, 10);
+			if (*end || n < 1 || n > UP_MAX_REPLICAS)
+				return cli_fail("up: --cp-replicas must be 1..%d", UP_MAX_REPLICAS);
+			u->replicas = (int)n;
+		} else if (strcmp(argv[i], "--db") == 0 && v) {
+			if ((strncmp(v, "postgresql://", 13) != 0 &&
+			     strncmp(v, "postgres://", 11) != 0) || strlen(v) >= sizeof(u->db))
+				return cli_fail("up: --db takes a postgresql:// URL");
+			snprintf(u->db, sizeof(u->db), "%s", v);
 		} else if (strcmp(argv[i], "--disk-mb") == 0 && v) {
 			long n = strtol(v, &end, 10);
 			if (*end || n < 16 || n > (1L << 24))
@@ -161,10 +172,15 @@ static int up_parse(struct up *u, int argc, char **argv)
 			}
 		} else {
 			return cli_fail("usage: tether up [--workers N] [--state DIR] "
-			               "[--port BASE] [--disk-mb N]");
+			               "[--port BASE] [--disk-mb N] [--cp-replicas N "
+			               "--db postgresql://…]");
 		}
 		i++;
 	}
+	if (u->replicas > 1 && u->db[0] == '\0')
+		return cli_fail("up: --cp-replicas %d needs --db postgresql://… (the "
+		                "replicas share one database; SQLite serves one)",
+		                u->replicas);
 	{
 		/* Refused now rather than by the first worker: each worker's
 		 * state dir is STATE/workers/wN (manager/paths.h). */
@@ -233,6 +249,12 @@ static int up_lock(const struct up *u)
 	return tt_steal_fd(&fd);
 }
 
+/* up_cp_port: control-plane replica r's port (1: BASE, then BASE+2..). */
+static int up_cp_port(const struct up *u, int r)
+{
+	return r == 1 ? u->base : u->base + r;
+}
+
 /* up_ports_free: checks every port of the cluster before starting, so a
  * second 'tether up' says so instead of finding the first one's daemons
  * answering its health checks. 0 free, -1 reported. */
@@ -240,12 +262,12 @@ static int up_ports_free(struct up *u)
 {
 	int port;
 
-	for (int i = -1; i <= u->workers; i++) {
-		port = i < 0 ? u->base : i == 0 ? u->base + 1 : u->base + 10 + i;
+	for (int i = -u->replicas; i <= u->workers; i++) {
+		port = i < 0 ? up_cp_port(u, -i) : i == 0 ? u->base + 1 : u->base + 10 + i;
 		if (port_in_use(port))
 			return cli_fail("port %d is in use (another 'tether up'?); pick "
 			                "other ports with --port BASE (uses BASE, BASE+1, "
-			                "BASE+11..)", port), -1;
+			                "BASE+2.. for more control planes, BASE+11..)", port), -1;
 	}
 	return 0;
 }
@@ -258,11 +280,15 @@ static int up_provision(struct up *u, char *tetherd, char *id, char *url,
 {
 	char dir[PATH_MAX + 32];
 	char *argv[] = { tetherd, "worker", "add", "--state", dir, "--id", id,
-	                 "--node-url", url, "--out", credf, NULL };
+	                 "--node-url", url, "--out", credf, NULL, NULL, NULL };
 	int status;
 	pid_t pid;
 
 	snprintf(dir, sizeof(dir), "%s/cp", u->state);
+	if (u->db[0] != '\0') {
+		argv[11] = "--db";
+		argv[12] = u->db;
+	}
 	pid = fork();
 	if (pid < 0)
 		return cli_fail("cannot provision %s: fork: %s", id, strerror(errno)), -1;
@@ -305,13 +331,25 @@ static int up_start(struct up *u)
 	snprintf(cp_url, cap, "http://127.0.0.1:%d", u->base);
 	snprintf(edge_url, cap, "http://127.0.0.1:%d", u->base + 1);
 
+	/* The control plane: one, or replicas sharing --db and the key files
+	 * of STATE/cp (the first makes them; the others start after it). */
 	snprintf(dir, sizeof(dir), "%s/cp", u->state);
-	snprintf(listen, sizeof(listen), "127.0.0.1:%d", u->base);
-	char *cp_argv[] = { tetherd, "cp", "--state", dir, "--listen", listen, NULL };
-	if (up_spawn(u, UP_CP, "cp", u->base, cp_argv) != 0)
-		return -1;
-	if ((w = up_wait_healthy(u, "the control plane", cp_url)) != 0)
-		return w;
+	u->cp_urls[0] = '\0';
+	for (int r = 1; r <= u->replicas; r++) {
+		char name[16], url[96];
+		char *cp_argv[] = { tetherd, "cp", "--state", dir, "--listen", listen,
+		                    u->db[0] ? "--db" : NULL, u->db, NULL };
+
+		snprintf(listen, sizeof(listen), "127.0.0.1:%d", up_cp_port(u, r));
+		snprintf(url, sizeof(url), "http://%s", listen);
+		snprintf(name, sizeof(name), r == 1 ? "cp" : "cp%d", r);
+		snprintf(u->cp_urls + strlen(u->cp_urls), sizeof(u->cp_urls) - strlen(u->cp_urls),
+		         "%s%s", r > 1 ? "," : "", url);
+		if (up_spawn(u, UP_CP, name, up_cp_port(u, r), cp_argv) != 0)
+			return -1;
+		if ((w = up_wait_healthy(u, "the control plane", url)) != 0)
+			return w;
+	}
 	for (int i = 0; up_read_admin_key(u) < 0; i++) {
 		if (i == 50)
 			return cli_fail("%s/cp/admin.key is missing or empty (the API key "
@@ -343,7 +381,7 @@ static int up_start(struct up *u)
 		if (up_provision(u, tetherd, id, node_url, credf) < 0)
 			return -1;
 		char *node_argv[] = { tetherd, "node", "--id", id, "--listen", listen,
-		                      "--cp", cp_url, "--credential-file", credf,
+		                      "--cp", u->cp_urls, "--credential-file", credf,
 		                      "--feed-key-file", feedf,
 		                      "--state", dir, "--guest-bin", guest,
 		                      "--snapshots", snaps, "--uid-base", uid_base,
@@ -373,7 +411,7 @@ static int up_start(struct up *u)
 	}
 
 	snprintf(listen, sizeof(listen), "127.0.0.1:%d", u->base + 1);
-	char *edge_argv[] = { tetherd, "edge", "--listen", listen, "--cp", cp_url, NULL };
+	char *edge_argv[] = { tetherd, "edge", "--listen", listen, "--cp", u->cp_urls, NULL };
 	if (up_spawn(u, UP_EDGE, "edge", u->base + 1, edge_argv) != 0)
 		return -1;
 	return up_wait_healthy(u, "the edge", edge_url);
@@ -386,6 +424,9 @@ static void up_welcome(struct up *u, const char *cp_url, const char *edge_url,
 	printf("tether is up.\n\n");
 	printf("  edge           %s   (TETHER_URL; the CLI talks to this)\n", edge_url);
 	printf("  control plane  %s\n", cp_url);
+	for (int r = 2; r <= u->replicas; r++)
+		printf("  replica %-2d     http://127.0.0.1:%d   (%s)\n", r, up_cp_port(u, r),
+		       "PostgreSQL");
 	for (int i = 1; i <= u->workers; i++)
 		printf("  worker w%-2d     http://127.0.0.1:%d\n", i, u->base + 10 + i);
 	printf("\n  state  %s\n  logs   %s/logs/\n  config %s (url + API key)\n\n",

@@ -10,7 +10,8 @@
 #include <sys/types.h>
 
 #define UP_MAX_WORKERS 16
-#define UP_MAX_CHILDREN (UP_MAX_WORKERS + 2)
+#define UP_MAX_REPLICAS 8 /* control planes: ports BASE and BASE+2..BASE+9 */
+#define UP_MAX_CHILDREN (UP_MAX_WORKERS + 1 + UP_MAX_REPLICAS)
 #define UP_MAX_ARGS 32
 #define UP_OLD_GROUPS 8 /* a worker's earlier process groups still alive */
 
@@ -44,6 +45,9 @@ struct up {
 	char state[PATH_MAX];
 	char bindir[PATH_MAX];
 	char cp_url[128], edge_url[128];
+	char cp_urls[UP_MAX_REPLICAS * 32]; /* every replica's, comma-separated */
+	char db[512];        /* --db: the replicas' PostgreSQL; "" = SQLite */
+	int replicas;        /* --cp-replicas */
 	int base;
 	int workers;
 	char disk_mb[16];    /* --disk-mb for every worker; "" = its default */

@@ -580,11 +580,11 @@ static void lifecycle_done(CURL *easy, CURLcode rc, void *arg)
 	 * Idempotency-Key (the replica that started it recorded what; one
 	 * that did not start it does so now) is asked again, on another
 	 * replica where there is one; a transition is never made twice */
-	if (rc != CURLE_OK)
-		edge_cp_failed(easy, rc);
+	int replica_failed = rc != CURLE_OK && edge_cp_failed(easy, rc);
+
 	if (rc != CURLE_OK &&
 	    ((rc == CURLE_COULDNT_CONNECT && !curlonce_sent(&x->in_once)) ||
-	     strcmp(x->method, "GET") == 0 || (x->idem[0] != '\0' && urllist_lost(rc))) &&
+	     strcmp(x->method, "GET") == 0 || (x->idem[0] != '\0' && replica_failed)) &&
 	    xreq_retry_later(x, easy, RETRY_LIFECYCLE))
 		return;
 	/* a transition the edge itself carried replaces the execution: no

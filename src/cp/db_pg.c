@@ -32,9 +32,21 @@
 
 static const struct cpdb_drv pg_drv;
 
+#define PG_STMTS 128 /* statements prepared per connection (db.c has ~60) */
+
+/* A statement prepared on the connection, by its (translated) text. */
+struct pg_stmt {
+	char *sql;       /* owned; NULL: a free slot */
+	char name[12];
+};
+
 /* The connections of one store. */
 struct pg {
 	PGconn *c;       /* statements */
+	struct pg_stmt stmts[PG_STMTS]; /* prepared on c (parsed and planned
+	                                 * once: a statement costs one round
+	                                 * trip, not a parse each time) */
+	unsigned nstmts;
 	PGconn *lc;      /* LISTEN; NULL until asked, or after it broke */
 	int self_pid;    /* c's backend pid: our own NOTIFYs come from it */
 	int retry;       /* the last failure is retryable */
@@ -130,6 +142,52 @@ static int pg_fail(struct cpdb *db, PGresult *res, int commit, struct tt_err *er
 	return -1;
 }
 
+/* pg_forget: the statements prepared on a connection that is gone. */
+static void pg_forget(struct pg *pg)
+{
+	for (unsigned i = 0; i < PG_STMTS; i++) {
+		free(pg->stmts[i].sql);
+		pg->stmts[i].sql = NULL;
+	}
+	pg->nstmts = 0;
+}
+
+/* pg_prepared: the name of text prepared on c (prepared now if it was
+ * not), or NULL with the failed result in *res. */
+static const char *pg_prepared(struct pg *pg, const char *text, int n,
+                               const Oid *types, PGresult **res)
+{
+	uint32_t h = 2166136261u;
+	unsigned i;
+
+	*res = NULL;
+	for (const char *p = text; *p != '\0'; p++)
+		h = (h ^ (unsigned char)*p) * 16777619u;
+	for (unsigned k = 0; k < PG_STMTS; k++) {
+		i = (h + k) % PG_STMTS;
+		if (pg->stmts[i].sql == NULL)
+			break;
+		if (strcmp(pg->stmts[i].sql, text) == 0)
+			return pg->stmts[i].name;
+	}
+	if (pg->nstmts >= PG_STMTS * 3 / 4)
+		return ""; /* full (never with db.c's statements): unnamed */
+	i = h % PG_STMTS;
+	while (pg->stmts[i].sql != NULL)
+		i = (i + 1) % PG_STMTS;
+	snprintf(pg->stmts[i].name, sizeof(pg->stmts[i].name), "s%u", pg->nstmts);
+	*res = PQprepare(pg->c, pg->stmts[i].name, text, n, types);
+	if (PQresultStatus(*res) != PGRES_COMMAND_OK)
+		return NULL;
+	PQclear(*res);
+	*res = NULL;
+	pg->stmts[i].sql = strdup(text);
+	if (pg->stmts[i].sql == NULL)
+		return ""; /* prepared, but not remembered: unnamed next time */
+	pg->nstmts++;
+	return pg->stmts[i].name;
+}
+
 /* pg_reset: a broken connection is made again (before a statement that
  * is not inside a transaction: the transaction died with it). */
 static void pg_reset(struct cpdb *db)
@@ -139,6 +197,7 @@ static void pg_reset(struct cpdb *db)
 	if (PQstatus(pg->c) != CONNECTION_BAD)
 		return;
 	log_warn("postgresql: connection lost; reconnecting");
+	pg_forget(pg);
 	PQreset(pg->c);
 	if (PQstatus(pg->c) == CONNECTION_OK)
 		pg->self_pid = PQbackendPID(pg->c);
@@ -173,6 +232,7 @@ static int pg_run(struct cpdb *db, const char *sql, const struct cpdb_arg *a,
 	struct cpdb_row row = { &pg_drv, NULL, 0 };
 	PGresult *res;
 	ExecStatusType st;
+	const char *name;
 	int rc = 0;
 
 	if (n > CPDB_ARGS_MAX || pg_sql(sql, text, sizeof(text)) < 0)
@@ -187,7 +247,16 @@ static int pg_run(struct cpdb *db, const char *sql, const struct cpdb_arg *a,
 			vals[i] = nums[i];
 		}
 	}
-	res = PQexecParams(pg->c, text, n, types, vals, NULL, NULL, 0);
+	name = pg_prepared(pg, text, n, types, &res);
+	if (name == NULL) {
+		rc = pg_fail(db, res, 0, err);
+		PQclear(res);
+		return rc;
+	}
+	if (name[0] == '\0')
+		res = PQexecParams(pg->c, text, n, types, vals, NULL, NULL, 0);
+	else
+		res = PQexecPrepared(pg->c, name, n, vals, NULL, NULL, 0);
 	st = PQresultStatus(res);
 	if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
 		rc = pg_fail(db, res, 0, err);
@@ -409,6 +478,7 @@ static void pg_close(struct cpdb *db)
 		return;
 	PQfinish(pg->c);
 	PQfinish(pg->lc);
+	pg_forget(pg);
 	free(pg);
 	db->h = NULL;
 }

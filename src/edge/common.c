@@ -192,3 +192,20 @@ void edge_idem_key(struct lws *wsi, char out[EDGE_IDEM_MAX + 1])
 	out[31] = '\0';
 	sodium_memzero(rnd, sizeof(rnd));
 }
+
+/* edge_idem_eligible: see edge_int.h. */
+bool edge_idem_eligible(const char *method, const char *path)
+{
+	const char *rest;
+
+	if (strcmp(path, "/v1/sandboxes") == 0)
+		return strcmp(method, "POST") == 0;
+	if (strncmp(path, "/v1/sandboxes/", 14) != 0)
+		return false;
+	rest = strchr(path + 14, '/');
+	if (rest == NULL)
+		return strcmp(method, "DELETE") == 0;
+	return strcmp(method, "POST") == 0 &&
+	       (strcmp(rest, "/pause") == 0 || strcmp(rest, "/resume") == 0 ||
+	        strcmp(rest, "/migrate") == 0 || strcmp(rest, "/capabilities") == 0);
+}

@@ -1262,7 +1262,7 @@ static int edge_http(struct lws *wsi, struct pss *pss, struct edge *e,
 	x->in_length = -1;
 	snprintf(x->method, sizeof(x->method), "%s", m);
 	http_request_id(wsi, x->rid);
-	if (strcmp(m, "GET") != 0)
+	if (edge_idem_eligible(m, uri))
 		edge_idem_key(wsi, x->idem);
 	if (strlen(uri) >= sizeof(x->path) ||
 	    query_rebuild(wsi, x->query, sizeof(x->query)) < 0)

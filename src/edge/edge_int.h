@@ -4,6 +4,7 @@
 #ifndef TT_EDGE_INT_H
 #define TT_EDGE_INT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <curl/curl.h>
@@ -64,6 +65,10 @@ int edge_cp_failed(CURL *e, CURLcode rc);
  * fresh random one; the same key goes to every replica the call is tried
  * on, so the one that started it is the only one that does. */
 void edge_idem_key(struct lws *wsi, char out[EDGE_IDEM_MAX + 1]);
+/* edge_idem_eligible: a call the cp dedupes by its Idempotency-Key (create,
+ * delete, pause, resume, migrate) or that changes nothing (a capability):
+ * one whose lost answer may be asked again of another replica. */
+bool edge_idem_eligible(const char *method, const char *path);
 
 /* edge_cap_request: makes c a capability request for
  * sbx to cp_url with the caller's auth ("Bearer …"); the header list goes

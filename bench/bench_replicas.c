@@ -24,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -288,6 +290,24 @@ static int pg_db(const char *url, const char *name, char *url2, size_t cap)
 	return 0;
 }
 
+/* span_free: ports base..base+19 can all be bound on 127.0.0.1 now. */
+static int span_free(int base)
+{
+	for (int p = base; p < base + 20; p++) {
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)p),
+		                         .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), ok;
+
+		if (fd < 0)
+			return 0;
+		ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+		close(fd);
+		if (!ok)
+			return 0;
+	}
+	return 1;
+}
+
 /* median3: the median of ROUNDS values. */
 static double median3(double *v)
 {
@@ -311,10 +331,13 @@ int main(void)
 		goto out;
 	}
 	for (int k = 0; k < NCFG; k++) {
-		if (cluster_start(&cfgs[k], base + k * 30) < 0 || cluster_ready(&cfgs[k]) < 0) {
+		while (!span_free(base) && base < 60000)
+			base += 30;
+		if (cluster_start(&cfgs[k], base) < 0 || cluster_ready(&cfgs[k]) < 0) {
 			fprintf(stderr, "bench_replicas: %s did not come up\n", cfgs[k].name);
 			goto out;
 		}
+		base += 30;
 	}
 	printf("bench_replicas: %d clients, %.0f s per measurement, %d interleaved rounds\n",
 	       CLIENTS, SECONDS, ROUNDS);

@@ -139,14 +139,15 @@ unit: all
 
 # All tests: unit, unit again under ASan+UBSan, fuzzers briefly on their
 # corpus, then integration tests against real daemons.
+JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 check: deps
-	@$(MAKE) --no-print-directory all
-	@$(MAKE) --no-print-directory BUILD=build-asan \
+	@$(MAKE) --no-print-directory -j$(JOBS) all
+	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build-asan \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
 	  CFLAGS="-O1 -g" build-asan/libtethercore.a build-asan/libtether.a build-asan/libtetherroles.a \
 	  build-asan/libtethersigner.a \
 	  $(patsubst tests/unit/%.c,build-asan/tests/%,$(TEST_SRC))
-	@$(MAKE) --no-print-directory fuzzers
+	@$(MAKE) --no-print-directory -j$(JOBS) fuzzers
 	@scripts/run-tests.sh all
 
 bench: all

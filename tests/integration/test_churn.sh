@@ -1,4 +1,5 @@
 #!/bin/bash
+# tether-test: slow
 # The short churn run (issue 12): a `tether up --workers 3` cluster, 6
 # sandboxes spread over the workers, and build/churn for 40 s through the
 # edge: 5 client threads of mixed exec / file read / file write / append /

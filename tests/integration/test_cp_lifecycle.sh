@@ -1,4 +1,5 @@
 #!/bin/bash
+# tether-test: slow
 # Control-plane lifecycle (issue 5): pause, resume, migrate, forced resume,
 # failures, progress and generations across a cp restart, against a real
 # `tetherd cp` (--worker-timeout 2). curl plays the workers: register,

@@ -1,4 +1,5 @@
 #!/bin/bash
+# tether-test: alone (its CPU figures need the machine to itself)
 # A CPU cap per sandbox, asked at create (issue 13, item 5; SPEC §9), on a
 # real cluster (`tether up --workers 2`) plus a hand-started worker w3 run
 # with no CPU cap of its own (--cpu-millis 0):

@@ -1,4 +1,5 @@
 #!/bin/bash
+# tether-test: slow
 # Crash safety under load (issue 12, "Proof suites"): one round of the
 # crash suite (scripts/crash.sh, tests/integration/crash_lib.sh). A
 # `tether up --workers 3` cluster, 6 sandboxes, build/churn as background

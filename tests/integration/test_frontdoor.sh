@@ -1,4 +1,5 @@
 #!/bin/bash
+# tether-test: slow
 # The front doors anyone can reach (the cp, the edge, node-api; issue 12):
 # each attack is refused and the honest request next to it still works.
 # - upgrades: only GET /v1/sandboxes/{id}/exec/ws with subprotocol

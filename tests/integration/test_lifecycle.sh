@@ -1,4 +1,5 @@
 #!/bin/bash
+# tether-test: slow
 # Lifecycle across workers (issue 5, SPEC §7): a real cluster (`tether up
 # --workers 2` in a temp HOME, plus a hand-started worker w3 we can kill),
 # pause / resume / migrate through the CLI, byte-exact files across workers,

@@ -1,4 +1,5 @@
 #!/bin/bash
+# tether-test: slow
 # Client recovery at the edge (SPEC §8) on a real cluster (`tether up
 # --workers 2`): a cached route made stale behind the edge's back (pause +
 # resume on the other worker, straight at the cp) is repaired with exactly

@@ -133,7 +133,7 @@ if kill -0 "$UP_PID" 2>/dev/null; then notok "Ctrl-C: tether up exits within 60 
 fi
 UP_PID=
 sed -n '/Interrupt received/,$p' "$WORK/up.err" | sed 's/^/# stop: /'
-grep -Eq '^stopped: [0-9]+ sandboxes? paused' "$WORK/up.err" && ok "the stop says what became of the sandboxes it paused" ||
+grep -Eq '^stopped: [0-9]+ sandbox(es)? paused' "$WORK/up.err" && ok "the stop says what became of the sandboxes it paused" ||
 	notok "stop reports the pausing sandbox" "$(sed -n '/Interrupt received/,$p' "$WORK/up.err")"
 # line_ms: the time of each line on stdin (RFC 3339, "…THH:MM:SS.mmmZ",
 # leading a log line or as an access record's "ts"), in ms of the day.

@@ -31,7 +31,7 @@ struct verb {
 };
 
 static const struct verb verbs[] = {
-	{ "up", cli_up, "up [--workers N] [--state DIR] [--port BASE] [--disk-mb N]\tstart a local cluster in the foreground (N: each sandbox's disk cap, MiB)" },
+	{ "up", cli_up, "up [--workers N] [--state DIR] [--port BASE] [--disk-mb N] [--cp-replicas R --db postgresql://…]\tstart a local cluster in the foreground (N: each sandbox's disk cap, MiB)" },
 	{ "create", cli_create, "create [--worker W] [--cpu MILLICORES]\tstart a sandbox; prints its id" },
 	{ "ls", cli_ls, "ls [--state S] [-q|--json]\tlist sandboxes: state, generation, worker (-q: ids only)" },
 	{ "info", cli_info, "info ID [--json]\tone sandbox in detail, with its latest snapshot" },

@@ -116,6 +116,24 @@ int cpdb_select(struct cpdb *db, struct tt_err *err, const char *what,
 int cpdb_get1(struct cpdb *db, const char *sql, const char *p1,
               void (*row)(const struct cpdb_row *, void *), void *out,
               const char *what, struct tt_err *err);
+/* What cpdb_one_row decodes with: row into out; found once it has. */
+struct cpdb_one {
+	void (*row)(const struct cpdb_row *, void *);
+	void *out;
+	int found;
+};
+/* cpdb_one_row: a cpdb_row_fn taking the first row (arg: cpdb_one). */
+int cpdb_one_row(const struct cpdb_row *r, void *arg);
+/* cpdb_int_row: column 0 into the int64_t at out. */
+void cpdb_int_row(const struct cpdb_row *r, void *out);
+/* What cpdb_int_first reads into. */
+struct cpdb_prev {
+	int64_t *out;
+	int found;
+};
+/* cpdb_int_first: a cpdb_row_fn: column 0 of the first row (arg:
+ * cpdb_prev). */
+int cpdb_int_first(const struct cpdb_row *r, void *arg);
 /* cpdb_scalar: one integer from a query (a text parameter, may be NULL). */
 int cpdb_scalar(struct cpdb *db, const char *sql, const char *p1,
                 int64_t *out, struct tt_err *err);

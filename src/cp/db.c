@@ -15,7 +15,6 @@
 #include <sodium.h>
 
 #include "cp/dbdrv.h"
-#include "log.h"
 
 /* Columns added to the base schema since (db_sqlite.c, db_pg.c make the
  * base): databases made before gain them on open. Adding a column to the

@@ -34,6 +34,8 @@ int urllist_parse(struct urllist *l, const char *csv, struct tt_err *err)
 		while (len > 0 && l->url[l->n][len - 1] == '/')
 			len--;
 		l->url[l->n][len] = '\0';
+		if (len <= strlen(p[4] == 's' ? "https://" : "http://"))
+			return tt_err_set(err, TT_ERR_INVALID, "%.*s: no host", (int)len, p);
 		l->n++;
 		p += strcspn(p, ",");
 		if (*p == ',')

@@ -87,7 +87,7 @@ $(BUILD)/tether-signer: $(call obj,$(SIGNER_SRC)) $(CORE)
 $(BUILD)/tether-guest: $(GUEST_SRC) $(wildcard src/guest/*.h) $(LIB_SRC) $(wildcard lib/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c17 -D_GNU_SOURCE -O2 -g $(WARN) -Ilib -Isrc -static -o $@ \
-	  $(GUEST_SRC) $(filter lib/wire.c lib/wire_json.c lib/wirecode.c lib/wireop.c lib/hello.c lib/err.c lib/log.c lib/fsutil.c,$(LIB_SRC)) -l:libsodium.a -l:libjansson.a
+	  $(GUEST_SRC) $(filter lib/wire.c lib/wire_json.c lib/wirecode.c lib/wireop.c lib/hello.c lib/err.c lib/log.c lib/fsutil.c lib/mux.c,$(LIB_SRC)) -l:libsodium.a -l:libjansson.a
 
 # The churn harness is a plain client of the edge's HTTP API: libcurl,
 # jansson and threads only.

@@ -2,7 +2,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
-#include <sched.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <sodium.h>
@@ -28,7 +27,8 @@
 #define MICROVM_QMP_MS 10000
 #define MICROVM_INCOMING_MS 60000
 /* The fds QEMU inherits (dup2'd into place in the child). */
-enum { FD_CHAN = 3, FD_QMP, FD_ROOT, FD_LAYER, FD_KERNEL, FD_INITRD, FD_STATE, FD_LOG, FD_N };
+enum { FD_CHAN = 3, FD_QMP, FD_ROOT, FD_LAYER, FD_LAYER_RO, FD_KERNEL, FD_INITRD, FD_STATE, FD_LOG,
+       FD_N };
 
 /* now_ms: monotonic milliseconds. */
 static int64_t now_ms(void)
@@ -152,8 +152,12 @@ static void qemu_argv(const struct microvm_config *cfg, bool incoming, bool prob
 		ARG("id=root,file=/dev/fdset/1,format=raw,if=none,readonly=on");
 		ARG("-device");
 		ARG("virtio-blk-device,drive=root");
+		/* QEMU opens it read-only first, then read-write: one fd of
+		 * each mode in the set */
 		ARG("-add-fd");
 		ARG("fd=%d,set=2", FD_LAYER);
+		ARG("-add-fd");
+		ARG("fd=%d,set=2", FD_LAYER_RO);
 		ARG("-drive");
 		ARG("id=layer,file=/dev/fdset/2,format=qcow2,if=none,discard=unmap");
 		ARG("-device");
@@ -167,8 +171,10 @@ static void qemu_argv(const struct microvm_config *cfg, bool incoming, bool prob
 #undef ARG
 }
 
-/* qemu_spawn: forks QEMU with fds[i] as its fd i (3..), as uid, in a new
- * network namespace; *pid and *pidfd. */
+/* qemu_spawn: forks QEMU with fds[i] as its fd i (3..), as uid; *pid and
+ * *pidfd. It stays in the host's network namespace: its chardev listener
+ * was made there (by us), where sock_diag must find it; QEMU has no network
+ * device and no privilege. */
 static int qemu_spawn(char **argv, const int fds[FD_N], uid_t uid, bool kvm, pid_t *pid,
                       int *pidfd, struct tt_err *err)
 {
@@ -182,8 +188,6 @@ static int qemu_spawn(char **argv, const int fds[FD_N], uid_t uid, bool kvm, pid
 		int tmp[FD_N];
 
 		setsid();
-		if (unshare(CLONE_NEWNET) < 0)
-			_exit(126);
 		for (int i = 3; i < FD_N; i++)
 			tmp[i] = fds[i] >= 0 ? fcntl(fds[i], F_DUPFD_CLOEXEC, 64) : -1;
 		for (int i = 3; i < FD_N; i++)
@@ -303,8 +307,10 @@ int microvm_launch(const struct microvm_config *cfg, struct microvm *vm, struct 
 	if (fds[FD_CHAN] < 0)
 		goto out;
 	/* the bridge connects as a uid of its own, through its held fd of
-	 * this root-only directory (src/bridge/guestsock.c) */
-	if (chmod(vm->chan, 0666) < 0 || listen(fds[FD_CHAN], 8) < 0) {
+	 * this root-only directory (src/bridge/guestsock.c); the file is
+	 * QEMU's, as the bridge checks (the listener owner's uid) */
+	if (chmod(vm->chan, 0666) < 0 || chown(vm->chan, cfg->uid, cfg->uid) < 0 ||
+	    listen(fds[FD_CHAN], 8) < 0) {
 		tt_err_sys(err, TT_ERR_SYS, "listen %s", vm->chan);
 		goto out;
 	}
@@ -313,6 +319,7 @@ int microvm_launch(const struct microvm_config *cfg, struct microvm *vm, struct 
 		goto out;
 	if ((fds[FD_ROOT] = open_in(cfg->assets, "root.img", O_RDONLY, err)) < 0 ||
 	    (fds[FD_LAYER] = open_in(disk, MICROVM_LAYER, O_RDWR | O_NOFOLLOW, err)) < 0 ||
+	    (fds[FD_LAYER_RO] = open_in(disk, MICROVM_LAYER, O_RDONLY | O_NOFOLLOW, err)) < 0 ||
 	    (fds[FD_KERNEL] = open_in(cfg->assets, "vmlinuz", O_RDONLY, err)) < 0 ||
 	    (fds[FD_INITRD] = open_in(cfg->assets, "initrd.gz", O_RDONLY, err)) < 0 ||
 	    (incoming &&

@@ -8,8 +8,7 @@
  *
  * QEMU is spawned by the root sbx-manager and owned by it like an `ns`
  * sandbox init: it runs as the sandbox's host uid (no supplementary
- * groups but kvm's, no new privileges) in a network namespace of its own
- * with no device in it; every host file it uses is opened by the manager
+ * groups but kvm's, no new privileges, no network device); every host file it uses is opened by the manager
  * and inherited (chardev and QMP listeners, the disks, the kernel, the
  * incoming state), so it needs no path on the host. Files of one VM live
  * in <sandbox_dir>/vm: chan.sock, qmp.sock, qemu.log and disk/ (the

@@ -87,17 +87,20 @@ if [ ! -f "$ROOT" ]; then
 	for f in $(cat "$T/files"); do [ -f "$f" ] && [ -x "$f" ] && echo "$f"; done |
 		xargs -r ldd 2>/dev/null | sed -n 's/.*=> \(\/[^ ]*\) .*/\1/p; s/^\t\(\/[^ ]*\) .*/\1/p' |
 		sort -u >>"$T/files"
+	# merged /usr: the top-level names are symlinks, as on the host, and
+	# what packages list under them is copied under /usr
+	for d in bin sbin lib lib64; do
+		[ -L "/$d" ] && ln -s "usr/$d" "$S/$d"
+	done
+	[ -L /bin ] && sed -i 's#^/bin/#/usr/bin/#; s#^/sbin/#/usr/sbin/#; s#^/lib/#/usr/lib/#; s#^/lib64/#/usr/lib64/#' "$T/files"
 	# each name once, with the target of every symlink among them
 	sort -u "$T/files" | while read -r f; do
 		[ -e "$f" ] || continue
 		[ -d "$f" ] && [ ! -L "$f" ] && continue
 		echo "$f"
 		[ -L "$f" ] && readlink -f "$f"
-	done | sort -u | cpio -pdm --quiet "$S" 2>/dev/null || true
-	# merged /usr: the top-level names are symlinks, as on the host
-	for d in bin sbin lib lib64; do
-		[ -L "/$d" ] && { rm -rf "${S:?}/$d"; ln -s "usr/$d" "$S/$d"; }
-	done
+	done | sed 's#^/bin/#/usr/bin/#; s#^/sbin/#/usr/sbin/#; s#^/lib/#/usr/lib/#; s#^/lib64/#/usr/lib64/#' |
+		sort -u | cpio -pdm --quiet "$S" 2>/dev/null || true
 	mkdir -p "$S/etc" "$S/home" "$S/tmp" "$S/workspace" "$S/run" "$S/dev" \
 		"$S/proc" "$S/sys" "$S/.layer" "$S/root" "$S/var/tmp"
 	printf 'root:x:0:0:root:/home:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n' >"$S/etc/passwd"

@@ -253,7 +253,17 @@ static int wait_running(struct microvm *vm, bool incoming, struct tt_err *err)
 			json_decref(r);
 			break;
 		}
-		if (st != NULL && strcmp(st, "inmigrate") != 0 && strcmp(st, "paused") != 0) {
+		if (st != NULL && strcmp(st, "paused") == 0) {
+			/* loaded: the snapshot was taken of a stopped VM, so
+			 * QEMU keeps it stopped until told */
+			json_decref(r);
+			if (qmp_cmd(&q, "{\"execute\":\"cont\"}", -1, NULL, err) < 0) {
+				qmp_close(&q);
+				return -1;
+			}
+			continue;
+		}
+		if (st != NULL && strcmp(st, "inmigrate") != 0) {
 			tt_err_set(err, TT_ERR_IO, "resuming the VM: status %s", st);
 			json_decref(r);
 			qmp_close(&q);
@@ -279,7 +289,7 @@ static int open_in(const char *dir, const char *name, int flags, struct tt_err *
 	int fd;
 
 	snprintf(p, sizeof(p), "%.4000s/%.64s", dir, name);
-	fd = open(p, flags | O_CLOEXEC);
+	fd = open(p, flags | O_CLOEXEC, 0600);
 	if (fd < 0)
 		tt_err_sys(err, TT_ERR_IO, "open %s", p);
 	return fd;

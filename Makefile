@@ -137,6 +137,9 @@ build-fuzz/fuzz_assign: $(call fuzzobj,fuzz/fuzz_assign.c src/bridge/args.c) $(F
 # A spare agent's assignment parser lives with the agent.
 build-fuzz/fuzz_guest_assign: $(call fuzzobj,fuzz/fuzz_guest_assign.c src/guest/assign.c) $(FUZZ_CORE)
 	clang -fsanitize=fuzzer,$(FUZZ_SAN) -o $@ $^ $(LDLIBS)
+# The manager's QMP line decoder lives with the microvm substrate.
+build-fuzz/fuzz_qmp: $(call fuzzobj,fuzz/fuzz_qmp.c src/substrate/microvm/qmp.c) $(FUZZ_CORE)
+	clang -fsanitize=fuzzer,$(FUZZ_SAN) -o $@ $^ $(LDLIBS)
 -include $(shell find build-fuzz/obj -name '*.d' 2>/dev/null)
 fuzzers: $(patsubst fuzz/%.c,build-fuzz/%,$(FUZZ_SRC))
 

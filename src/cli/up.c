@@ -153,6 +153,10 @@ static int up_parse(struct up *u, int argc, char **argv)
 			if (*end || n < 16 || n > (1L << 24))
 				return cli_fail("up: --disk-mb must be 16..%ld", 1L << 24);
 			snprintf(u->disk_mb, sizeof(u->disk_mb), "%ld", n);
+		} else if (strcmp(argv[i], "--substrate") == 0 && v) {
+			if (strcmp(v, "ns") != 0 && strcmp(v, "microvm") != 0)
+				return cli_fail("up: --substrate must be ns or microvm");
+			snprintf(u->substrate, sizeof(u->substrate), "%s", v);
 		} else if (strcmp(argv[i], "--state") == 0 && v) {
 			if (realpath(v, u->state) == NULL) {
 				if (mkdir_p(v) < 0 || realpath(v, u->state) == NULL)
@@ -161,7 +165,7 @@ static int up_parse(struct up *u, int argc, char **argv)
 			}
 		} else {
 			return cli_fail("usage: tether up [--workers N] [--state DIR] "
-			               "[--port BASE] [--disk-mb N]");
+			               "[--port BASE] [--disk-mb N] [--substrate ns|microvm]");
 		}
 		i++;
 	}
@@ -307,7 +311,8 @@ static int up_start(struct up *u)
 
 	snprintf(dir, sizeof(dir), "%s/cp", u->state);
 	snprintf(listen, sizeof(listen), "127.0.0.1:%d", u->base);
-	char *cp_argv[] = { tetherd, "cp", "--state", dir, "--listen", listen, NULL };
+	char *cp_argv[] = { tetherd, "cp", "--state", dir, "--listen", listen,
+	                    u->substrate[0] ? "--default-substrate" : NULL, u->substrate, NULL };
 	if (up_spawn(u, UP_CP, "cp", u->base, cp_argv) != 0)
 		return -1;
 	if ((w = up_wait_healthy(u, "the control plane", cp_url)) != 0)
@@ -406,7 +411,8 @@ static void up_welcome(struct up *u, const char *cp_url, const char *edge_url,
 	fflush(stdout);
 }
 
-/* cli_up: up [--workers N] [--state DIR] [--port BASE] [--disk-mb N]. */
+/* cli_up: up [--workers N] [--state DIR] [--port BASE] [--disk-mb N]
+ * [--substrate ns|microvm]. */
 int cli_up(int argc, char **argv)
 {
 	_cleanup_close_ int lock_fd = -1; /* held until the cluster is down */

@@ -525,6 +525,14 @@ int cpdb_sandbox_create(struct cpdb *db, const char *id, const char *worker,
                         int64_t cpu, int64_t now, struct cp_sandbox *out,
                         int64_t *rev, struct tt_err *err)
 {
+	return cpdb_sandbox_create_on(db, id, worker, "ns", cpu, now, out, rev, err);
+}
+
+/* cpdb_sandbox_create_on: see db.h. */
+int cpdb_sandbox_create_on(struct cpdb *db, const char *id, const char *worker,
+                           const char *sst, int64_t cpu, int64_t now,
+                           struct cp_sandbox *out, int64_t *rev, struct tt_err *err)
+{
 	json_t *body;
 	int rc;
 
@@ -533,7 +541,7 @@ int cpdb_sandbox_create(struct cpdb *db, const char *id, const char *worker,
 	snprintf(out->state, sizeof(out->state), "starting");
 	out->generation = 1;
 	snprintf(out->worker, sizeof(out->worker), "%s", worker);
-	snprintf(out->substrate, sizeof(out->substrate), "ns");
+	snprintf(out->substrate, sizeof(out->substrate), "%s", sst);
 	out->activation = 1;
 	out->created_at = now;
 	out->progress_bytes = out->progress_total = -1;
@@ -542,12 +550,12 @@ int cpdb_sandbox_create(struct cpdb *db, const char *id, const char *worker,
 		return -1;
 	if (cpdb_change(db, err, "insert sandbox", "INSERT INTO sandboxes(id,state,"
 	                "generation,worker,substrate,pod,activation,created_at,cpu)"
-	                " VALUES(?,'starting',1,?,'ns','',1,?,?)", "ttii", id, worker,
+	                " VALUES(?,'starting',1,?,?,'',1,?,?)", "tttii", id, worker, sst,
 	                now, cpu) < 0)
 		return cpdb_commit(db, -1, err);
 	body = json_pack("{s:s,s:I,s:s,s:s,s:s,s:I,s:n}", "sandbox", id,
 	                 "generation", (json_int_t)1, "worker", worker,
-	                 "substrate", "ns", "pod", "", "activation",
+	                 "substrate", sst, "pod", "", "activation",
 	                 (json_int_t)1, "snapshot");
 	if (body == NULL || cpdb_install_cpu(body, cpu) < 0) {
 		json_decref(body);

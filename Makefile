@@ -23,7 +23,7 @@ LDFLAGS += $(SAN)
 LIB_SRC    := $(wildcard lib/*.c)
 CLIENT_SRC := $(wildcard src/client/*.c)
 ROLE_SRC   := $(wildcard src/tetherd/*.c src/cp/*.c src/edge/*.c src/node/*.c \
-                         src/manager/*.c src/substrate/ns/*.c \
+                         src/manager/*.c src/substrate/*.c src/substrate/ns/*.c src/substrate/microvm/*.c \
                          src/gateway/*.c)
 BRIDGE_SRC := $(wildcard src/bridge/*.c)
 SIGNER_SRC := $(wildcard src/signer/*.c)
@@ -39,7 +39,8 @@ CLIENT  := $(BUILD)/libtether.a
 TESTS   := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 BINS    := $(BUILD)/tetherd $(BUILD)/tether $(if $(GUEST_SRC),$(BUILD)/tether-guest) \
-           $(if $(BRIDGE_SRC),$(BUILD)/tether-bridge) $(BUILD)/tether-signer $(BUILD)/churn
+           $(if $(BRIDGE_SRC),$(BUILD)/tether-bridge) $(BUILD)/tether-signer $(BUILD)/churn \
+           $(BUILD)/tether-vm-assets
 
 .PHONY: all deps run check unit bench fuzz churn crash clean
 all: deps-quiet $(BINS) $(TESTS) $(BENCHES)
@@ -87,7 +88,12 @@ $(BUILD)/tether-signer: $(call obj,$(SIGNER_SRC)) $(CORE)
 $(BUILD)/tether-guest: $(GUEST_SRC) $(wildcard src/guest/*.h) $(LIB_SRC) $(wildcard lib/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c17 -D_GNU_SOURCE -O2 -g $(WARN) -Ilib -Isrc -static -o $@ \
-	  $(GUEST_SRC) $(filter lib/wire.c lib/wire_json.c lib/wirecode.c lib/wireop.c lib/hello.c lib/err.c lib/log.c lib/fsutil.c,$(LIB_SRC)) -l:libsodium.a -l:libjansson.a
+	  $(GUEST_SRC) $(filter lib/wire.c lib/wire_json.c lib/wirecode.c lib/wireop.c lib/hello.c lib/err.c lib/log.c lib/fsutil.c lib/mux.c,$(LIB_SRC)) -l:libsodium.a -l:libjansson.a
+
+# The microVM asset builder, next to tetherd (the manager runs it).
+$(BUILD)/tether-vm-assets: src/substrate/microvm/tether-vm-assets.sh
+	@mkdir -p $(dir $@)
+	install -m 0755 $< $@
 
 # The churn harness is a plain client of the edge's HTTP API: libcurl,
 # jansson and threads only.
@@ -130,6 +136,9 @@ build-fuzz/fuzz_assign: $(call fuzzobj,fuzz/fuzz_assign.c src/bridge/args.c) $(F
 	clang -fsanitize=fuzzer,$(FUZZ_SAN) -o $@ $^ $(LDLIBS)
 # A spare agent's assignment parser lives with the agent.
 build-fuzz/fuzz_guest_assign: $(call fuzzobj,fuzz/fuzz_guest_assign.c src/guest/assign.c) $(FUZZ_CORE)
+	clang -fsanitize=fuzzer,$(FUZZ_SAN) -o $@ $^ $(LDLIBS)
+# The manager's QMP line decoder lives with the microvm substrate.
+build-fuzz/fuzz_qmp: $(call fuzzobj,fuzz/fuzz_qmp.c src/substrate/microvm/qmp.c) $(FUZZ_CORE)
 	clang -fsanitize=fuzzer,$(FUZZ_SAN) -o $@ $^ $(LDLIBS)
 -include $(shell find build-fuzz/obj -name '*.d' 2>/dev/null)
 fuzzers: $(patsubst fuzz/%.c,build-fuzz/%,$(FUZZ_SRC))

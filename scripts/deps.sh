@@ -5,8 +5,9 @@ set -eu
 quiet=${1:-}
 PKGS="build-essential pkg-config clang libclang-rt-14-dev libsodium-dev
 libjansson-dev libwebsockets-dev libuv1-dev libcurl4-openssl-dev
-libsqlite3-dev sqlite3 libpq-dev postgresql libseccomp-dev libcmocka-dev iproute2 util-linux
-procps curl jq python3 perl e2fsprogs chromium"
+libsqlite3-dev sqlite3 libpq-dev postgresql libseccomp-dev libcmocka-dev
+iproute2 util-linux procps curl jq python3 perl e2fsprogs chromium
+qemu-system-x86 qemu-utils cpio"
 missing=""
 for p in $PKGS; do
 	dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q 'ok installed' ||

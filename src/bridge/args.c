@@ -49,7 +49,7 @@ enum {
 	OPT_SBX = 1 << 0, OPT_GEN = 1 << 1, OPT_ATT = 1 << 2, OPT_LISTEN = 1 << 3,
 	OPT_GUEST = 1 << 4, OPT_INIT_PID = 1 << 5, OPT_INIT_START = 1 << 6,
 	OPT_MANAGER = 1 << 7, OPT_SECRET_FD = 1 << 8, OPT_READY_FD = 1 << 9,
-	OPT_ASSIGN_FD = 1 << 10, OPT_RUN_AS = 1 << 11,
+	OPT_ASSIGN_FD = 1 << 10, OPT_RUN_AS = 1 << 11, OPT_TRANSPORT = 1 << 12,
 };
 #define OPTS_EXECUTION (OPT_SBX | OPT_GEN | OPT_ATT | OPT_LISTEN | OPT_GUEST | \
                         OPT_INIT_PID | OPT_INIT_START)
@@ -70,6 +70,7 @@ int bridge_args_parse(struct bridge_args *a, int argc, char **argv, bool assigne
 		{ "ready-fd", required_argument, NULL, OPT_READY_FD },
 		{ "assign-fd", required_argument, NULL, OPT_ASSIGN_FD },
 		{ "run-as", required_argument, NULL, OPT_RUN_AS },
+		{ "transport", required_argument, NULL, OPT_TRANSPORT },
 		{ NULL, 0, NULL, 0 },
 	};
 	unsigned long long v = 0;
@@ -94,9 +95,14 @@ int bridge_args_parse(struct bridge_args *a, int argc, char **argv, bool assigne
 		case OPT_READY_FD: bad |= parse_num(optarg, 3, INT_MAX, &v); a->ready_fd = (int)v; break;
 		case OPT_ASSIGN_FD: bad |= parse_num(optarg, 3, INT_MAX, &v); a->assign_fd = (int)v; break;
 		case OPT_RUN_AS: bad |= parse_num(optarg, 1, UINT32_MAX - 1, &v); a->run_as = (uid_t)v; break;
+		case OPT_TRANSPORT:
+			a->vmchan = strcmp(optarg, "vmchan") == 0;
+			bad |= !a->vmchan && strcmp(optarg, "unix") != 0;
+			break;
 		default: bad = 1; break;
 		}
 	}
+	seen &= ~OPT_TRANSPORT; /* optional, for a spare's assignment too */
 	if (assigned)
 		bad |= seen != OPTS_EXECUTION;
 	else if (seen & OPT_ASSIGN_FD)
@@ -111,7 +117,7 @@ int bridge_args_parse(struct bridge_args *a, int argc, char **argv, bool assigne
 			fprintf(stderr, "usage: tether-bridge --sbx ID --gen N --att N --listen PATH"
 			                " --guest-socket PATH --init-pid PID --init-start T"
 			                " --manager-pid PID --secret-fd FD [--ready-fd FD]"
-			                " [--run-as ID]\n"
+			                " [--run-as ID] [--transport unix|vmchan]\n"
 			                "       tether-bridge --manager-pid PID --assign-fd FD"
 			                " [--ready-fd FD] [--run-as ID]   (the rest, after the activation"
 			                " secret, on FD)\n");

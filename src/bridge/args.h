@@ -34,6 +34,10 @@ struct bridge_args {
 	/* --run-as ID: once set up, the bridge becomes uid/gid ID with only
 	 * the capabilities it needs (drop.h); 0 = unset (stays as started). */
 	uid_t run_as;
+	/* --transport unix|vmchan (optional; unix by default): how the guest
+	 * is reached: its own unix listener (ns), or streams on a microVM's
+	 * virtio-serial channel whose listener is the VMM's (vmchan.h). */
+	bool vmchan;
 };
 
 /* bridge_args_init: nothing set, every fd -1. */

@@ -57,6 +57,7 @@
 #include "bridge/args.h"
 #include "bridge/drop.h"
 #include "bridge/guestsock.h"
+#include "bridge/vmchan.h"
 #include "claims.h"
 #include "cleanup.h"
 #include "hello.h"
@@ -104,6 +105,9 @@ struct bridge {
 	struct guestsock gsock;
 	/* Idle guest connections, verified when they were opened. */
 	struct uvutil_pool *pool;
+	/* --transport vmchan: the microVM's channel (vmchan.h), whose
+	 * streams are the guest connections; NULL on a unix transport. */
+	struct vmchan *chan;
 	uv_pipe_t server;
 	struct uvutil_server srv;  /* server.data: the skeleton's hooks */
 	uv_poll_t init_poll;
@@ -433,6 +437,30 @@ static int listener_verified(struct bridge *b, int file_fd, struct tt_err *err)
 	return rc;
 }
 
+/* stream_opened: a stream on the microVM's channel (vmchan.h), its
+ * listener and channel peer verified: the handshake runs on it as on a
+ * unix connection (its peer is this process: no SO_PEERCRED check). */
+static void stream_opened(void *arg, int fd, enum refusal reason, const char *msg)
+{
+	struct bconn *c = arg;
+	char m[300];
+
+	if (fd < 0) {
+		snprintf(m, sizeof(m), "guest channel: %.250s", msg ? msg : "failed");
+		if (reason == REFUSAL_NONE)
+			bconn_fail(c, WIRE_E_TRANSPORT, m);
+		else
+			bconn_refuse(c, reason, m);
+		return;
+	}
+	if (uv_pipe_open(c->guest, fd) < 0) {
+		close(fd);
+		bconn_fail(c, WIRE_E_INTERNAL, "cannot use the stream");
+		return;
+	}
+	hello_start(c);
+}
+
 /* handle_request: checks the REQUEST and opens the guest connection. */
 static void handle_request(struct bconn *c, const struct wire_frame *f)
 {
@@ -497,6 +525,13 @@ static void handle_request(struct bconn *c, const struct wire_frame *f)
 		unixaddr_done(&ua);
 		snprintf(msg, sizeof(msg), "guest listener: %s", err.msg);
 		bconn_refuse(c, refusal_of(&err), msg);
+		return;
+	}
+	if (c->b->chan != NULL) {
+		/* A microVM: a stream on its channel (connected, verified,
+		 * when need be, within this call). */
+		vmchan_open(c->b->chan, ua.sa.sun_path, stream_opened, c);
+		unixaddr_done(&ua);
 		return;
 	}
 	c->connect.data = c;
@@ -798,6 +833,14 @@ int main(int argc, char **argv)
 		log_error("refusing to start: %s", err.msg);
 		goto fail;
 	}
+	if (b->arg.vmchan) {
+		b->chan = vmchan_new(b->loop, &b->init_id, b->arg.sbx, b->arg.gen, b->arg.att,
+		                     b->secret);
+		if (b->chan == NULL) {
+			log_error("%s", "out of memory");
+			goto fail;
+		}
+	}
 	if (listen_ready(b, &err) < 0) {
 		log_error("%s", err.msg);
 		goto fail;
@@ -812,6 +855,7 @@ int main(int argc, char **argv)
 	uv_run(b->loop, UV_RUN_DEFAULT);
 	if (!b->stopping)
 		bridge_stop(b, "loop ended");
+	vmchan_free(b->chan);
 	sodium_memzero(b->secret, sizeof(b->secret));
 	sodium_memzero(b->adopt_key, sizeof(b->adopt_key));
 	/* The process ends here: open handles and in-flight operations go

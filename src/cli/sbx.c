@@ -56,10 +56,11 @@ static int cpu_refuse(const char *s)
 	                "CPU, 250 = a quarter), not '%s'", s);
 }
 
-/* cli_create: create [--worker W] [--cpu N]; prints the new sandbox id. */
+/* cli_create: create [--worker W] [--cpu N] [--substrate S]; prints the new sandbox id. */
 int cli_create(int argc, char **argv)
 {
-	static const char usage[] = "usage: tether create [--worker W] [--cpu MILLICORES]";
+	static const char usage[] = "usage: tether create [--worker W] [--cpu MILLICORES]"
+	                            " [--substrate ns|microvm]";
 	struct tether_create_opts o = { 0 };
 	struct tt_err err = { 0 };
 	struct tether *t;
@@ -71,6 +72,8 @@ int cli_create(int argc, char **argv)
 		} else if (strcmp(argv[i], "--cpu") == 0 && i + 1 < argc) {
 			if ((o.cpu = cpu_arg(argv[++i])) == 0)
 				return cpu_refuse(argv[i]);
+		} else if (strcmp(argv[i], "--substrate") == 0 && i + 1 < argc) {
+			o.substrate = argv[++i];
 		} else {
 			return cli_fail("%s", usage);
 		}

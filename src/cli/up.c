@@ -164,6 +164,10 @@ static int up_parse(struct up *u, int argc, char **argv)
 			if (*end || n < 16 || n > (1L << 24))
 				return cli_fail("up: --disk-mb must be 16..%ld", 1L << 24);
 			snprintf(u->disk_mb, sizeof(u->disk_mb), "%ld", n);
+		} else if (strcmp(argv[i], "--substrate") == 0 && v) {
+			if (strcmp(v, "ns") != 0 && strcmp(v, "microvm") != 0)
+				return cli_fail("up: --substrate must be ns or microvm");
+			snprintf(u->substrate, sizeof(u->substrate), "%s", v);
 		} else if (strcmp(argv[i], "--state") == 0 && v) {
 			if (realpath(v, u->state) == NULL) {
 				if (mkdir_p(v) < 0 || realpath(v, u->state) == NULL)
@@ -172,8 +176,8 @@ static int up_parse(struct up *u, int argc, char **argv)
 			}
 		} else {
 			return cli_fail("usage: tether up [--workers N] [--state DIR] "
-			               "[--port BASE] [--disk-mb N] [--cp-replicas N "
-			               "--db postgresql://…]");
+			               "[--port BASE] [--disk-mb N] [--substrate ns|microvm] "
+			               "[--cp-replicas N --db postgresql://…]");
 		}
 		i++;
 	}
@@ -337,9 +341,18 @@ static int up_start(struct up *u)
 	u->cp_urls[0] = '\0';
 	for (int r = 1; r <= u->replicas; r++) {
 		char name[16], url[96];
-		char *cp_argv[] = { tetherd, "cp", "--state", dir, "--listen", listen,
-		                    u->db[0] ? "--db" : NULL, u->db, NULL };
+		char *cp_argv[12] = { tetherd, "cp", "--state", dir, "--listen", listen };
+		int na = 6;
 
+		if (u->substrate[0]) {
+			cp_argv[na++] = "--default-substrate";
+			cp_argv[na++] = u->substrate;
+		}
+		if (u->db[0]) {
+			cp_argv[na++] = "--db";
+			cp_argv[na++] = u->db;
+		}
+		cp_argv[na] = NULL;
 		snprintf(listen, sizeof(listen), "127.0.0.1:%d", up_cp_port(u, r));
 		snprintf(url, sizeof(url), "http://%s", listen);
 		snprintf(name, sizeof(name), r == 1 ? "cp" : "cp%d", r);
@@ -447,7 +460,8 @@ static void up_welcome(struct up *u, const char *cp_url, const char *edge_url,
 	fflush(stdout);
 }
 
-/* cli_up: up [--workers N] [--state DIR] [--port BASE] [--disk-mb N]. */
+/* cli_up: up [--workers N] [--state DIR] [--port BASE] [--disk-mb N]
+ * [--substrate ns|microvm]. */
 int cli_up(int argc, char **argv)
 {
 	_cleanup_close_ int lock_fd = -1; /* held until the cluster is down */

@@ -51,6 +51,7 @@ struct up {
 	int base;
 	int workers;
 	char disk_mb[16];    /* --disk-mb for every worker; "" = its default */
+	char substrate[16];  /* --substrate: the cp's default; "" = ns */
 	struct child kids[UP_MAX_CHILDREN];
 	int nkids;
 	enum up_phase phase;

@@ -506,7 +506,9 @@ json_t *tether_create_with(struct tether *t, const struct tether_create_opts *o,
 
 	if (body == NULL ||
 	    (o->worker != NULL && json_object_set_new(body, "worker", json_string(o->worker))) ||
-	    (o->cpu != 0 && json_object_set_new(body, "cpu", json_integer(o->cpu)))) {
+	    (o->cpu != 0 && json_object_set_new(body, "cpu", json_integer(o->cpu))) ||
+	    (o->substrate != NULL &&
+	     json_object_set_new(body, "substrate", json_string(o->substrate)))) {
 		json_decref(body);
 		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
 		return NULL;

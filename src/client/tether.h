@@ -53,6 +53,7 @@ struct tether_create_opts {
 	uint32_t cpu;       /* CPU cap in millicores (1000 = one CPU; the cp
 	                     * takes 100..64000); 0: none sent, the worker's
 	                     * default applies */
+	const char *substrate; /* "ns", "microvm"; NULL: the cp's default */
 };
 
 /* Lifecycle calls return the answer's JSON object (caller decrefs). */

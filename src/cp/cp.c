@@ -297,6 +297,8 @@ static int cp_create(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	struct tt_err err = { 0 };
 	struct cp_pick pk = { .cp = cp, .now = tt_now() };
 	json_t *jw = body ? json_object_get(body, "worker") : NULL;
+	json_t *jsst = body ? json_object_get(body, "substrate") : NULL;
+	const char *sst = cp->default_substrate;
 	char id[TT_SBX_ID_LEN + 1];
 	struct cp_sandbox sb;
 	struct cp_worker w;
@@ -309,6 +311,12 @@ static int cp_create(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 		                        "number of millicores, %d..%d (1000 = one CPU), "
 		                        "or null for the worker's default",
 		                        FEEDSIG_CPU_MIN, FEEDSIG_CPU_MAX);
+	if (jsst != NULL && !json_is_null(jsst)) {
+		sst = json_string_value(jsst);
+		if (sst == NULL || (strcmp(sst, "ns") != 0 && strcmp(sst, "microvm") != 0))
+			return http_reply_error(wsi, 400, "bad_request",
+			                        "substrate must be \"ns\" or \"microvm\"");
+	}
 	if (jw != NULL && !json_is_null(jw)) {
 		const char *wid = json_string_value(jw);
 
@@ -331,11 +339,11 @@ static int cp_create(struct cp *cp, struct cp_sess *s, struct lws *wsi,
 	if (pk.best[0] == '\0')
 		return http_reply_error(wsi, 503, "unavailable", "no worker is up");
 	sbx_id_new(id);
-	if (cpdb_sandbox_create(cp->db, id, pk.best, cpu, pk.now, &sb, &rev,
-	                        &err) < 0)
+	if (cpdb_sandbox_create_on(cp->db, id, pk.best, sst, cpu, pk.now, &sb, &rev,
+	                           &err) < 0)
 		return http_reply_error(wsi, 500, "internal", "%s", err.msg);
-	log_info("sandbox %s: install gen 1 on %s (rev %lld, cpu %lld%s) for %s", id,
-	         pk.best, (long long)rev, (long long)cpu, cpu ? "m" : " = default",
+	log_info("sandbox %s: install gen 1 on %s, substrate %s (rev %lld, cpu %lld%s) for %s",
+	         id, pk.best, sst, (long long)rev, (long long)cpu, cpu ? "m" : " = default",
 	         s->caller);
 	metrics_inc("tether_cp_sandboxes_created_total", NULL);
 	cp_events_begin(&sb, "create", 1, pk.best);
@@ -1831,7 +1839,7 @@ static void cp_close_walk(uv_handle_t *h, void *arg)
 
 #define CP_USAGE "usage: tetherd cp --state DIR [--listen 127.0.0.1:PORT]" \
                  " [--worker-timeout SECONDS] [--keep-snapshots N]" \
-                 " [--db postgresql://…]\n"
+                 " [--default-substrate ns|microvm] [--db postgresql://…]\n"
 
 /* cp_replicas_agree: on a store replicas share, this one holds the keys
  * the others do (docs/ARCHITECTURE.md "Control-plane replicas"): the feed
@@ -1871,6 +1879,7 @@ int cp_main(int argc, char **argv)
 	tt_log_init("cp", TT_LOG_INFO);
 	cp->worker_timeout = CP_WORKER_UP_SECS;
 	cp->keep_snapshots = CPDB_KEEP_DEFAULT;
+	snprintf(cp->default_substrate, sizeof(cp->default_substrate), "ns");
 	for (int i = 1; i < argc; i++) {
 		char *end;
 
@@ -1888,6 +1897,14 @@ int cp_main(int argc, char **argv)
 				fprintf(stderr, "--worker-timeout: 1..86400 seconds\n");
 				return 2;
 			}
+		} else if (strcmp(argv[i], "--default-substrate") == 0 && i + 1 < argc) {
+			const char *v = argv[++i];
+
+			if (strcmp(v, "ns") != 0 && strcmp(v, "microvm") != 0) {
+				fprintf(stderr, "--default-substrate: ns or microvm\n");
+				return 2;
+			}
+			snprintf(cp->default_substrate, sizeof(cp->default_substrate), "%s", v);
 		} else if (strcmp(argv[i], "--keep-snapshots") == 0 && i + 1 < argc) {
 			long long k;
 

@@ -93,6 +93,8 @@ struct cp {
 	struct cp_signer signer;
 	struct cp_park *parked; /* list of parked requests (feed.c) */
 	int64_t worker_timeout; /* seconds without a poll before "down" */
+	/* the substrate of a create that names none (--default-substrate) */
+	char default_substrate[16];
 	unsigned keep_snapshots; /* older complete snapshots kept per sandbox
 	                          * besides the newest (--keep-snapshots) */
 	uv_timer_t sweep;       /* fails pauses/resumes that cannot finish */

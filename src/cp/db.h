@@ -203,6 +203,11 @@ int cpdb_worker_load(struct cpdb *db, const char *id, int64_t *n,
 int cpdb_sandbox_create(struct cpdb *db, const char *id, const char *worker,
                         int64_t cpu, int64_t now, struct cp_sandbox *out,
                         int64_t *rev, struct tt_err *err);
+/* cpdb_sandbox_create_on: cpdb_sandbox_create on substrate sst ("ns",
+ * "microvm"), which every later execution of the sandbox keeps. */
+int cpdb_sandbox_create_on(struct cpdb *db, const char *id, const char *worker,
+                           const char *sst, int64_t cpu, int64_t now,
+                           struct cp_sandbox *out, int64_t *rev, struct tt_err *err);
 /* cpdb_generation_next: allocates the next generation of sandbox id in a
  * write transaction (for resume/migrate; deleted sandboxes keep counting). */
 int cpdb_generation_next(struct cpdb *db, const char *id, uint64_t *gen,

@@ -35,12 +35,12 @@ static int cpdb_create_txn(struct cpdb *db, void *arg, struct tt_err *err)
 
 	if (cpdb_change(db, err, "insert sandbox", "INSERT INTO sandboxes(id,state,"
 	                "generation,worker,substrate,pod,activation,created_at,cpu)"
-	                " VALUES(?1,'starting',1,?2,'ns','',1,?3,?4)", "ttii", sb->id,
-	                sb->worker, sb->created_at, sb->cpu) < 0)
+	                " VALUES(?1,'starting',1,?2,?3,'',1,?4,?5)", "tttii", sb->id,
+	                sb->worker, sb->substrate, sb->created_at, sb->cpu) < 0)
 		return -1;
 	body = json_pack("{s:s,s:I,s:s,s:s,s:s,s:I,s:n}", "sandbox", sb->id,
 	                 "generation", (json_int_t)1, "worker", sb->worker,
-	                 "substrate", "ns", "pod", "", "activation",
+	                 "substrate", sb->substrate, "pod", "", "activation",
 	                 (json_int_t)1, "snapshot");
 	if (body == NULL || cpdb_install_cpu(body, sb->cpu) < 0) {
 		json_decref(body);
@@ -56,17 +56,25 @@ static int cpdb_create_txn(struct cpdb *db, void *arg, struct tt_err *err)
 	return cpdb_idem_record(db, &rec, sb->created_at, err);
 }
 
-/* cpdb_sandbox_create: sandbox row + install update, atomically. */
+/* cpdb_sandbox_create: on the ns substrate. */
 int cpdb_sandbox_create(struct cpdb *db, const char *id, const char *worker,
                         int64_t cpu, int64_t now, struct cp_sandbox *out,
                         int64_t *rev, struct tt_err *err)
+{
+	return cpdb_sandbox_create_on(db, id, worker, "ns", cpu, now, out, rev, err);
+}
+
+/* cpdb_sandbox_create_on: sandbox row + install update, atomically. */
+int cpdb_sandbox_create_on(struct cpdb *db, const char *id, const char *worker,
+                           const char *sst, int64_t cpu, int64_t now,
+                           struct cp_sandbox *out, int64_t *rev, struct tt_err *err)
 {
 	memset(out, 0, sizeof(*out));
 	snprintf(out->id, sizeof(out->id), "%s", id);
 	snprintf(out->state, sizeof(out->state), "starting");
 	out->generation = 1;
 	snprintf(out->worker, sizeof(out->worker), "%s", worker);
-	snprintf(out->substrate, sizeof(out->substrate), "ns");
+	snprintf(out->substrate, sizeof(out->substrate), "%s", sst);
 	out->activation = 1;
 	out->created_at = now;
 	out->progress_bytes = out->progress_total = -1;

@@ -39,6 +39,7 @@
 #include "cleanup.h"
 #include "fsutil.h"
 #include "guest/guest.h"
+#include "guest/vm.h"
 #include "hello.h"
 #include "log.h"
 #include "wire_json.h"
@@ -273,6 +274,9 @@ int main(int argc, char **argv)
 	sigset_t mask;
 	int lfd, sfd;
 
+	/* The init of a microVM (vm.h): its own start-up, then the channel. */
+	if (guest_vm_wanted(argc, argv))
+		return guest_vm_main();
 	tt_log_init("guest", TT_LOG_INFO);
 	if (opts_parse(argc, argv, &o) < 0)
 		return 1;

@@ -79,12 +79,15 @@ static int retire_and_stop(struct manager *m, const struct rec_exec *cur,
 /* layer_held: sbx's layer image is here (a regular file, not followed). */
 static bool layer_held(struct manager *m, const char *sbx)
 {
-	char dir[PATH_MAX], img[PATH_MAX + 16];
+	char dir[PATH_MAX], img[PATH_MAX + 32];
 	struct stat st;
 
+	/* ns: its layer image; microvm: its disk (layer.qcow2) */
 	return sandbox_dir(m, sbx, dir, sizeof(dir)) == 0 &&
-	       (size_t)snprintf(img, sizeof(img), "%s/" NS_LAYER_IMG, dir) < sizeof(img) &&
-	       lstat(img, &st) == 0 && S_ISREG(st.st_mode);
+	       (((size_t)snprintf(img, sizeof(img), "%s/" NS_LAYER_IMG, dir) < sizeof(img) &&
+	         lstat(img, &st) == 0 && S_ISREG(st.st_mode)) ||
+	        ((size_t)snprintf(img, sizeof(img), "%s/" MICROVM_DISK_DIR "/" MICROVM_LAYER, dir) <
+	         sizeof(img) && lstat(img, &st) == 0 && S_ISREG(st.st_mode)));
 }
 
 /* apply_install: install {sandbox,generation,worker,substrate,pod,activation}
@@ -107,6 +110,7 @@ static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 	struct rec_exec rec = { 0 };
 	struct mgr_exec *ex;
 	int64_t t_put, t_start, t_put2, t_end;
+	enum substrate_kind kind = SUBSTRATE_NS;
 
 	if (sbx == NULL || !sbx_id_valid(sbx) || wrk == NULL || sst == NULL ||
 	    pod == NULL || gen == 0 || att == 0 || att > UINT32_MAX || cpu < 0 ||
@@ -115,7 +119,7 @@ static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 		return tt_err_set(err, TT_ERR_MALFORMED, "install: bad or missing fields");
 	if (strcmp(wrk, m->worker_id) != 0)
 		return records_set_applied_rev(m->db, rev, err); /* not ours */
-	if (strcmp(sst, "ns") != 0)
+	if (substrate_parse(sst, &kind) < 0)
 		return tt_err_set(err, TT_ERR_INVALID, "install: substrate %s not available here", sst);
 	if (from_layer && (snap != NULL || !layer_held(m, sbx)))
 		return tt_err_set(err, TT_ERR_CONFLICT, "install: no layer of %s here "
@@ -141,7 +145,8 @@ static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 	/* A fresh sandbox takes the spare sandbox's slot (and so the spare);
 	 * any other slot must avoid it. */
 	spare_sb_take(m); /* a launch still running: its slot is decided */
-	rec.slot = cur ? cur->slot : m->spare_sb_on && snap == NULL ? m->spare_sb_slot :
+	rec.slot = cur ? cur->slot : m->spare_sb_on && snap == NULL && kind == SUBSTRATE_NS
+	           ? m->spare_sb_slot :
 	           records_free_slot_except(m->db, m->spare_sb_on ? m->spare_sb_slot
 	                                                          : UINT32_MAX);
 	rec.state = REC_STARTING;
@@ -163,8 +168,13 @@ static int apply_install(struct manager *m, json_t *u, uint64_t rev, struct tt_e
 		return -1;
 	}
 	rec.state = REC_RUNNING;
-	rec.init_pid = ex->sb.init_pid;
-	rec.init_start = ex->sb.init_start_time;
+	{
+		struct substrate_owner own;
+
+		substrate_owner(&ex->sub, &own);
+		rec.init_pid = own.pid;
+		rec.init_start = own.start_time;
+	}
 	rec.bridge_pid = ex->bridge_pid;
 	rec.bridge_start = ex->bridge_start;
 	memcpy(rec.adopt_key, ex->adopt_key, sizeof(rec.adopt_key));

@@ -163,7 +163,9 @@ int bridgectl_assign(struct bridge_proc *bp, const struct bridge_assignment *a,
 	    put_word(buf, sizeof(buf), &len, "--listen", a->listen_path) < 0 ||
 	    put_word(buf, sizeof(buf), &len, "--guest-socket", a->guest_socket) < 0 ||
 	    put_word(buf, sizeof(buf), &len, "--init-pid", ipid) < 0 ||
-	    put_word(buf, sizeof(buf), &len, "--init-start", istart) < 0)
+	    put_word(buf, sizeof(buf), &len, "--init-start", istart) < 0 ||
+	    (a->transport != NULL &&
+	     put_word(buf, sizeof(buf), &len, "--transport", a->transport) < 0))
 		rc = tt_err_set(err, TT_ERR_INVALID, "bridge assignment too long");
 	else if ((n = write(bp->assign_fd, buf, len)) != (ssize_t)len)
 		rc = n < 0 ? tt_err_sys(err, TT_ERR_TRANSPORT, "assigning bridge pid %d",

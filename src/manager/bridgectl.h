@@ -12,7 +12,7 @@
 #include <sys/types.h>
 
 #include "err.h"
-#include "substrate/ns/ns.h"
+#include "substrate/substrate.h"
 
 /* A spawned bridge: our child until reaped. pid 0 = none. */
 struct bridge_proc {
@@ -32,6 +32,7 @@ struct bridge_assignment {
 	pid_t init_pid;
 	unsigned long long init_start;
 	const uint8_t *secret;     /* NS_SECRET_LEN bytes */
+	const char *transport;     /* "unix" (NULL too) or "vmchan" */
 };
 
 /* Bytes of an assignment at most (secret and options; bridge.c reads no

@@ -2,6 +2,7 @@
  * from the spares when they are ready), watching its processes, stopping
  * it, and the runtime state each has while it runs here. */
 #include <errno.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <signal.h>
 #include <sodium.h>
@@ -140,7 +141,7 @@ void exec_stop(struct manager *m, struct mgr_exec *ex)
 	if (ex->init_poll_on)
 		uv_poll_stop(&ex->init_poll);
 	bridge_kill(ex);
-	if (ns_sandbox_stop(&ex->sb, &err) < 0)
+	if (substrate_stop(&ex->sub, &err) < 0)
 		log_warn("stopping sandbox %s: %s", ex->sbx, err.msg);
 	/* The sandbox is dead (its mount namespace with it): release its
 	 * layer's mount and loop device; its files stay in the image,
@@ -204,7 +205,10 @@ int exec_watch(struct manager *m, struct mgr_exec *ex, struct tt_err *err)
 {
 	ex->init_poll.data = ex;
 	ex->bridge_poll.data = ex;
-	if (uv_poll_init(m->loop, &ex->init_poll, ex->sb.pidfd) < 0)
+	struct substrate_owner own;
+
+	substrate_owner(&ex->sub, &own);
+	if (uv_poll_init(m->loop, &ex->init_poll, own.pidfd) < 0)
 		return tt_err_set(err, TT_ERR_SYS, "cannot watch the sandbox init");
 	ex->init_poll_on = true; /* closed by exec_free, even on failure */
 	if (uv_poll_init(m->loop, &ex->bridge_poll, ex->bridge_pidfd) < 0)
@@ -244,14 +248,19 @@ static int bridge_take(struct manager *m, struct mgr_exec *ex, const char *dir,
                        const struct rec_exec *rec, const uint8_t secret[NS_SECRET_LEN],
                        struct bridge_proc *bp, struct tt_err *err)
 {
-	struct bridge_assignment a = {
-		.sbx = rec->id.sbx, .gen = rec->id.gen, .att = rec->id.att,
-		.guest_socket = ex->sb.guest_socket, .init_pid = ex->sb.init_pid,
-		.init_start = ex->sb.init_start_time, .secret = secret,
-	};
+	struct substrate_owner own;
+	struct bridge_assignment a;
 	char sock[PATH_MAX];
 	struct tt_err e2 = { 0 };
 
+	/* The bridge pins the process that owns the guest transport, as the
+	 * substrate reports it (SPEC §9), and checks its listener. */
+	substrate_owner(&ex->sub, &own);
+	a = (struct bridge_assignment){
+		.sbx = rec->id.sbx, .gen = rec->id.gen, .att = rec->id.att,
+		.guest_socket = own.socket, .init_pid = own.pid,
+		.init_start = own.start_time, .secret = secret, .transport = own.transport,
+	};
 	/* The bridge binds it at any length (unixaddr.h). */
 	if ((size_t)snprintf(sock, sizeof(sock), "%s/bridge.sock", dir) >= sizeof(sock))
 		return tt_err_set(err, TT_ERR_INVALID, "bridge socket path too long");
@@ -354,6 +363,71 @@ void exec_runtime_init(struct manager *m, struct mgr_exec *ex)
 	ex->pool = uvutil_pool_new(m->loop, MGR_POOL_IDLE_MAX, MGR_POOL_IDLE_MS);
 }
 
+/* exec_start_vm: a microVM execution (src/substrate/microvm/): QEMU
+ * launched (or resumed from the snapshot restored into its disk dir),
+ * then its bridge, pinned to QEMU as the owner of the guest transport.
+ * The guest boots meanwhile: the bridge's first stream waits for it. */
+static struct mgr_exec *exec_start_vm(struct manager *m, const struct rec_exec *rec,
+                                      struct tt_err *err)
+{
+	struct mgr_exec *ex = calloc(1, sizeof(*ex));
+	struct microvm_config cfg = { 0 };
+	struct bridge_proc bp;
+	struct tt_err e2 = { 0 };
+	uint8_t secret[NS_SECRET_LEN];
+	char dir[PATH_MAX];
+	int64_t t;
+
+	if (ex == NULL) {
+		tt_err_set(err, TT_ERR_NOMEM, "out of memory");
+		return NULL;
+	}
+	if (vm_ready(m, err) < 0 || sandbox_dir(m, rec->id.sbx, dir, sizeof(dir)) < 0 ||
+	    (mkdir(dir, 0700) < 0 && errno != EEXIST)) {
+		if (err->msg[0] == '\0')
+			tt_err_sys(err, TT_ERR_IO, "sandbox dir of %s", rec->id.sbx);
+		free(ex);
+		return NULL;
+	}
+	exec_runtime_init(m, ex);
+	ex->own_children = true;
+	ex->bridge_pidfd = -1;
+	snprintf(ex->sbx, sizeof(ex->sbx), "%s", rec->id.sbx);
+	substrate_exec_init(&ex->sub, SUBSTRATE_MICROVM);
+	randombytes_buf(secret, sizeof(secret));
+	hello_adopt_key(secret, rec->id.sbx, rec->id.gen, rec->id.att, ex->adopt_key);
+	cfg = (struct microvm_config){ .sbx_id = rec->id.sbx, .gen = rec->id.gen,
+	                               .att = rec->id.att, .dir = dir, .assets = m->vm_assets,
+	                               .uid = uid_base_of(m, rec), .cpu_millis = exec_cpu(m, rec),
+	                               .kvm = m->vm_kvm };
+	t = mgr_now_us();
+	if (microvm_launch(&cfg, &ex->sub.vm, err) < 0)
+		goto fail;
+	ex->launch_us = mgr_now_us() - t;
+	t = mgr_now_us();
+	if (bridge_take(m, ex, dir, rec, secret, &bp, err) < 0) {
+		microvm_stop(&ex->sub.vm, &e2);
+		goto fail;
+	}
+	ex->spawn_us = mgr_now_us() - t;
+	t = mgr_now_us();
+	if (bridge_finish(m, ex, &bp, err) < 0) {
+		microvm_stop(&ex->sub.vm, &e2);
+		goto fail;
+	}
+	ex->ready_us = mgr_now_us() - t;
+	log_info("microVM of %s generation %" PRIu64 ": QEMU pid %d (%s)%s", rec->id.sbx,
+	         rec->id.gen, (int)ex->sub.vm.pid, m->vm_kvm ? "KVM" : "TCG",
+	         ex->sub.vm.resumed ? ", resumed from its snapshot with its processes" : "");
+	sodium_memzero(secret, sizeof(secret));
+	return ex;
+fail:
+	sodium_memzero(secret, sizeof(secret));
+	uvutil_pool_free(ex->pool);
+	free(ex);
+	return NULL;
+}
+
 /* exec_start: see manager_int.h. */
 struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec,
                             struct tt_err *err)
@@ -373,6 +447,10 @@ struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec,
 	uint8_t secret[NS_SECRET_LEN];
 	uint32_t cpu = exec_cpu(m, rec);
 
+	if (strcmp(rec->id.sst, "microvm") == 0) {
+		free(ex);
+		return exec_start_vm(m, rec, err);
+	}
 	/* A spare launch in flight: its result first, so that the checks
 	 * below see whether a spare holds rec's slot. */
 	spare_sb_take(m);
@@ -387,7 +465,7 @@ struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec,
 	ex->own_children = true;
 	ex->bridge_pidfd = -1;
 	snprintf(ex->sbx, sizeof(ex->sbx), "%s", rec->id.sbx);
-	ns_sandbox_init(&ex->sb);
+	substrate_exec_init(&ex->sub, SUBSTRATE_NS);
 	if (sandbox_dir(m, rec->id.sbx, dir, sizeof(dir)) < 0) {
 		tt_err_set(err, TT_ERR_INVALID, "state path too long");
 		goto fail;
@@ -401,7 +479,7 @@ struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec,
 	 * has none to rewrite under --cpu-millis 0: not used then). */
 	use_spare = m->spare_sb_on && m->spare_sb_slot == rec->slot &&
 	            (cpu == m->cpu_millis || m->cpu_millis != 0) &&
-	            spare_claim(m, dir, &ex->sb);
+	            spare_claim(m, dir, &ex->sub.ns);
 	if (!use_spare) {
 		/* Never two sandboxes in one uid range: a spare we could
 		 * not take (our directory was there already) goes. */
@@ -412,19 +490,19 @@ struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec,
 	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
 		tt_err_sys(err, TT_ERR_IO, "mkdir %s", dir);
 		if (use_spare)
-			ns_sandbox_stop(&ex->sb, &e2);
+			ns_sandbox_stop(&ex->sub.ns, &e2);
 		goto fail;
 	}
 	if (use_spare) {
 		/* Its tree moved here with it (the agent's socket too). */
-		snprintf(ex->sb.guest_socket, sizeof(ex->sb.guest_socket), "%.4000s/run/guest.sock",
+		snprintf(ex->sub.ns.guest_socket, sizeof(ex->sub.ns.guest_socket), "%.4000s/run/guest.sock",
 		         dir);
-		rc = cpu != m->cpu_millis ? ns_cgroup_set_cpu(&ex->sb, cpu, err) : 0;
+		rc = cpu != m->cpu_millis ? ns_cgroup_set_cpu(&ex->sub.ns, cpu, err) : 0;
 		if (rc == 0)
-			rc = ns_sandbox_assign(&ex->sb, rec->id.sbx, rec->id.gen, rec->id.att,
+			rc = ns_sandbox_assign(&ex->sub.ns, rec->id.sbx, rec->id.gen, rec->id.att,
 			                       secret, err);
 		if (rc < 0)
-			ns_sandbox_stop(&ex->sb, &e2);
+			ns_sandbox_stop(&ex->sub.ns, &e2);
 	} else {
 		cfg.sbx_id = rec->id.sbx;
 		cfg.gen = rec->id.gen;
@@ -435,7 +513,7 @@ struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec,
 		/* The guest and its bridge come up side by side: the bridge
 		 * needs only the init's final identity (after exec), not its
 		 * listener. */
-		rc = ns_sandbox_launch(&cfg, &ex->sb, err);
+		rc = ns_sandbox_launch(&cfg, &ex->sub.ns, err);
 		if (cfg.use_netns) {
 			/* Used up either way: the sandbox holds it now, or it
 			 * is dropped with the failed start. */
@@ -451,17 +529,17 @@ struct mgr_exec *exec_start(struct manager *m, const struct rec_exec *rec,
 	rc = bridge_take(m, ex, dir, rec, secret, &bp, err);
 	ex->spawn_us = mgr_now_us() - t;
 	if (rc < 0) {
-		ns_sandbox_stop(&ex->sb, &e2);
+		ns_sandbox_stop(&ex->sub.ns, &e2);
 		goto fail;
 	}
 	t = mgr_now_us();
-	if (ns_sandbox_wait_ready(&ex->sb, err) < 0) {
+	if (ns_sandbox_wait_ready(&ex->sub.ns, err) < 0) {
 		close(bp.ready_fd);
 		bridge_abort(ex);
 		goto fail;
 	}
 	if (bridge_finish(m, ex, &bp, err) < 0) {
-		ns_sandbox_stop(&ex->sb, &e2);
+		ns_sandbox_stop(&ex->sub.ns, &e2);
 		goto fail;
 	}
 	ex->ready_us = mgr_now_us() - t;

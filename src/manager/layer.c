@@ -172,6 +172,37 @@ static int layer_restore_into(struct manager *m, const struct rec_exec *rec,
 	return layer_move_up(ldfd, "restore", err);
 }
 
+/* vm_restore_into: a microVM's snapshot (its disk dir: the layer and the
+ * memory state) unpacked into <dir>/vm/disk, owned by rec's uid. */
+static int vm_restore_into(struct manager *m, const struct rec_exec *rec, const char *dir,
+                           const char *ksbx, uint64_t kgen, struct snapshot_stats *st,
+                           struct tt_err *err)
+{
+	struct snapshot_unpack_opts o = { 0 };
+	struct snapstore *s = NULL;
+	_cleanup_close_ int dfd = -1;
+	char p[PATH_MAX];
+	int rc;
+
+	snprintf(p, sizeof(p), "%.4000s/" MICROVM_DIR, dir);
+	if (mkdir(p, 0700) < 0 && errno != EEXIST)
+		return tt_err_sys(err, TT_ERR_IO, "mkdir %s", p);
+	snprintf(p, sizeof(p), "%.4000s/" MICROVM_DISK_DIR, dir);
+	if (mkdir(p, 0700) < 0 && errno != EEXIST)
+		return tt_err_sys(err, TT_ERR_IO, "mkdir %s", p);
+	dfd = open(p, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd < 0)
+		return tt_err_sys(err, TT_ERR_IO, "open %s", p);
+	if (snapstore_dir_open(m->snap_dir, &s, err) < 0)
+		return -1;
+	o.chown = true;
+	o.id_base = uid_base_of(m, rec);
+	o.gid_base = uid_base_of(m, rec);
+	rc = snapstore_get_tree(s, ksbx, kgen, dfd, "restore", &o, st, err);
+	snapstore_close(s);
+	return rc < 0 ? -1 : layer_move_up(dfd, "restore", err);
+}
+
 /* layer_restore: see manager_int.h. */
 int layer_restore(struct manager *m, const struct rec_exec *rec,
                   const char *key, struct tt_err *err)
@@ -194,10 +225,12 @@ int layer_restore(struct manager *m, const struct rec_exec *rec,
 	/* Nothing runs there (the caller retired and stopped it). */
 	if (sandbox_tree_remove(dir) < 0)
 		return tt_err_sys(err, TT_ERR_IO, "removing the old layer of %s", rec->id.sbx);
-	spare_claim(m, dir, NULL); /* its filesystem, not its sandbox */
+	if (strcmp(rec->id.sst, "microvm") != 0)
+		spare_claim(m, dir, NULL); /* its filesystem, not its sandbox */
 	if (mkdir(dir, 0700) < 0 && errno != EEXIST)
 		return tt_err_sys(err, TT_ERR_IO, "mkdir %s", dir);
-	if (layer_restore_into(m, rec, dir, ksbx, kgen, &st, err) < 0) {
+	if (strcmp(rec->id.sst, "microvm") == 0 ? vm_restore_into(m, rec, dir, ksbx, kgen, &st, err) < 0
+	    : layer_restore_into(m, rec, dir, ksbx, kgen, &st, err) < 0) {
 		layer_unmount_of(m, rec->id.sbx);
 		return -1;
 	}

@@ -20,7 +20,7 @@
 #include "manager/records.h"
 #include "manager/uids.h"
 #include "procid.h"
-#include "substrate/ns/ns.h"
+#include "substrate/substrate.h"
 #include "wire.h"
 #include "uvutil.h"
 #include "wirecode.h"
@@ -34,7 +34,7 @@ struct capcache;
 struct mgr_exec {
 	struct manager *m;
 	char sbx[TT_SBX_ID_LEN + 1];
-	struct ns_sandbox sb;
+	struct substrate_exec sub; /* its substrate (substrate.h) */
 	pid_t bridge_pid;
 	int bridge_pidfd;
 	unsigned long long bridge_start;
@@ -218,6 +218,11 @@ struct manager {
 	struct ns_sandbox spare_sb_new;
 	int spare_sb_rc;
 	struct tt_err spare_sb_err;
+	/* The microvm substrate (vm.c): its assets and the probe's verdict,
+	 * made at the first microvm install (vm_checked), cached on disk. */
+	bool vm_checked, vm_ok, vm_kvm;
+	char vm_assets[PATH_MAX];
+	char vm_why[256];
 };
 
 /* ---- manager.c -------------------------------------------------------- */
@@ -388,6 +393,12 @@ typedef void (*pause_done_fn)(void *arg, json_t *result);
  * progress goes to c meanwhile; -1 when it cannot start (done never runs). */
 int pause_start(struct manager *m, struct mgr_conn *c, json_t *u, uint64_t rev,
                 pause_done_fn done, void *arg, struct tt_err *err);
+
+/* ---- vm.c ------------------------------------------------------------- */
+
+/* vm_ready: the microvm substrate can run here (its assets built and a
+ * probe boot passed, KVM or TCG; done once, then remembered). -1 with why. */
+int vm_ready(struct manager *m, struct tt_err *err);
 
 /* ---- recover.c -------------------------------------------------------- */
 

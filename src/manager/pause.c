@@ -46,7 +46,9 @@ struct mgr_pause {
 	char sbx[TT_SBX_ID_LEN + 1];
 	uint64_t gen, rev;
 	uid_t uid_base;
-	char layer[PATH_MAX];
+	char dir[PATH_MAX];          /* the sandbox dir */
+	char layer[PATH_MAX];        /* the tree the snapshot packs */
+	struct substrate_exec sub;   /* a copy, for the worker thread */
 	uv_timer_t timer;            /* drain polling, then progress */
 	int64_t drain_deadline;
 	int64_t started_ms;
@@ -238,8 +240,11 @@ static void pause_work(uv_work_t *w)
 	struct statvfs vfs;
 	_cleanup_close_ int fd = -1;
 
-	atomic_store(&p->total, layer_estimate(p->layer));
 	p->rc = -1;
+	/* microvm: memory and devices to disk first (QEMU's migration) */
+	if (substrate_snapshot_prepare(&p->sub, p->dir, p->uid_base, &p->err) < 0)
+		return;
+	atomic_store(&p->total, layer_estimate(p->layer));
 	fd = open(p->layer, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0) {
 		tt_err_sys(&p->err, TT_ERR_IO, "open %s", p->layer);
@@ -295,10 +300,11 @@ static void pause_freeze(struct mgr_pause *p)
 		pause_end(p, -1);
 		return;
 	}
-	if (ns_sandbox_freeze(&ex->sb, MGR_FREEZE_MS, &p->err) < 0) {
+	if (substrate_freeze(&ex->sub, MGR_FREEZE_MS, &p->err) < 0) {
 		pause_end(p, -1);
 		return;
 	}
+	p->sub = ex->sub;
 	uv_timer_start(&p->timer, pause_progress_cb, MGR_PROGRESS_MS, MGR_PROGRESS_MS);
 	p->work.data = p;
 	rc = uv_queue_work(p->m->loop, &p->work, pause_work, pause_after_work);
@@ -358,7 +364,7 @@ int pause_start(struct manager *m, struct mgr_conn *c, json_t *u, uint64_t rev,
 		return tt_err_set(err, TT_ERR_INVALID, "state path too long");
 	/* The snapshot is read from the host's mount of the layer: without
 	 * it, an empty mount point would be published as the sandbox's files. */
-	if (!ns_layer_mounted(dir))
+	if (strcmp(cur->id.sst, "microvm") != 0 && !ns_layer_mounted(dir))
 		return tt_err_set(err, TT_ERR_CONFLICT, "pause: the layer of %s is not "
 		                  "mounted here", sbx);
 	p = calloc(1, sizeof(*p));
@@ -378,7 +384,9 @@ int pause_start(struct manager *m, struct mgr_conn *c, json_t *u, uint64_t rev,
 	snprintf(p->sbx, sizeof(p->sbx), "%s", sbx);
 	p->gen = gen;
 	p->rev = rev;
-	snprintf(p->layer, sizeof(p->layer), "%.4000s/layer", dir);
+	snprintf(p->dir, sizeof(p->dir), "%s", dir);
+	substrate_snapshot_tree(strcmp(cur->id.sst, "microvm") == 0 ? SUBSTRATE_MICROVM
+	                        : SUBSTRATE_NS, dir, p->layer, sizeof(p->layer));
 	p->started_ms = mgr_now_ms();
 	p->drain_deadline = p->started_ms + MGR_DRAIN_MS;
 	uv_timer_init(m->loop, &p->timer);

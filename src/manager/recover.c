@@ -255,14 +255,26 @@ void recover_adopt(struct manager *m)
 			continue;
 		exec_runtime_init(m, ex);
 		snprintf(ex->sbx, sizeof(ex->sbx), "%s", r->id.sbx);
-		ns_sandbox_init(&ex->sb);
-		ex->sb.init_pid = r->init_pid;
-		ex->sb.init_start_time = r->init_start;
-		/* Its cgroups, so that stopping it later removes them. */
-		ns_cgroup_find(r->id.sbx, r->id.gen, &ex->sb);
-		ex->sb.pidfd = pidfd_open_raw(r->init_pid);
 		sandbox_dir(m, r->id.sbx, dir, sizeof(dir));
-		snprintf(ex->sb.guest_socket, sizeof(ex->sb.guest_socket), "%s/run/guest.sock", dir);
+		if (strcmp(r->id.sst, "microvm") == 0) {
+			/* QEMU, not our child any more: killed, never reaped */
+			substrate_exec_init(&ex->sub, SUBSTRATE_MICROVM);
+			ex->sub.vm.pid = r->init_pid;
+			ex->sub.vm.start_time = r->init_start;
+			ex->sub.vm.pidfd = pidfd_open_raw(r->init_pid);
+			snprintf(ex->sub.vm.chan, sizeof(ex->sub.vm.chan), "%s/" MICROVM_CHAN, dir);
+			snprintf(ex->sub.vm.qmp, sizeof(ex->sub.vm.qmp), "%s/" MICROVM_DIR "/qmp.sock",
+			         dir);
+		} else {
+			substrate_exec_init(&ex->sub, SUBSTRATE_NS);
+			ex->sub.ns.init_pid = r->init_pid;
+			ex->sub.ns.init_start_time = r->init_start;
+			/* Its cgroups, so that stopping it later removes them. */
+			ns_cgroup_find(r->id.sbx, r->id.gen, &ex->sub.ns);
+			ex->sub.ns.pidfd = pidfd_open_raw(r->init_pid);
+			snprintf(ex->sub.ns.guest_socket, sizeof(ex->sub.ns.guest_socket),
+			         "%s/run/guest.sock", dir);
+		}
 		ex->bridge_pid = r->bridge_pid;
 		ex->bridge_start = r->bridge_start;
 		ex->bridge_pidfd = -1;
@@ -271,10 +283,13 @@ void recover_adopt(struct manager *m)
 		 * start time is the recorded one. */
 		pinned = procid_pin(r->bridge_pid, &ex->bridge_id, &ex->bridge_pidfd, &err) == 0 &&
 		         ex->bridge_id.start_time == r->bridge_start;
-		if (ex->sb.pidfd < 0 || !pinned ||
+		struct substrate_owner own;
+
+		substrate_owner(&ex->sub, &own);
+		if (own.pidfd < 0 || !pinned ||
 		    !proc_matches(r->init_pid, r->init_start) ||
 		    bridge_adopt(m, ex, r, &err) < 0 || exec_watch(m, ex, &err) < 0) {
-			int init_fd = ex->sb.pidfd, bridge_fd = ex->bridge_pidfd;
+			int init_fd = own.pidfd, bridge_fd = ex->bridge_pidfd;
 
 			log_warn("execution %s generation %" PRIu64 " not adopted%s%s: stopping it",
 			         r->id.sbx, r->id.gen, err.msg[0] ? ": " : "", err.msg);
@@ -293,7 +308,7 @@ void recover_adopt(struct manager *m)
 			layer_unmount_of(m, r->id.sbx);
 			continue;
 		}
-		if (!ns_layer_mounted(dir))
+		if (ex->sub.kind == SUBSTRATE_NS && !ns_layer_mounted(dir))
 			log_warn("adopted %s without its layer mounted on the host: a pause "
 			         "will be refused", r->id.sbx);
 		log_info("adopted %s generation %" PRIu64 " (init pid %d)", r->id.sbx,

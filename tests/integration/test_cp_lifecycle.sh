@@ -2,7 +2,8 @@
 # tether-test: slow
 # Control-plane lifecycle (issue 5): pause, resume, migrate, forced resume,
 # failures, progress and generations across a cp restart, against a real
-# `tetherd cp` (--worker-timeout 2). curl plays the workers: register,
+# `tetherd cp` (--worker-timeout 4: the keep-alive loops below must get a poll in
+# within it on a loaded machine). curl plays the workers: register,
 # long-poll the feed, acknowledge with results we choose; background loops
 # keep w1/w2 "up" until a test stops one. Prints TAP.
 set -u
@@ -13,7 +14,7 @@ PORT=$(free_port)
 U=http://127.0.0.1:$PORT
 declare -A AFTER=([w1]=0 [w2]=0 [w3]=0) ALIVE=() CR=()
 
-start_cp() { cp_start "$ST" "$PORT" --worker-timeout 2; }
+start_cp() { cp_start "$ST" "$PORT" --worker-timeout 4; }
 stop_cp() { cp_stop; }
 # alive W: a background loop polls as W (wait=0, past the end) so the cp
 # sees W up; dead W stops it.
@@ -102,7 +103,7 @@ sbx() {
 	echo "$(jfield '["state"]') $(jfield '["generation"]') $(jfield '["worker"]')"
 }
 
-start_cp; okrc $? "cp starts with --worker-timeout 2"
+start_cp; okrc $? "cp starts with --worker-timeout 4"
 cp_secrets "$ST"
 for w in w1 w2 w3; do
 	provision "$ST" "$w" http://127.0.0.1:1 && CR[$w]=$CRED
@@ -110,9 +111,9 @@ for w in w1 w2 w3; do
 	feed "$w" 0
 done
 alive w1; alive w2
-sleep 3.2 # w3 never polls again: down
+sleep 5.2 # w3 never polls again: down
 okrc "$([ "$(status GET /v1/workers "Bearer $KEY")" = 200 ] && [ "$(python3 -c "import json; print(' '.join(w['state'] for w in json.load(open('$ST/out'))['workers']))")" = "up up down" ]; echo $?)" \
-	"w1, w2 up; w3 down after 2 s without a poll"
+	"w1, w2 up; w3 down after 4 s without a poll"
 
 # A running sandbox on w1 (gen 1).
 go c1 POST /v1/sandboxes '{"worker":"w1"}'
@@ -260,7 +261,7 @@ check "ok with a wrong snapshot key: 503, relaunched from its layer: running gen
 check "… the bogus snapshot is not recorded (latest still gen 3)" test "$(jfield '["snapshot"]["generation"]')" = 3
 
 # --- forced resume with the old worker down ---------------------------------
-dead w1; sleep 3.2
+dead w1; sleep 5.2
 okrc "$([ "$(status POST "/v1/sandboxes/$S/resume" "Bearer $KEY" '{"worker":"w2"}')" = 409 ] && grep -q "worker w1 is down; use --force to resume from the last complete snapshot (generation 3)" "$ST/out"; echo $?)" \
 	"resume with the worker down and no force: 409 naming --force and generation 3"
 check "… unchanged" test "$(sbx "$S")" = "running 8 w1"
